@@ -1,0 +1,6 @@
+"""Aggregation, valuation and selection methods, registered by name."""
+
+from .base import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
+from . import fedavg  # noqa: F401  (registers fedavg, fedavg_uniform, fedprox)
+
+__all__ = ["METHODS", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]

@@ -1,0 +1,122 @@
+"""The method interface: a small object with the paper's hyper-parameters and three hooks.
+
+The engine (``fedlib.run``) owns the round loop; a method only says, in protocol order,
+1. ``select_clients``  which clients take part in this round,
+2. ``local_training``  what the local objective adds (FedProx term, extra losses),
+3. ``aggregate``       how the server weighs the trained clients (weights on the simplex),
+and optionally keeps per-client contribution ``scores`` for the history.
+Hyper-parameters are dataclass fields, validated in ``validate``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..population import LocalTraining
+
+
+@dataclass
+class Federation:
+    """What a method may know about the federation (no private data)."""
+
+    model: nn.Module
+    n_clients: int
+    n_classes: int
+    rounds: int
+    clients_per_round: int
+    client_sizes: np.ndarray  # self-reported sample counts (FedAvg uses them)
+    device: torch.device
+
+
+@dataclass
+class RoundState:
+    round: int  # 0-based
+    rng: np.random.Generator
+    global_flat: torch.Tensor  # [P]
+    global_buffers: dict[str, torch.Tensor]
+    lr: float
+
+
+@dataclass
+class ClientUpdates:
+    """The trained population of one round."""
+
+    clients: np.ndarray  # [n] client ids
+    flat: torch.Tensor  # [n, P]
+    buffers: dict[str, torch.Tensor]  # [n, ...]
+    sizes: np.ndarray  # [n] sample counts
+
+
+class Method:
+    name: ClassVar[str] = ""
+
+    def validate(self) -> None:
+        """Raise ValueError (one line, naming the field and its range) for bad values."""
+
+    def setup(self, fed: Federation) -> None:
+        self.fed = fed
+
+    # -- 1. plan ---------------------------------------------------------------------
+    def select_clients(self, state: RoundState) -> np.ndarray:
+        """Uniform sampling without replacement (all clients when every one takes part)."""
+        n, k = self.fed.n_clients, self.fed.clients_per_round
+        if k >= n:
+            return np.arange(n)
+        return np.sort(state.rng.choice(n, size=k, replace=False))
+
+    # -- 2. local ----------------------------------------------------------------------
+    def start_models(self, state: RoundState, clients: np.ndarray) -> torch.Tensor | None:
+        """Per-client starting parameters [n, P]; None = everyone starts from the global model."""
+        return None
+
+    def local_training(self, state: RoundState, base: LocalTraining, clients: np.ndarray) -> LocalTraining:
+        return base
+
+    # -- 3. server ---------------------------------------------------------------------
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        raise NotImplementedError
+
+    def scores(self) -> np.ndarray | None:
+        """Current contribution score of every client, or None if the method has none."""
+        return None
+
+    @classmethod
+    def hyperparameters(cls) -> dict[str, Any]:
+        return {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def build_method(name: str, params: dict[str, Any] | None = None) -> Method:
+    """Instantiate a registered method, with one-line errors for bad names and values."""
+    if name not in METHODS:
+        raise ValueError(f"method: unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+    cls = METHODS[name]
+    params = dict(params or {})
+    allowed = cls.hyperparameters()
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        hint = ", ".join(sorted(allowed)) or "none"
+        raise ValueError(f"method {name!r}: unknown hyper-parameter {unknown[0]!r}; allowed: {hint}")
+    for key, value in params.items():
+        default = allowed[key]
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ValueError(f"method {name!r}: {key} must be true or false (got {value!r})")
+        if isinstance(default, (int, float)) and not isinstance(default, bool):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"method {name!r}: {key} must be a number (got {value!r})")
+    method = cls(**params)
+    method.validate()
+    return method

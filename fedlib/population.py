@@ -1,0 +1,407 @@
+"""The population: many models of one architecture as one stacked parameter tensor.
+
+N client models live in a flat tensor ``[N, P]`` (``P`` = parameters per model) plus
+stacked buffers (BatchNorm running statistics, ``[N, ...]``). Local training of all
+clients runs at once with ``torch.func`` (functional_call + vmap + grad): every client
+draws its own shuffled mini-batches, shorter clients are padded and masked, and a client
+with no samples left in a step is not updated. Evaluation of M models is one vmapped
+forward pass per test chunk, and aggregation is a matmul (``w_g = c @ W``).
+
+``train_clients_loop`` is the plain per-client implementation, kept only as the test
+oracle and benchmark baseline; it consumes exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from .layers import sample_mask
+
+# ----------------------------------------------------------------------------- layout
+
+
+class ParamLayout:
+    """Where each named parameter sits in the flat vector of one model."""
+
+    def __init__(self, model: nn.Module):
+        self.names: list[str] = []
+        self.shapes: list[torch.Size] = []
+        self.numels: list[int] = []
+        for name, p in model.named_parameters():
+            self.names.append(name)
+            self.shapes.append(p.shape)
+            self.numels.append(p.numel())
+        self.size = sum(self.numels)
+        self.buffer_names = [n for n, _ in model.named_buffers()]
+
+    def unflatten(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Views ``{name: [..., *shape]}`` of a flat ``[..., P]`` tensor."""
+        lead = flat.shape[:-1]
+        parts = torch.split(flat, self.numels, dim=-1)
+        return {n: t.reshape(*lead, *s) for n, t, s in zip(self.names, parts, self.shapes)}
+
+    def flatten(self, params: dict[str, torch.Tensor], lead: tuple[int, ...] = ()) -> torch.Tensor:
+        return torch.cat([params[n].reshape(*lead, -1) for n in self.names], dim=-1)
+
+    def flat_of(self, model: nn.Module) -> torch.Tensor:
+        """The flat parameter vector ``[P]`` of a module."""
+        return self.flatten(dict(model.named_parameters())).detach().clone()
+
+    def buffers_of(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        return {n: b.detach().clone() for n, b in model.named_buffers()}
+
+    def load_into(self, model: nn.Module, flat: torch.Tensor, buffers: dict | None = None) -> nn.Module:
+        """Copy one flat vector ``[P]`` (and buffers) into ``model`` in place."""
+        params = self.unflatten(flat)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+            if buffers:
+                for n, b in model.named_buffers():
+                    b.copy_(buffers[n])
+        return model
+
+
+def stack_buffers(buffers: dict[str, torch.Tensor], n: int) -> dict[str, torch.Tensor]:
+    """Repeat one model's buffers for ``n`` models: ``{name: [n, ...]}``."""
+    return {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in buffers.items()}
+
+
+def aggregate(flat: torch.Tensor, weights: torch.Tensor, buffers: dict | None = None):
+    """Weighted average of models: ``weights @ flat``.
+
+    ``weights`` is ``[N]`` (one model) or ``[M, N]`` (M models, e.g. Shapley subsets).
+    Floating buffers (running statistics) are averaged with the same weights; integer
+    buffers (``num_batches_tracked``) take the maximum.
+    """
+    weights = weights.to(flat.dtype)
+    out = weights @ flat
+    if buffers is None:
+        return out
+    agg = {}
+    for k, b in buffers.items():
+        if b.is_floating_point():
+            agg[k] = torch.tensordot(weights, b, dims=([-1], [0]))
+        else:
+            top = b.max(dim=0).values
+            agg[k] = top if weights.dim() == 1 else top.expand(weights.shape[0], *top.shape).clone()
+    return out, agg
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+@dataclass
+class ClientBatches:
+    """Per-client shuffled mini-batches for local training.
+
+    ``index[s, i, b]`` is the pool index of sample b of client i at step s and
+    ``mask[s, i, b]`` says whether it is a real sample (padding is 0).
+    """
+
+    index: torch.Tensor  # [steps, N, B] int64 into the sample pool
+    mask: torch.Tensor  # [steps, N, B] float (1 = real sample)
+
+    @property
+    def steps(self) -> int:
+        return self.index.shape[0]
+
+
+def padded_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client index lists as a padded matrix ``[N, M_max]`` and sizes ``[N]``."""
+    sizes = torch.tensor([len(ix) for ix in client_indices], dtype=torch.long)
+    width = max(int(sizes.max()), 1)
+    table = torch.zeros(len(client_indices), width, dtype=torch.long)
+    if len(client_indices):
+        flat = torch.from_numpy(np.concatenate([np.asarray(ix, dtype=np.int64) for ix in client_indices]))
+        rows = torch.repeat_interleave(torch.arange(len(client_indices)), sizes)
+        cols = torch.arange(len(flat)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
+        table[rows, cols] = flat
+    return table, sizes
+
+
+def make_client_batches(
+    client_indices: list[np.ndarray], batch_size: int, epochs: int, generator: torch.Generator
+) -> ClientBatches:
+    """Shuffle every client's samples each epoch (one argsort for all clients) and cut
+    them into mini-batches; clients with fewer samples finish early (masked steps)."""
+    table, sizes = padded_indices(client_indices)
+    n, width = table.shape
+    steps_per_epoch = max(1, math.ceil(int(sizes.max()) / batch_size))
+    span = steps_per_epoch * batch_size
+    col = torch.arange(width)
+    valid = col.unsqueeze(0) < sizes.unsqueeze(1)
+    index_steps, mask_steps = [], []
+    for _ in range(epochs):
+        keys = torch.rand(n, width, generator=generator)
+        keys = keys.masked_fill(~valid, 2.0)  # padding sorts last
+        order = torch.argsort(keys, dim=1)
+        order = F.pad(order, (0, span - width)) if span > width else order[:, :span]
+        samples = torch.gather(table, 1, order)
+        real = (torch.arange(span).unsqueeze(0) < sizes.unsqueeze(1)).float()
+        index_steps.append(samples.reshape(n, steps_per_epoch, batch_size).transpose(0, 1))
+        mask_steps.append(real.reshape(n, steps_per_epoch, batch_size).transpose(0, 1))
+    return ClientBatches(torch.cat(index_steps), torch.cat(mask_steps))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class LocalTraining:
+    """Local optimisation settings shared by all clients of a round."""
+
+    epochs: int = 1
+    batch_size: int = 128
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    prox_mu: float = 0.0  # FedProx: + mu/2 ||w - w_global||^2
+    # extra_loss(params, logits, features, y, mask, context) -> scalar, per client;
+    # ``context`` is that client's slice of ``client_context`` (any pytree, dim 0 = clients).
+    extra_loss: Callable[..., torch.Tensor] | None = None
+    client_context: Any = None
+    chunk_size: int | None = None  # clients trained together; None = all
+
+
+def _per_client_loss(model, cfg: LocalTraining):
+    """Loss of one client on one batch as a function of its parameters."""
+
+    def loss_fn(params, buffers, anchor, xb, yb, mb, context):
+        buffers = {k: v.clone() for k, v in buffers.items()}
+        with sample_mask(mb):
+            if cfg.extra_loss is None:
+                logits = functional_call(model, (params, buffers), (xb,))
+                features = None
+            else:
+                logits, features = functional_call(
+                    model, (params, buffers), (xb,), {"return_features": True}
+                )
+        count = mb.sum().clamp(min=1.0)
+        loss = (F.cross_entropy(logits, yb, reduction="none") * mb).sum() / count
+        if cfg.prox_mu:
+            loss = loss + 0.5 * cfg.prox_mu * sum((params[k] - anchor[k]).square().sum() for k in params)
+        if cfg.extra_loss is not None:
+            loss = loss + cfg.extra_loss(params, logits, features, yb, mb, context)
+        return loss, buffers
+
+    return loss_fn
+
+
+def train_clients(
+    model: nn.Module,
+    start: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: ClientBatches,
+    cfg: LocalTraining,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Train N clients at once from ``start`` ([P] shared or [N, P]); returns the
+    trained flat parameters ``[N, P]`` and buffers ``{name: [N, ...]}``."""
+    layout = ParamLayout(model)
+    n = batches.index.shape[1]
+    start = start.detach()
+    flat = (start.expand(n, -1) if start.dim() == 1 else start).clone()
+    bufs = {k: (v.expand(n, *v.shape[1:]) if v.shape[0] == 1 else v).clone() for k, v in buffers.items()}
+    chunk = cfg.chunk_size or n
+    out_bufs = []
+    was_training = model.training
+    model.train()
+    try:
+        for lo in range(0, n, chunk):  # memory-bounded chunks of clients, not a per-client loop
+            sl = slice(lo, min(n, lo + chunk))
+            ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
+                lambda t: t[sl], cfg.client_context
+            )
+            anchor = layout.unflatten(flat[sl].clone()) if cfg.prox_mu else None
+            out_bufs.append(_train_chunk(model, layout.unflatten(flat[sl]), {k: v[sl] for k, v in bufs.items()},
+                                         anchor, x, y, batches.index[:, sl], batches.mask[:, sl], cfg, ctx))
+    finally:
+        model.train(was_training)
+    bufs = {k: torch.cat([b[k] for b in out_bufs]) for k in bufs}
+    return flat, bufs
+
+
+def _train_chunk(model, params, bufs, anchor, x, y, index, mask, cfg, context):
+    """SGD steps for a chunk of clients; ``params`` are views updated in place."""
+    loss_fn = _per_client_loss(model, cfg)
+    dims = (0, 0, None if anchor is None else 0, 0, 0, 0, None if context is None else 0)
+    step_grad = vmap(grad(loss_fn, has_aux=True), in_dims=dims)
+    velocity = {k: torch.zeros_like(p) for k, p in params.items()} if cfg.momentum else None
+    n = index.shape[1]
+    with torch.no_grad():
+        for s in range(index.shape[0]):
+            mb = mask[s]
+            active = (mb.sum(1) > 0).to(mb.dtype)
+            if not bool(active.any()):
+                continue
+            xb, yb = x[index[s]], y[index[s]]
+            with torch.enable_grad():
+                grads, bufs = step_grad(params, bufs, anchor, xb, yb, mb, context)
+            for k, p in params.items():
+                on = active.view(n, *([1] * (p.dim() - 1)))
+                g = grads[k]
+                if cfg.weight_decay:
+                    g.add_(p, alpha=cfg.weight_decay)
+                if velocity is not None:  # torch.optim.SGD: v <- m v + g (first step v = g)
+                    v = velocity[k]
+                    v.addcmul_(on, g + (cfg.momentum - 1.0) * v)
+                    g = v
+                p.addcmul_(on, g, value=-cfg.lr)  # clients without samples this step stay put
+    # MaskedBatchNorm left the statistics of empty steps unchanged
+    return {k: v.detach() for k, v in bufs.items()}
+
+
+def train_clients_loop(
+    model: nn.Module,
+    start: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: ClientBatches,
+    cfg: LocalTraining,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Reference implementation: one client after another with torch.optim.SGD on the
+    same batches (real samples only). Test oracle and benchmark baseline only."""
+    layout = ParamLayout(model)
+    n = batches.index.shape[1]
+    flats, bufs_out = [], []
+    for i in range(n):
+        local = copy.deepcopy(model).train()
+        start_i = start if start.dim() == 1 else start[i]
+        buf_i = {k: (v[0] if v.shape[0] == 1 else v[i]) for k, v in buffers.items()}
+        layout.load_into(local, start_i, buf_i)
+        anchor = start_i.detach().clone()
+        opt = torch.optim.SGD(local.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                              weight_decay=cfg.weight_decay)
+        ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
+            lambda t: t[i], cfg.client_context
+        )
+        for s in range(batches.steps):
+            real = batches.mask[s, i] > 0
+            if not bool(real.any()):
+                continue
+            idx = batches.index[s, i][real]
+            xb, yb = x[idx], y[idx]
+            opt.zero_grad()
+            if cfg.extra_loss is None:
+                logits = local(xb)
+            else:
+                logits, features = local(xb, return_features=True)
+            loss = F.cross_entropy(logits, yb)
+            if cfg.prox_mu:
+                current = layout.flatten(dict(local.named_parameters()))
+                loss = loss + 0.5 * cfg.prox_mu * (current - anchor).square().sum()
+            if cfg.extra_loss is not None:
+                params = dict(local.named_parameters())
+                loss = loss + cfg.extra_loss(params, logits, features, yb,
+                                             torch.ones(len(yb)), ctx)
+            loss.backward()
+            opt.step()
+        flats.append(layout.flat_of(local))
+        bufs_out.append(layout.buffers_of(local))
+    flat = torch.stack(flats)
+    bufs = {k: torch.stack([b[k] for b in bufs_out]) for k in buffers}
+    return flat, bufs
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Evaluation:
+    """Metrics of M models on one labelled set."""
+
+    confusion: torch.Tensor  # [M, C, C] counts, rows = true class, cols = predicted
+    loss: torch.Tensor  # [M] mean cross-entropy
+
+    @property
+    def accuracy(self) -> torch.Tensor:
+        c = self.confusion
+        return torch.diagonal(c, dim1=1, dim2=2).sum(1) / c.sum((1, 2)).clamp(min=1)
+
+    @property
+    def per_class_accuracy(self) -> torch.Tensor:
+        c = self.confusion
+        return torch.diagonal(c, dim1=1, dim2=2) / c.sum(2).clamp(min=1)
+
+    @property
+    def balanced_accuracy(self) -> torch.Tensor:
+        present = self.confusion.sum(2) > 0
+        pca = self.per_class_accuracy
+        return (pca * present).sum(1) / present.sum(1).clamp(min=1)
+
+
+def _forward_many(model, layout, flat, buffers, xb, with_features: bool):
+    def one(f, b):
+        kwargs = {"return_features": True} if with_features else {}
+        return functional_call(model, (layout.unflatten(f), b), (xb,), kwargs)
+
+    return vmap(one)(flat, buffers)
+
+
+def _eval_chunks(model, flat, buffers, x, batch_size, model_chunk, with_features=False):
+    """Yield (model slice, sample slice, outputs) for M models over all samples."""
+    layout = ParamLayout(model)
+    m = flat.shape[0]
+    model_chunk = model_chunk or m
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for lo in range(0, m, model_chunk):
+                ms = slice(lo, min(m, lo + model_chunk))
+                bufs = {k: v[ms] for k, v in buffers.items()}
+                for start in range(0, len(x), batch_size):
+                    ss = slice(start, start + batch_size)
+                    yield ms, ss, _forward_many(model, layout, flat[ms], bufs, x[ss], with_features)
+    finally:
+        model.train(was_training)
+
+
+def evaluate(model, flat, buffers, x, y, num_classes, batch_size=2048, model_chunk=None) -> Evaluation:
+    """Confusion matrices and losses of M models (``flat`` [M, P]) in batched passes."""
+    m, c = flat.shape[0], num_classes
+    confusion = torch.zeros(m, c * c, dtype=torch.long, device=flat.device)
+    loss = torch.zeros(m, device=flat.device)
+    for ms, ss, logits in _eval_chunks(model, flat, buffers, x, batch_size, model_chunk):
+        yb = y[ss]
+        pred = logits.argmax(-1)
+        cell = yb.unsqueeze(0) * c + pred  # [mc, b]
+        counts = torch.zeros(cell.shape[0], c * c, dtype=torch.long, device=cell.device)
+        confusion[ms] += counts.scatter_add_(1, cell, torch.ones_like(cell))
+        loss[ms] += F.cross_entropy(logits.flatten(0, 1), yb.repeat(logits.shape[0]),
+                                    reduction="none").view(logits.shape[:2]).sum(1)
+    return Evaluation(confusion.view(m, c, c).float(), loss / max(len(x), 1))
+
+
+def predict(model, flat, buffers, x, batch_size=2048, model_chunk=None, with_features=False):
+    """Logits ``[M, n, C]`` (and features ``[M, n, D]``) of M models on ``x``."""
+    logits, feats = [], []
+    current, parts, fparts = None, [], []
+    for ms, ss, out in _eval_chunks(model, flat, buffers, x, batch_size, model_chunk, with_features):
+        if current is not None and ms != current:
+            logits.append(torch.cat(parts, 1))
+            feats.append(torch.cat(fparts, 1) if with_features else None)
+            parts, fparts = [], []
+        current = ms
+        if with_features:
+            parts.append(out[0])
+            fparts.append(out[1])
+        else:
+            parts.append(out)
+    if parts:
+        logits.append(torch.cat(parts, 1))
+        feats.append(torch.cat(fparts, 1) if with_features else None)
+    out = torch.cat(logits)
+    return (out, torch.cat(feats)) if with_features else out

@@ -1,0 +1,354 @@
+"""Runs: ``run(config) -> RunResult``, cached by the config's hash.
+
+The engine owns the round loop (plan -> local -> server); methods supply only their
+hooks (``fedlib.methods``). Local training of the selected clients is one call into the
+vectorized population engine per round.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import inspect
+import platform
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from . import partition as partition_module
+from .cache import ResultCache
+from .config import ConfigError, RunConfig, make_config
+from .data import Dataset, load_dataset
+from .methods import ClientUpdates, Federation, RoundState, build_method
+from .models import build_model
+from .population import (
+    LocalTraining,
+    ParamLayout,
+    aggregate,
+    evaluate,
+    make_client_batches,
+    stack_buffers,
+    train_clients,
+)
+
+__all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS"]
+
+
+class RunDiverged(RuntimeError):
+    """Training produced non-finite parameters or loss."""
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced, as JSON-ready data."""
+
+    config: dict[str, Any]
+    history: list[dict[str, Any]]
+    final: dict[str, Any]
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "history": self.history, "final": self.final, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        return cls(data["config"], data["history"], data["final"], data["meta"])
+
+    def series(self, key: str) -> tuple[list[int], list[Any]]:
+        """(rounds, values) of a per-round metric, skipping rounds without it."""
+        rows = [(h["round"], h[key]) for h in self.history if h.get(key) is not None]
+        return [r for r, _ in rows], [v for _, v in rows]
+
+    def summary(self) -> str:
+        """A small text table: round, accuracy, balanced accuracy, seconds."""
+        lines = [f"{'round':>5}  {'acc':>7}  {'bal.acc':>7}  {'train s':>7}  {'server s':>8}"]
+        for h in self.history:
+            if h.get("accuracy") is None:
+                continue
+            lines.append(
+                f"{h['round'] + 1:>5}  {100 * h['accuracy']:>6.2f}%  {100 * h['balanced_accuracy']:>6.2f}%"
+                f"  {h['time_train']:>7.2f}  {h['time_server']:>8.3f}"
+            )
+        f = self.final
+        lines.append(
+            f"final: accuracy {100 * f['accuracy']:.2f}%, balanced accuracy {100 * f['balanced_accuracy']:.2f}%,"
+            f" wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
+            + (f" — stopped: {f['stopped']}" if f.get("stopped") else "")
+        )
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"config: device: {name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients")
+
+
+def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
+    """Call a split function, rejecting parameters it does not take (one line)."""
+    sig = inspect.signature(fn)
+    allowed = [p for p in sig.parameters if p not in fixed and p not in ("labels", "x", "y")]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"config: split {spec_name!r}: unknown parameter {unknown[0]!r}; allowed: "
+            f"{', '.join(allowed + list(SPLIT_MODIFIERS))}"
+        )
+    kwargs = {k: v for k, v in fixed.items() if k in sig.parameters}
+    return fn(**kwargs, **params)
+
+
+SPLITS = ("iid", "dirichlet", "k_classes", "pls", "sls", "maverick", "maverick_iid", "celm_maverick",
+          "celm_free_rider", "adversarial")
+
+
+def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> partition_module.Partition:
+    """The configured split plus its modifiers (free-riders, covariate shift, noise)."""
+    spec = config.split
+    if spec.name not in SPLITS:
+        raise ConfigError(f"config: split: unknown split {spec.name!r}; known: {', '.join(SPLITS)}")
+    params = spec.params
+    mods = {k: params.pop(k) for k in list(params) if k in SPLIT_MODIFIERS}
+    labels = y.cpu().numpy()
+    fn = getattr(partition_module, spec.name)
+    try:
+        part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=config.n_clients,
+                                 seed=config.seed, x=x, n_classes=int(y.max()) + 1)
+        if mods.get("free_riders"):
+            part = partition_module.free_rider(part, mods["free_riders"], seed=config.seed)
+        clients = mods.get("noisy_clients")
+        px = part.x if part.x is not None else x
+        py = part.y if part.y is not None else y
+        if mods.get("covariate_shift") is not None:
+            part = partition_module.covariate_shift(px, py, part, sigma=mods["covariate_shift"], seed=config.seed)
+            px, py = part.x, part.y
+        if mods.get("label_noise"):
+            part = partition_module.label_noise(px, py, part, rate=mods["label_noise"], seed=config.seed,
+                                                clients=clients)
+            px, py = part.x, part.y
+        if mods.get("feature_noise"):
+            part = partition_module.feature_noise(px, py, part, std=mods["feature_noise"], seed=config.seed,
+                                                  clients=clients)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"config: split {spec.name!r}: {str(err).splitlines()[0]}") from None
+    return part
+
+
+@dataclass
+class Prepared:
+    """A config turned into tensors: data, split, model and method, ready to train."""
+
+    config: RunConfig
+    device: torch.device
+    dataset: Dataset
+    partition: partition_module.Partition
+    x_pool: torch.Tensor
+    y_pool: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    model: torch.nn.Module
+    method: Any
+
+
+def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    if fraction >= 1.0:
+        return torch.arange(len(y))
+    rng = np.random.default_rng(seed + 7919)
+    keep = rng.permutation(len(y))[: max(1, int(round(fraction * len(y))))]
+    return torch.from_numpy(np.sort(keep))
+
+
+def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepared:
+    config = make_config(config) if not isinstance(config, RunConfig) else config
+    device = resolve_device(config.device)
+    method = build_method(config.method.name, config.method.params)
+    ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
+    keep = _subsample(ds.y_train, config.fraction, config.seed)
+    x, y = ds.x_train[keep], ds.y_train[keep]
+    if config.n_clients > len(y):
+        raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
+    part = make_partition(config, x, y)
+    x_pool = (part.x if part.x is not None else x).to(device)
+    y_pool = (part.y if part.y is not None else y).to(device)
+    n_test = config.test_samples or len(ds.y_test)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
+    return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[:n_test].to(device),
+                    ds.y_test[:n_test].to(device), model, method)
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 1_000_003 + round_index * 7_919 + 1) % (2**63))
+    return g
+
+
+def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: list[str], global_flat: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+    """Behavioural roles: free-riders return the received model; random-update clients
+    send the global model plus Gaussian noise with the global parameters' std."""
+    free = torch.tensor([roles[c] == "free_rider" for c in clients], device=flat.device)
+    noisy = torch.tensor([roles[c] == "random_update" for c in clients], device=flat.device)
+    if free.any():
+        flat[free] = global_flat
+    if noisy.any():
+        noise = torch.randn(int(noisy.sum()), flat.shape[1], generator=generator).to(flat.device)
+        flat[noisy] = global_flat + noise * global_flat.std()
+    return flat
+
+
+def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress: bool = True,
+        dataset: Dataset | None = None) -> RunResult:
+    """Run (or fetch from the cache) one federated experiment."""
+    config = make_config(config) if not isinstance(config, RunConfig) else config
+    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    key = config.key()
+    if store is not None and (hit := store.get(key)) is not None:
+        return RunResult.from_dict(hit)
+    result = _execute(prepare(config, dataset), progress)
+    if store is not None:
+        store.put(key, result.to_dict())
+    return result
+
+
+def _execute(p: Prepared, progress: bool) -> RunResult:
+    cfg, model, method, part = p.config, p.model, p.method, p.partition
+    t_start = time.perf_counter()
+    layout = ParamLayout(model)
+    global_flat = layout.flat_of(model)
+    global_buffers = layout.buffers_of(model)
+    sizes = np.asarray(part.sizes)
+    n_classes = p.dataset.num_classes
+    method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
+                            clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device))
+    rng = np.random.default_rng(cfg.seed)
+    history: list[dict[str, Any]] = []
+    stopped = None
+    rounds = range(cfg.rounds)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(rounds, desc=f"{cfg.method.name} on {cfg.dataset}", leave=False)
+        rounds = bar
+    last_eval = None
+    for t in rounds:
+        lr = cfg.lr_at(t)
+        state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr)
+        # 1. plan
+        selected = np.asarray(method.select_clients(state), dtype=np.int64)
+        base = LocalTraining(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk)
+        local = method.local_training(state, base, selected)
+        # 2. local training of all selected clients at once
+        t0 = time.perf_counter()
+        gen = _round_generator(cfg.seed, t, p.device)
+        batches = make_client_batches([part.indices[c] for c in selected], cfg.batch_size, cfg.local_epochs, gen)
+        batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
+        start = method.start_models(state, selected)
+        flat, bufs = train_clients(model, global_flat if start is None else start,
+                                   {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+                                   p.x_pool, p.y_pool, batches, local)
+        flat = _apply_roles(flat, selected, part.roles, global_flat, gen)
+        t_train = time.perf_counter() - t0
+        # 3. server
+        t0 = time.perf_counter()
+        finite = torch.isfinite(flat).all(1)
+        dropped = selected[~finite.cpu().numpy()].tolist()
+        keep = finite.cpu().numpy()
+        updates = ClientUpdates(clients=selected[keep], flat=flat[finite], sizes=sizes[selected[keep]],
+                                buffers={k: v[finite] for k, v in bufs.items()})
+        if len(updates.clients) == 0:
+            stopped = f"round {t + 1}: every update was non-finite (training diverged; try a smaller lr)"
+            break
+        weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
+        global_flat, global_buffers = aggregate(updates.flat, weights, updates.buffers)
+        t_server = time.perf_counter() - t0
+        record: dict[str, Any] = {
+            "round": t, "lr": lr, "selected": selected.tolist(), "dropped": dropped,
+            "weights": dict(zip(updates.clients.tolist(), weights.cpu().tolist())),
+            "time_train": t_train, "time_server": t_server,
+        }
+        scores = method.scores()
+        if scores is not None:
+            record["scores"] = np.asarray(scores, dtype=float).tolist()
+        if not torch.isfinite(global_flat).all():
+            history.append(record)
+            stopped = f"round {t + 1}: the global model became non-finite (training diverged; try a smaller lr)"
+            break
+        if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
+            t0 = time.perf_counter()
+            ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+                          p.x_test, p.y_test, n_classes)
+            last_eval = ev
+            record.update(accuracy=float(ev.accuracy[0]), balanced_accuracy=float(ev.balanced_accuracy[0]),
+                          per_class_accuracy=ev.per_class_accuracy[0].cpu().tolist(), loss=float(ev.loss[0]),
+                          time_eval=time.perf_counter() - t0)
+            if bar is not None:
+                bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
+        history.append(record)
+    if bar is not None:
+        bar.close()
+    final: dict[str, Any] = {"rounds_completed": len(history), "stopped": stopped}
+    if last_eval is not None:
+        final.update(accuracy=float(last_eval.accuracy[0]), balanced_accuracy=float(last_eval.balanced_accuracy[0]),
+                     per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
+    else:
+        final.update(accuracy=float("nan"), balanced_accuracy=float("nan"), per_class_accuracy=[])
+    meta = _provenance(p, time.perf_counter() - t_start)
+    return RunResult(config=cfg.to_dict(), history=history, final=final, meta=meta)
+
+
+def _provenance(p: Prepared, wall: float) -> dict[str, Any]:
+    import torchvision
+
+    from . import __version__
+
+    device = str(p.device)
+    if p.device.type == "cuda":
+        device += f" ({torch.cuda.get_device_name(p.device)})"
+    else:
+        device += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {
+        "config_key": p.config.key(), "fedlib_version": __version__, "torch": torch.__version__,
+        "torchvision": torchvision.__version__, "numpy": np.__version__, "python": platform.python_version(),
+        "device": device, "dataset_source": p.dataset.source, "wall_time": wall,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
+        "client_class_counts": np.asarray(p.partition.counts).tolist(),
+    }
+
+
+def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progress: bool = True) -> list[RunResult]:
+    """Run several configs, sequentially or through any ``concurrent.futures`` executor;
+    finished results come from (and go to) the cache, so a rerun resumes a sweep."""
+    configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
+    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    if executor is None:
+        return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
+    root = str(store.root) if store is not None else None
+    futures = [executor.submit(_run_in_worker, c.to_dict(), root) for c in configs]
+    return [RunResult.from_dict(f.result()) for f in futures]
+
+
+def _run_in_worker(config: dict, cache_root: str | None) -> dict:
+    store = ResultCache(cache_root) if cache_root is not None else False
+    return run(make_config(config), cache=store, progress=False).to_dict()

@@ -67,6 +67,7 @@ class MaskedBatchNorm(nn.BatchNorm2d):
             self.running_var.copy_((1 - mom) * self.running_var + mom * unbiased.detach())
             self.num_batches_tracked.add_((count > 0).to(self.num_batches_tracked.dtype))
         view = [1, -1] + [1] * (x.dim() - 2)
+        var = torch.where(count > 0, var, torch.ones_like(var))  # empty batch: keep values finite
         out = centred * torch.rsqrt(var.reshape(view) + self.eps)
         if self.affine:
             out = out * self.weight.reshape(view) + self.bias.reshape(view)

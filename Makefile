@@ -1,0 +1,41 @@
+# Entry points: `make test` and `make book`. The first call creates .venv and installs
+# everything; later calls reuse it (reinstalling when pyproject.toml changes).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PROFILE ?= quick
+
+# Data root: FEDLIB_DATA if set; else ../shared/datasets when that folder exists.
+SHARED := $(wildcard ../shared/datasets)
+ifneq ($(SHARED),)
+export FEDLIB_DATA ?= $(abspath $(SHARED))
+endif
+
+.PHONY: test book demo bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.book-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test,book]'
+	touch $@ $(VENV)/.test-installed
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest
+
+book: $(VENV)/.book-installed
+	$(BIN)/python -m fedlib run examples/fedavg_fmnist.yaml
+
+demo: $(VENV)/.test-installed
+	$(BIN)/python -m fedlib run examples/fedavg_fmnist.yaml
+
+bench: $(VENV)/.test-installed
+	$(BIN)/python benchmarks/round_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

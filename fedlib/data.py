@@ -1,0 +1,713 @@
+"""Image classification datasets as normalized tensors.
+
+``load_dataset(name)`` returns a :class:`Dataset` whose images are float32 [N, C, H, W]:
+pixels scaled to [0, 1], then standardized per channel with the mean and std of the
+training set (the test set uses the same statistics).
+
+Where each dataset is read from (``root`` is the argument, else :func:`default_data_root`):
+
+- ``fmnist``: ``/usr/share/datasets/fashion-mnist`` (Debian package dataset-fashion-mnist),
+  then ``<root>/fashion-mnist``, then torchvision's ``<root>/FashionMNIST/raw``, then a
+  torchvision download. Files: ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``.
+- ``mnist``: ``<root>/mnist``, then ``<root>/MNIST/raw``, then a torchvision download.
+- ``cifar10``: torchvision's ``<root>/cifar-10-batches-py``; if absent, the JPEG copy
+  ``<root>/cifar10-jpeg/cifar10-jpeg.tar.gz`` (not pixel exact; ``source`` says so); if
+  neither is there, a torchvision download.
+- ``cifar100``, ``svhn``, ``emnist`` (split "balanced", 47 classes, images turned upright),
+  ``eurosat``: torchvision's files under ``<root>``, downloaded there if allowed. EuroSAT has
+  no official split: a stratified 80/20 train/test split with seed 0 is made, per class.
+- ``imagefolder:<path>``: a directory, or a .tar.gz of one (possibly inside one top-level
+  folder), holding ``train/<class>/<image>`` and ``test/<class>/<image>``; classes sorted by
+  folder name; grayscale if every image is mode "L", else RGB; all images of one size.
+- ``synthetic``: a seeded, learnable task (see :class:`SyntheticOptions`).
+
+Downloads happen only inside ``load_dataset`` and only if ``download`` (default: env
+``FEDLIB_DOWNLOAD``, "1" unless set to "0") is true. Missing files raise a one-line
+:class:`DataNotFoundError` naming every path looked at; unreadable files raise a one-line
+:class:`DataCorruptError` naming the file.
+
+Decoded image sets (imagefolder, the CIFAR-10 JPEG copy, EuroSAT) are cached as ``.npz``
+files (uint8 images [N, H, W, C], int64 labels, class names and source as unicode arrays)
+under ``cache_dir``, else ``$FEDLIB_CACHE/datasets``, else ``~/.cache/fedlib/datasets``. The file
+name holds a hash of the source path and the size and mtime of its files, so a changed
+source gets a new cache file (old ones can be deleted by hand).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import tarfile
+import tempfile
+import warnings
+import zipfile
+import zlib
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+CIFAR10_JPEG = Path("cifar10-jpeg") / "cifar10-jpeg.tar.gz"
+IMAGEFOLDER_PREFIX = "imagefolder:"
+DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "svhn", "emnist", "eurosat", "synthetic")
+
+EUROSAT_TEST_FRACTION = 0.2
+EUROSAT_SPLIT_SEED = 0
+
+FASHION_MNIST_CLASSES = (
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+)
+CIFAR10_CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck",
+)
+DIGITS = tuple(str(digit) for digit in range(10))
+
+_SPECS = {
+    "fmnist": ((1, 28, 28), 10),
+    "mnist": ((1, 28, 28), 10),
+    "cifar10": ((3, 32, 32), 10),
+    "cifar100": ((3, 32, 32), 100),
+    "svhn": ((3, 32, 32), 10),
+    "emnist": ((1, 28, 28), 47),
+    "eurosat": ((3, 64, 64), 10),
+}
+
+# name: (torchvision class, where that class keeps its files under root)
+_TORCHVISION = {
+    "fmnist": ("FashionMNIST", ("FashionMNIST/raw",)),
+    "mnist": ("MNIST", ("MNIST/raw",)),
+    "cifar10": ("CIFAR10", ("cifar-10-batches-py",)),
+    "cifar100": ("CIFAR100", ("cifar-100-python",)),
+    "svhn": ("SVHN", ("train_32x32.mat", "test_32x32.mat")),
+    "emnist": ("EMNIST", ("EMNIST/raw",)),
+    "eurosat": ("EuroSAT", ("eurosat/2750",)),
+}
+
+_IDX_FOLDERS = {"fmnist": "fashion-mnist", "mnist": "mnist"}
+_IDX_CLASSES = {"fmnist": FASHION_MNIST_CLASSES, "mnist": DIGITS}
+_IDX_STEMS = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+_SPLITS = ("train", "test")
+_IMAGE_SUFFIXES = {
+    ".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp",
+}
+_CACHE_FORMAT = 1
+_ARRAY_FIELDS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s*[\r\n]+\s*", " ", str(text)).strip()
+
+
+class DataNotFoundError(FileNotFoundError):
+    """A dataset's files are in none of the places looked at and could not be downloaded."""
+
+    def __init__(self, message: str):
+        super().__init__(_one_line(message))
+
+
+class DataCorruptError(ValueError):
+    """A data file exists but cannot be decoded (truncated, bad header, wrong length)."""
+
+    def __init__(self, message: str):
+        super().__init__(_one_line(message))
+
+
+@dataclass
+class Dataset:
+    """A train/test image classification dataset as normalized tensors."""
+
+    name: str
+    x_train: torch.Tensor = field(repr=False)
+    y_train: torch.Tensor = field(repr=False)
+    x_test: torch.Tensor = field(repr=False)
+    y_test: torch.Tensor = field(repr=False)
+    classes: list[str]
+    source: str
+    channel_mean: tuple[float, ...] = ()  # training statistics used to normalize, in [0, 1] units
+    channel_std: tuple[float, ...] = ()
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        return tuple(self.x_train.shape[1:])
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    """Options of the ``synthetic`` dataset: a random prototype image per class plus noise.
+
+    Prototype pixels and noise are standard normal; ``noise`` scales the noise. Labels are
+    balanced. The same options give identical tensors.
+    """
+
+    num_classes: int = 10
+    image_shape: tuple[int, int, int] = (1, 28, 28)
+    n_train: int = 2000
+    n_test: int = 500
+    seed: int = 0
+    noise: float = 6.0
+
+    def __post_init__(self):
+        shape = tuple(self.image_shape)
+        if len(shape) != 3 or min(shape) < 1:
+            raise ValueError(f"synthetic: image_shape must be (C, H, W), positive, got {shape}")
+        if self.num_classes < 2 or min(self.n_train, self.n_test) < 1 or self.noise < 0:
+            raise ValueError("synthetic: need num_classes >= 2, n_train, n_test >= 1, noise >= 0")
+
+
+@dataclass
+class _ImageArrays:
+    """Decoded data before normalization: uint8 images [N, H, W, C], int64 labels [N]."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    classes: list[str]
+    source: str
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def default_data_root() -> Path:
+    """The data root: env FEDLIB_DATA if set, else ./data (relative to the working directory)."""
+    configured = os.environ.get("FEDLIB_DATA")
+    return Path(configured).expanduser().absolute() if configured else Path.cwd() / "data"
+
+
+def dataset_spec(name: str, **kwargs) -> tuple[tuple[int, int, int], int] | None:
+    """(input shape (C, H, W), number of classes) without loading; None for imagefolder."""
+    if name == "synthetic":
+        options = SyntheticOptions(**kwargs)
+        return tuple(options.image_shape), options.num_classes
+    _check_known(name)
+    _reject_options(name, kwargs)
+    return _SPECS.get(name)
+
+
+def load_dataset(
+    name: str,
+    root: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+    *,
+    download: bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    **kwargs,
+) -> Dataset:
+    """Load dataset ``name`` (see the module docstring for names and places), normalized."""
+    if name == "synthetic":
+        return _make_synthetic(SyntheticOptions(**kwargs), device)
+    _check_known(name)
+    _reject_options(name, kwargs)
+    if name.startswith(IMAGEFOLDER_PREFIX):
+        arrays = _read_imagefolder(name[len(IMAGEFOLDER_PREFIX):], cache_dir)
+    else:
+        data_root = Path(root).expanduser().absolute() if root is not None else default_data_root()
+        arrays = _READERS[name](data_root, _download_allowed(download), cache_dir)
+    return _to_dataset(name, arrays, device)
+
+
+def _check_known(name: str) -> None:
+    is_imagefolder = name.startswith(IMAGEFOLDER_PREFIX) and len(name) > len(IMAGEFOLDER_PREFIX)
+    if name in _SPECS or is_imagefolder:
+        return
+    raise ValueError(
+        f"unknown dataset {name!r}; known: {', '.join(DATASETS)}, or {IMAGEFOLDER_PREFIX}<path>"
+    )
+
+
+def _reject_options(name: str, options: dict) -> None:
+    if options:
+        raise TypeError(f"{name} takes no options, got {sorted(options)} (only synthetic has)")
+
+
+def _download_allowed(download: bool | None) -> bool:
+    if download is not None:
+        return bool(download)
+    value = os.environ.get("FEDLIB_DOWNLOAD", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"FEDLIB_DOWNLOAD must be '0' or '1', got {value!r}")
+    return value == "1"
+
+
+# ----------------------------------------------------------------------------- normalization
+
+
+def _to_dataset(name: str, arrays: _ImageArrays, device) -> Dataset:
+    _check_arrays(arrays)
+    x_train, x_test = _to_unit_float(arrays.x_train), _to_unit_float(arrays.x_test)
+    mean, std = _normalize(x_train, x_test)
+    return Dataset(
+        name=name,
+        x_train=x_train.to(device),
+        y_train=torch.as_tensor(arrays.y_train).to(device),
+        x_test=x_test.to(device),
+        y_test=torch.as_tensor(arrays.y_test).to(device),
+        classes=list(arrays.classes),
+        source=arrays.source,
+        channel_mean=mean,
+        channel_std=std,
+    )
+
+
+def _check_arrays(arrays: _ImageArrays) -> None:
+    """Raise DataCorruptError unless images and labels have the expected types and sizes."""
+    for x, y in ((arrays.x_train, arrays.y_train), (arrays.x_test, arrays.y_test)):
+        consistent = (
+            x.dtype == np.uint8 and x.ndim == 4 and y.dtype == np.int64 and y.shape == (len(x),)
+            and x.shape[1:] == arrays.x_train.shape[1:]
+            and (y.size == 0 or (y.min() >= 0 and y.max() < len(arrays.classes)))
+        )
+        if not consistent:
+            raise DataCorruptError(
+                f"inconsistent images/labels read from {arrays.source}: images {x.dtype} "
+                f"{x.shape}, labels {y.dtype} {y.shape}, {len(arrays.classes)} classes"
+            )
+
+
+def _to_unit_float(images: np.ndarray) -> torch.Tensor:
+    """uint8 [N, H, W, C] -> float32 [N, C, H, W] in [0, 1]."""
+    nchw = torch.from_numpy(images).permute(0, 3, 1, 2)
+    return nchw.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+
+
+def _normalize(x_train: torch.Tensor, x_test: torch.Tensor) -> tuple[tuple, tuple]:
+    """Standardize both sets in place per channel with the training statistics; return them."""
+    std, mean = torch.std_mean(x_train, dim=(0, 2, 3), correction=0, keepdim=True)
+    std = std.clamp_min(1e-12)  # a constant channel becomes 0, not NaN
+    for x in (x_train, x_test):
+        x.sub_(mean).div_(std)
+    return tuple(mean.flatten().tolist()), tuple(std.flatten().tolist())
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def _make_synthetic(options: SyntheticOptions, device) -> Dataset:
+    generator = torch.Generator().manual_seed(options.seed)
+    shape = tuple(options.image_shape)
+    prototypes = torch.randn((options.num_classes, *shape), generator=generator)
+
+    def sample(count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = torch.randperm(count, generator=generator) % options.num_classes
+        noise = torch.randn((count, *shape), generator=generator)
+        return prototypes[labels] + options.noise * noise, labels
+
+    x_train, y_train = sample(options.n_train)
+    x_test, y_test = sample(options.n_test)
+    mean, std = _normalize(x_train, x_test)
+    return Dataset(
+        name="synthetic",
+        x_train=x_train.to(device),
+        y_train=y_train.to(device),
+        x_test=x_test.to(device),
+        y_test=y_test.to(device),
+        classes=[f"class_{index}" for index in range(options.num_classes)],
+        source=f"synthetic (seed={options.seed}, noise={options.noise})",
+        channel_mean=mean,
+        channel_std=std,
+    )
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def _not_found(name: str, looked: Iterable[Path], download: bool, error: Exception | None = None):
+    """The one-line DataNotFoundError: what was looked at, why nothing came, how to fix it."""
+    if download:
+        status = "download failed"
+        if error:
+            status += f" ({type(error).__name__}: {error})"
+    else:
+        status = "download disabled (download=False or FEDLIB_DOWNLOAD=0)"
+        if error:
+            status += f"; torchvision: {error}"
+    advice = "Provide them: put the files in one of those places (root=... or FEDLIB_DATA)"
+    if name == "fmnist":
+        advice += ", or apt-get install dataset-fashion-mnist"
+    if not download:
+        advice += ", or allow downloading (download=True or FEDLIB_DOWNLOAD=1)"
+    paths = ", ".join(str(path) for path in looked)
+    return DataNotFoundError(
+        f"{name}: data files not found; looked in {paths}; {status}. {advice}."
+    )
+
+
+# ----------------------------------------------------------------------------- torchvision
+
+
+def _torchvision_paths(name: str, root: Path) -> list[Path]:
+    return [root / relative for relative in _TORCHVISION[name][1]]
+
+
+def _open_torchvision(name: str, root: Path, looked: list[Path], download: bool, **options):
+    """A torchvision dataset object; any failure becomes a one-line DataNotFoundError."""
+    try:
+        import torchvision.datasets
+
+        dataset_class = getattr(torchvision.datasets, _TORCHVISION[name][0])
+        return dataset_class(str(root), download=download, **options)
+    except Exception as error:  # torchvision and its downloads raise many kinds
+        raise _not_found(name, looked, download, error) from None
+
+
+def _read_cifar(name: str, root: Path, looked: list[Path], download: bool) -> _ImageArrays:
+    train = _open_torchvision(name, root, looked, download, train=True)
+    test = _open_torchvision(name, root, looked, download, train=False)
+    return _ImageArrays(
+        x_train=train.data,
+        y_train=np.asarray(train.targets, dtype=np.int64),
+        x_test=test.data,
+        y_test=np.asarray(test.targets, dtype=np.int64),
+        classes=list(train.classes),
+        source=f"{name} (torchvision files) from {looked[0]}",
+    )
+
+
+def _read_cifar10(root: Path, download: bool, cache_dir) -> _ImageArrays:
+    torchvision_folder, jpeg_copy = _torchvision_paths("cifar10", root)[0], root / CIFAR10_JPEG
+    if torchvision_folder.exists() or not jpeg_copy.is_file():
+        return _read_cifar("cifar10", root, [torchvision_folder, jpeg_copy], download)
+    source = f"CIFAR-10 (JPEG copy) from {jpeg_copy}"
+    arrays = _load_image_tree(jpeg_copy, "cifar10-jpeg", source, cache_dir)
+    if arrays.classes != list(CIFAR10_CLASSES):
+        raise DataCorruptError(f"{jpeg_copy}: class folders {arrays.classes} are not CIFAR-10's")
+    return arrays
+
+
+def _read_cifar100(root: Path, download: bool, cache_dir) -> _ImageArrays:
+    return _read_cifar("cifar100", root, _torchvision_paths("cifar100", root), download)
+
+
+def _read_svhn(root: Path, download: bool, cache_dir) -> _ImageArrays:
+    looked = _torchvision_paths("svhn", root)
+    train = _open_torchvision("svhn", root, looked, download, split="train")
+    test = _open_torchvision("svhn", root, looked, download, split="test")
+    return _ImageArrays(
+        x_train=train.data.transpose(0, 2, 3, 1),  # torchvision keeps SVHN as [N, C, H, W]
+        y_train=train.labels.astype(np.int64),
+        x_test=test.data.transpose(0, 2, 3, 1),
+        y_test=test.labels.astype(np.int64),
+        classes=list(DIGITS),
+        source=f"svhn (torchvision files) from {root}",
+    )
+
+
+def _read_emnist(root: Path, download: bool, cache_dir) -> _ImageArrays:
+    looked = _torchvision_paths("emnist", root)
+    train = _open_torchvision("emnist", root, looked, download, split="balanced", train=True)
+    test = _open_torchvision("emnist", root, looked, download, split="balanced", train=False)
+
+    def upright(images: torch.Tensor) -> np.ndarray:
+        """EMNIST's files store images transposed; swap H and W so characters stand upright."""
+        return images.numpy().transpose(0, 2, 1)[..., None]
+
+    return _ImageArrays(
+        x_train=upright(train.data),
+        y_train=train.targets.numpy().astype(np.int64),
+        x_test=upright(test.data),
+        y_test=test.targets.numpy().astype(np.int64),
+        classes=list(train.classes),
+        source=f"emnist balanced (torchvision files) from {looked[0]}",
+    )
+
+
+def _read_eurosat(root: Path, download: bool, cache_dir) -> _ImageArrays:
+    looked = _torchvision_paths("eurosat", root)
+    dataset = _open_torchvision("eurosat", root, looked, download)
+    split = [EUROSAT_TEST_FRACTION, EUROSAT_SPLIT_SEED]
+    cache_file = _cache_file(cache_dir, "eurosat", looked[0], split)
+    return _cached(cache_file, lambda: _split_eurosat(dataset, looked[0]))
+
+
+def _split_eurosat(dataset, folder: Path) -> _ImageArrays:
+    """Decode all EuroSAT images and split them 80/20 per class with a fixed seed."""
+    images = _decode_images((path, Path(path).read_bytes()) for path, _ in dataset.samples)
+    labels = np.array([label for _, label in dataset.samples], dtype=np.int64)
+    test = _stratified_test_mask(labels, EUROSAT_TEST_FRACTION, EUROSAT_SPLIT_SEED)
+    return _ImageArrays(
+        x_train=images[~test],
+        y_train=labels[~test],
+        x_test=images[test],
+        y_test=labels[test],
+        classes=list(dataset.classes),
+        source=f"eurosat from {folder} (stratified split, {EUROSAT_TEST_FRACTION:.0%} test, "
+        f"seed {EUROSAT_SPLIT_SEED})",
+    )
+
+
+def _stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask choosing round(test_fraction * n_c) random samples of each class c."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(len(labels), dtype=bool)
+    for label in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == label))
+        test[members[: round(test_fraction * len(members))]] = True
+    return test
+
+
+# ----------------------------------------------------------------------------- idx files
+
+
+def _read_idx_dataset(name: str, root: Path, download: bool, cache_dir) -> _ImageArrays:
+    """MNIST-style idx files from the first folder that has all four, downloading if allowed."""
+    system_folders = [DEBIAN_FASHION_MNIST] if name == "fmnist" else []
+    torchvision_raw = _torchvision_paths(name, root)[0]
+    looked = [*system_folders, root / _IDX_FOLDERS[name], torchvision_raw]
+    files = next(filter(None, map(_find_idx_files, looked)), None)
+    if files is None and download:
+        _open_torchvision(name, root, looked, download=True)  # downloads into torchvision_raw
+        files = _find_idx_files(torchvision_raw)
+    if files is None:
+        raise _not_found(name, looked, download)
+    arrays = {key: _read_idx(path, ndim=3 if key[0] == "x" else 1) for key, path in files.items()}
+    return _ImageArrays(
+        x_train=arrays["x_train"][..., None],
+        y_train=arrays["y_train"].astype(np.int64),
+        x_test=arrays["x_test"][..., None],
+        y_test=arrays["y_test"].astype(np.int64),
+        classes=list(_IDX_CLASSES[name]),
+        source=f"{name} idx files from {files['x_train'].parent}",
+    )
+
+
+def _find_idx_files(folder: Path) -> dict[str, Path] | None:
+    """The four idx files (gzipped or not) in ``folder``, or None if any is missing."""
+    found = {}
+    for key, stem in _IDX_STEMS.items():
+        path = next((p for p in (folder / f"{stem}.gz", folder / stem) if p.is_file()), None)
+        if path is None:
+            return None
+        found[key] = path
+    return found
+
+
+def _read_idx(path: Path, ndim: int) -> np.ndarray:
+    """An idx file of unsigned bytes with ``ndim`` dimensions as a (writable) uint8 array."""
+    content = path.read_bytes()
+    if path.suffix == ".gz":
+        try:
+            content = gzip.decompress(content)
+        except (OSError, EOFError, zlib.error) as error:
+            raise DataCorruptError(f"corrupt gzip file {path}: {error}") from None
+    header_size = 4 + 4 * ndim
+    if len(content) < header_size or content[:4] != bytes([0, 0, 0x08, ndim]):
+        raise DataCorruptError(f"{path}: bad magic number for a {ndim}-d idx file of bytes")
+    shape = tuple(int.from_bytes(content[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    expected = header_size + math.prod(shape)
+    if len(content) != expected:
+        raise DataCorruptError(f"{path}: {len(content)} bytes, header {shape} needs {expected}")
+    return np.frombuffer(content, dtype=np.uint8, offset=header_size).reshape(shape).copy()
+
+
+# ----------------------------------------------------------------------------- image trees
+
+
+def _read_imagefolder(path_text: str, cache_dir) -> _ImageArrays:
+    label = IMAGEFOLDER_PREFIX + path_text
+    path = Path(path_text).expanduser().absolute()
+    if not path.exists():
+        raise DataNotFoundError(
+            f"{label}: data files not found; looked in {path}. Provide a directory or .tar.gz "
+            "with train/<class>/<image> and test/<class>/<image> files"
+        )
+    return _load_image_tree(path, label, f"image folder {path}", cache_dir)
+
+
+def _load_image_tree(path: Path, label: str, source: str, cache_dir) -> _ImageArrays:
+    cache_file = _cache_file(cache_dir, label, path)
+    return _cached(cache_file, lambda: _read_image_tree(path, label, source))
+
+
+def _read_image_tree(path: Path, label: str, source: str) -> _ImageArrays:
+    """Decode train/<class>/* and test/<class>/* of a directory or archive, in sorted order."""
+    samples = []  # (split, class, file name, content)
+    for relative, content in _tree_files(path):
+        split_and_class = _split_and_class(relative)
+        if split_and_class:
+            samples.append((*split_and_class, relative, content))
+    samples.sort(key=lambda sample: sample[:3])
+    classes = sorted({cls for split, cls, *_ in samples if split == "train"})
+    test_classes = {cls for split, cls, *_ in samples if split == "test"}
+    if not classes or not test_classes:
+        raise DataNotFoundError(
+            f"{label}: no images under train/<class>/ and test/<class>/ in {path} (both are needed)"
+        )
+    if not test_classes <= set(classes):
+        unknown = sorted(test_classes - set(classes))
+        raise DataCorruptError(f"{path}: test classes {unknown} have no training images")
+    images = _decode_images((f"{path}/{relative}", content) for _, _, relative, content in samples)
+    class_index = {cls: index for index, cls in enumerate(classes)}
+    labels = np.array([class_index[cls] for _, cls, *_ in samples], dtype=np.int64)
+    train = np.array([split == "train" for split, *_ in samples])
+    return _ImageArrays(
+        images[train], labels[train], images[~train], labels[~train], classes, source
+    )
+
+
+def _tree_files(path: Path) -> Iterator[tuple[str, bytes]]:
+    """(relative POSIX path, content) of each image file in a directory or tar archive."""
+    if path.is_dir():
+        for file in sorted(path.rglob("*")):
+            relative = file.relative_to(path).as_posix()
+            if _is_image_name(relative) and file.is_file():
+                yield relative, file.read_bytes()
+        return
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            for member in archive:
+                if member.isfile() and _is_image_name(member.name):
+                    yield member.name, archive.extractfile(member).read()
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
+        raise DataCorruptError(f"cannot read archive {path}: {error}") from None
+
+
+def _is_image_name(relative: str) -> bool:
+    path = PurePosixPath(relative)
+    hidden = any(part.startswith(".") for part in path.parts)
+    return not hidden and path.suffix.lower() in _IMAGE_SUFFIXES
+
+
+def _split_and_class(relative: str) -> tuple[str, str] | None:
+    """("train" or "test", class) for split/class/.../file, optionally below one top folder."""
+    parts = PurePosixPath(relative).parts
+    if parts and parts[0] not in _SPLITS:
+        parts = parts[1:]
+    if len(parts) >= 3 and parts[0] in _SPLITS:
+        return parts[0], parts[1]
+    return None
+
+
+def _decode_image(content: bytes, name: str) -> np.ndarray:
+    """uint8 [H, W] for a grayscale ("L") image, else [H, W, 3] RGB."""
+    try:
+        with Image.open(io.BytesIO(content)) as image:
+            return np.asarray(image if image.mode == "L" else image.convert("RGB"))
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+        raise DataCorruptError(f"cannot decode image {name}: {error}") from None
+
+
+def _decode_images(named_contents: Iterable[tuple[str, bytes]]) -> np.ndarray:
+    """uint8 [N, H, W, C]: one channel if every image is grayscale, else RGB; one size for all."""
+    images, names = [], []
+    for name, content in named_contents:
+        images.append(_decode_image(content, name))
+        names.append(name)
+    size = images[0].shape[:2]
+    for image, name in zip(images, names):
+        if image.shape[:2] != size:
+            raise DataCorruptError(
+                f"image {name} is {image.shape[0]}x{image.shape[1]} (HxW) but {names[0]} is "
+                f"{size[0]}x{size[1]}: all images must have one size"
+            )
+    if all(image.ndim == 2 for image in images):
+        return np.stack(images)[..., None]
+    return np.stack([_gray_to_rgb(image) if image.ndim == 2 else image for image in images])
+
+
+def _gray_to_rgb(image: np.ndarray) -> np.ndarray:
+    return np.repeat(image[..., None], 3, axis=2)
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def _cache_file(cache_dir, label: str, source: Path, extra: list | None = None) -> Path:
+    """The cache path for ``source``: its name hashes the path, file sizes and mtimes."""
+    fedlib_cache = os.environ.get("FEDLIB_CACHE") or Path.home() / ".cache" / "fedlib"
+    root = cache_dir or Path(fedlib_cache) / "datasets"
+    key = json.dumps([_CACHE_FORMAT, str(source.resolve()), _fingerprint(source), extra])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_")[-60:]
+    return Path(root).expanduser() / f"{readable}-{digest}.npz"
+
+
+def _fingerprint(source: Path) -> list:
+    """Size and mtime of a file, or of every file below a directory."""
+    if not source.is_dir():
+        stat = source.stat()
+        return [stat.st_size, stat.st_mtime_ns]
+    entries = []
+    for file in sorted(source.rglob("*")):
+        if file.is_file():
+            stat = file.stat()
+            entries.append([file.relative_to(source).as_posix(), stat.st_size, stat.st_mtime_ns])
+    return entries
+
+
+def _cached(cache_file: Path, build: Callable[[], _ImageArrays]) -> _ImageArrays:
+    """Arrays from ``cache_file``; if it is missing or unreadable, build them and write it."""
+    if cache_file.exists():
+        try:
+            return _read_cache(cache_file)
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
+            warnings.warn(f"rebuilding unreadable dataset cache {cache_file}: {error}")
+            cache_file.unlink(missing_ok=True)
+    arrays = build()
+    _write_cache(cache_file, arrays)
+    return arrays
+
+
+def _read_cache(cache_file: Path) -> _ImageArrays:
+    with np.load(cache_file, allow_pickle=False) as npz:
+        arrays = _ImageArrays(
+            **{key: npz[key] for key in _ARRAY_FIELDS},
+            classes=npz["classes"].tolist(),
+            source=str(npz["source"]),
+        )
+    _check_arrays(arrays)
+    return arrays
+
+
+def _write_cache(cache_file: Path, arrays: _ImageArrays) -> None:
+    """Write atomically (a temporary file in the same folder, then os.replace); warn on failure."""
+    temporary = None
+    try:
+        folder = cache_file.parent
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, suffix=".tmp", delete=False) as handle:
+            temporary = Path(handle.name)
+            np.savez(
+                handle,
+                **{key: getattr(arrays, key) for key in _ARRAY_FIELDS},
+                classes=np.array(arrays.classes, dtype=str),
+                source=np.array(arrays.source, dtype=str),
+            )
+        os.chmod(temporary, 0o644)  # NamedTemporaryFile makes it private
+        os.replace(temporary, cache_file)
+    except OSError as error:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
+        warnings.warn(f"could not write dataset cache {cache_file}: {error}")
+
+
+_READERS = {
+    "fmnist": partial(_read_idx_dataset, "fmnist"),
+    "mnist": partial(_read_idx_dataset, "mnist"),
+    "cifar10": _read_cifar10,
+    "cifar100": _read_cifar100,
+    "svhn": _read_svhn,
+    "emnist": _read_emnist,
+    "eurosat": _read_eurosat,
+}

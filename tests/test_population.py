@@ -1,0 +1,133 @@
+"""The vectorized population engine against the per-client loop oracle."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib.models import build_model
+from fedlib.population import (
+    LocalTraining,
+    ParamLayout,
+    aggregate,
+    evaluate,
+    make_client_batches,
+    padded_indices,
+    predict,
+    stack_buffers,
+    train_clients,
+    train_clients_loop,
+)
+
+
+def _federation(n_clients, shape, n_classes, seed=0, low=5, high=60):
+    g = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(low, high, size=n_clients)
+    total = int(sizes.sum())
+    x = torch.randn(total, *shape, generator=g)
+    y = torch.randint(0, n_classes, (total,), generator=g)
+    perm = rng.permutation(total)
+    indices = np.split(perm, np.cumsum(sizes)[:-1])
+    return x, y, indices
+
+
+def _both(model, x, y, indices, cfg, seed=1):
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(seed))
+    start = layout.flat_of(model)
+    bufs = stack_buffers(layout.buffers_of(model), 1)
+    fast = train_clients(model, start, bufs, x, y, batches, cfg)
+    slow = train_clients_loop(model, start, bufs, x, y, batches, cfg)
+    return fast, slow, start
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LocalTraining(epochs=2, batch_size=16, lr=0.1),
+        LocalTraining(epochs=1, batch_size=16, lr=0.05, prox_mu=1.0),
+        LocalTraining(epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=5e-4, prox_mu=0.1),
+    ],
+    ids=["sgd", "fedprox", "momentum-wd-prox"],
+)
+def test_vectorized_equals_loop_for_20_unequal_clients(cfg):
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y, indices = _federation(20, (1, 8, 8), 10)
+    assert len({len(ix) for ix in indices}) > 5  # really unequal sizes
+    (fast, _), (slow, _), start = _both(model, x, y, indices, cfg)
+    assert fast.shape == (20, ParamLayout(model).size)
+    assert (fast - start).abs().max() > 1e-2  # training moved the parameters
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+
+
+def test_vectorized_equals_loop_with_batchnorm():
+    torch.manual_seed(0)
+    model = build_model("resnet20", (3, 8, 8), 10)
+    x, y, indices = _federation(20, (3, 8, 8), 10, low=6, high=30)
+    cfg = LocalTraining(epochs=1, batch_size=8, lr=0.05)
+    (fast, fast_bufs), (slow, slow_bufs), start = _both(model, x, y, indices, cfg)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=0)
+    for name in fast_bufs:
+        torch.testing.assert_close(fast_bufs[name].double(), slow_bufs[name].double(), atol=1e-5, rtol=0)
+    running = [k for k in fast_bufs if k.endswith("running_mean")]
+    assert running and all((fast_bufs[k] != 0).any() for k in running)  # statistics were updated
+
+
+def test_chunking_gives_identical_results():
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y, indices = _federation(9, (1, 8, 8), 10)
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, 16, 1, torch.Generator().manual_seed(3))
+    whole, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches, LocalTraining(batch_size=16))
+    chunked, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches,
+                               LocalTraining(batch_size=16, chunk_size=4))
+    torch.testing.assert_close(whole, chunked, atol=1e-6, rtol=0)  # bmm blocking may differ
+
+
+def test_client_batches_cover_each_client_once_per_epoch():
+    indices = [np.arange(0, 7), np.arange(7, 30), np.array([30])]
+    b = make_client_batches(indices, 4, 2, torch.Generator().manual_seed(0))
+    assert b.steps == 2 * 6  # ceil(23 / 4) = 6 steps per epoch
+    for i, ix in enumerate(indices):
+        for epoch in range(2):
+            steps = slice(6 * epoch, 6 * (epoch + 1))
+            seen = b.index[steps, i][b.mask[steps, i] > 0]
+            assert sorted(seen.tolist()) == sorted(ix.tolist())
+    table, sizes = padded_indices(indices)
+    assert sizes.tolist() == [7, 23, 1] and table.shape == (3, 23)
+
+
+def test_aggregate_is_weighted_average_and_handles_subsets():
+    flat = torch.arange(12.0).view(3, 4)
+    w = torch.tensor([0.5, 0.25, 0.25])
+    torch.testing.assert_close(aggregate(flat, w), 0.5 * flat[0] + 0.25 * flat[1] + 0.25 * flat[2])
+    subsets = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]])
+    out, bufs = aggregate(flat, subsets, {"bn.running_mean": flat.clone(), "n": torch.tensor([1, 5, 3])})
+    torch.testing.assert_close(out, torch.stack([flat[0], (flat[0] + flat[1]) / 2]))
+    assert bufs["n"].tolist() == [5, 5]
+
+
+def test_evaluate_matches_per_model_forward():
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 5)
+    layout = ParamLayout(model)
+    flats = torch.stack([layout.flat_of(build_model("mlp", (1, 8, 8), 5)) for _ in range(3)])
+    x = torch.randn(300, 1, 8, 8)
+    y = torch.randint(0, 5, (300,))
+    ev = evaluate(model, flats, {}, x, y, 5, batch_size=64, model_chunk=2)
+    logits = predict(model, flats, {}, x, batch_size=64)
+    for m in range(3):
+        layout.load_into(model, flats[m])
+        with torch.no_grad():
+            ref = model(x)
+        torch.testing.assert_close(logits[m], ref, atol=1e-5, rtol=1e-5)
+        pred = ref.argmax(1)
+        assert ev.accuracy[m].item() == pytest.approx((pred == y).float().mean().item())
+        per_class = [(pred[y == c] == c).float().mean().item() for c in range(5)]
+        np.testing.assert_allclose(ev.per_class_accuracy[m].numpy(), per_class, atol=1e-6)
+        assert ev.balanced_accuracy[m].item() == pytest.approx(np.mean(per_class), abs=1e-6)
+        assert ev.confusion[m].sum().item() == 300
+        expected_loss = torch.nn.functional.cross_entropy(ref, y).item()
+        assert ev.loss[m].item() == pytest.approx(expected_loss, rel=1e-5)

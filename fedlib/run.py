@@ -128,24 +128,24 @@ def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> parti
         part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=config.n_clients,
                                  seed=config.seed, x=x, n_classes=int(y.max()) + 1)
         if mods.get("free_riders"):
-            part = partition_module.free_rider(part, mods["free_riders"], seed=config.seed)
+            part = partition_module.free_rider(part, mods["free_riders"])
         clients = mods.get("noisy_clients")
-        px = part.x if part.x is not None else x
-        py = part.y if part.y is not None else y
         if mods.get("covariate_shift") is not None:
-            part = partition_module.covariate_shift(px, py, part, sigma=mods["covariate_shift"], seed=config.seed)
-            px, py = part.x, part.y
+            part = partition_module.covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],
+                                                    seed=config.seed)
         if mods.get("label_noise"):
-            part = partition_module.label_noise(px, py, part, rate=mods["label_noise"], seed=config.seed,
-                                                clients=clients)
-            px, py = part.x, part.y
+            part = partition_module.label_noise(*part.pool(x, y), part, rate=mods["label_noise"],
+                                                seed=config.seed, clients=clients)
         if mods.get("feature_noise"):
-            part = partition_module.feature_noise(px, py, part, std=mods["feature_noise"], seed=config.seed,
-                                                  clients=clients)
+            part = partition_module.feature_noise(*part.pool(x, y), part, std=mods["feature_noise"],
+                                                  seed=config.seed, clients=clients)
     except ConfigError:
         raise
     except ValueError as err:
         raise ConfigError(f"config: split {spec.name!r}: {str(err).splitlines()[0]}") from None
+    if part.n_clients != config.n_clients:
+        raise ConfigError(f"config: n_clients: split {spec.name!r} makes {part.n_clients} clients "
+                          f"(got n_clients = {config.n_clients})")
     return part
 
 
@@ -183,8 +183,7 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     if config.n_clients > len(y):
         raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
     part = make_partition(config, x, y)
-    x_pool = (part.x if part.x is not None else x).to(device)
-    y_pool = (part.y if part.y is not None else y).to(device)
+    x_pool, y_pool = (t.to(device) for t in part.pool(x, y))
     n_test = config.test_samples or len(ds.y_test)
     torch.manual_seed(config.seed)
     model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)

@@ -1,0 +1,297 @@
+import numpy as np
+import pytest
+import torch
+
+from fedlib import partition as P
+
+N_PER_CLASS = 6000  # Fashion-MNIST-sized synthetic labels: 10 classes x 6000
+
+
+@pytest.fixture(scope="module")
+def fmnist_labels():
+    return np.random.default_rng(0).permutation(np.repeat(np.arange(10), N_PER_CLASS))
+
+
+@pytest.fixture(scope="module")
+def small():
+    """600 samples per class and matching 1x4x4 images."""
+    labels = np.random.default_rng(1).permutation(np.repeat(np.arange(10), 600))
+    x = torch.randn(labels.size, 1, 4, 4, generator=torch.Generator().manual_seed(0))
+    return labels, x
+
+
+SPLITS = {
+    "iid": lambda y, s: P.iid(y, 7, s),
+    "dirichlet": lambda y, s: P.dirichlet(y, 20, 0.1, s),
+    "k_classes": lambda y, s: P.k_classes(y, 6, 2, s),
+    "pls": lambda y, s: P.pls(y, 5, s),
+    "sls": lambda y, s: P.sls(y, 5, s),
+    "maverick": lambda y, s: P.maverick(y, 12, 2, 0.5, s),
+    "maverick_iid": lambda y, s: P.maverick_iid(y, seed=s),
+    "celm_maverick": lambda y, s: P.celm_maverick(y, seed=s),
+    "celm_fr": lambda y, s: P.celm_free_rider(y, seed=s),
+    "celm_frm": lambda y, s: P.celm_free_rider(y, seed=s, with_maverick=True),
+    "adversarial": lambda y, s: P.adversarial(y, gamma=0.5, seed=s, x=torch.zeros(y.size, 2)),
+}
+FULL = {"iid", "dirichlet", "k_classes", "maverick", "maverick_iid", "adversarial"}
+
+
+def pool_labels(partition, labels):
+    return labels if partition.y is None else partition.y.numpy()
+
+
+@pytest.mark.parametrize("name", SPLITS)
+def test_split_is_a_valid_partition(name, small):
+    labels, _ = small
+    p = SPLITS[name](labels, 0)
+    flat = np.concatenate(p.indices)
+    assert all(idx.dtype == np.int64 for idx in p.indices)
+    assert all(np.all(np.diff(idx) > 0) for idx in p.indices)  # sorted, no repeats
+    assert np.unique(flat).size == flat.size  # disjoint
+    assert flat.min() >= 0 and flat.max() < labels.size
+    y = pool_labels(p, labels)
+    expected = np.stack([np.bincount(y[idx], minlength=10) for idx in p.indices])
+    np.testing.assert_array_equal(p.counts, expected)
+    assert p.counts.dtype == np.int64
+    assert p.n_clients == len(p.roles) == len(p.indices)
+    assert p.n_classes == 10
+    np.testing.assert_array_equal(p.sizes, [idx.size for idx in p.indices])
+    assert (p.sizes.sum() == labels.size) if name in FULL else (p.sizes.sum() <= labels.size)
+    assert set(p.roles) <= set(P.ROLES)
+
+
+@pytest.mark.parametrize("name", SPLITS)
+def test_split_is_deterministic_in_the_seed(name, small):
+    labels, _ = small
+    a, b, c = SPLITS[name](labels, 3), SPLITS[name](labels, 3), SPLITS[name](labels, 4)
+    assert all(np.array_equal(i, j) for i, j in zip(a.indices, b.indices))
+    assert not all(np.array_equal(i, j) for i, j in zip(a.indices, c.indices))
+
+
+def test_client_class_counts_accepts_indices_or_labels():
+    labels = np.array([0, 1, 1, 2, 2, 2])
+    by_index = P.client_class_counts([np.array([0, 3]), np.array([1, 2, 4, 5])], labels, 4)
+    by_label = P.client_class_counts([np.array([0, 2]), np.array([1, 1, 2, 2])], n_classes=4)
+    np.testing.assert_array_equal(by_index, [[1, 0, 1, 0], [0, 2, 2, 0]])
+    np.testing.assert_array_equal(by_label, by_index)
+
+
+def test_iid_sizes_differ_by_at_most_one(small):
+    p = P.iid(small[0], 7, seed=0)
+    assert p.sizes.max() - p.sizes.min() <= 1
+
+
+@pytest.mark.parametrize("min_size", [1, 50])
+def test_dirichlet_tiny_alpha_leaves_no_client_below_min_size(fmnist_labels, min_size):
+    p = P.dirichlet(fmnist_labels, 100, 0.01, seed=0, min_size=min_size)
+    assert p.sizes.min() >= min_size
+    assert p.sizes.sum() == fmnist_labels.size
+
+
+def test_min_size_repair_rule_is_deterministic():
+    counts = np.array([[5, 3], [0, 0], [1, 0]])
+    # client 1 takes 2 of the largest client's top class; client 2 then takes 1 more
+    np.testing.assert_array_equal(P._repair_min_size(counts, 2), [[2, 3], [2, 0], [2, 0]])
+
+
+def mean_entropy(counts):
+    q = counts / counts.sum(axis=1, keepdims=True)
+    return -np.sum(q * np.log(np.where(q > 0, q, 1)), axis=1).mean()
+
+
+def test_small_alpha_is_more_skewed(fmnist_labels):
+    skewed = P.dirichlet(fmnist_labels, 20, 0.05, seed=0).counts
+    mild = P.dirichlet(fmnist_labels, 20, 10.0, seed=0).counts
+    assert mean_entropy(skewed) < 1.0 < 2.0 < mean_entropy(mild)
+
+
+@pytest.mark.parametrize("n_clients,k", [(6, 2), (10, 1), (3, 10), (7, 3)])
+def test_k_classes_gives_exactly_k_classes_and_uses_all(small, n_clients, k):
+    p = P.k_classes(small[0], n_clients, k, seed=0)
+    np.testing.assert_array_equal((p.counts > 0).sum(axis=1), k)
+    assert np.all(p.counts.sum(axis=0) == 600)
+
+
+def test_pls_equal_sizes_and_documented_counts(fmnist_labels):
+    p = P.pls(fmnist_labels, 5, seed=0)
+    np.testing.assert_array_equal(p.sizes, [5452] * 5)
+    np.testing.assert_array_equal((p.counts > 0).sum(axis=1), [1, 3, 6, 8, 10])
+    assert np.all(p.counts.sum(axis=0) > 0)
+
+
+def test_sls_grows_stepwise_with_documented_counts(fmnist_labels):
+    p = P.sls(fmnist_labels, 5, seed=0)
+    np.testing.assert_array_equal(p.sizes, [3598, 7196, 10794, 14392, 17990])
+    n_held = (p.counts > 0).sum(axis=1)
+    assert np.all(np.diff(n_held) >= 0) and np.all(np.diff(p.sizes) > 0)
+    assert np.all(p.counts.sum(axis=0) > 0)
+
+
+def test_label_skew_custom_classes_per_client(small):
+    p = P.pls(small[0], 4, seed=0, classes_per_client=[2, 2, 3, 5])
+    np.testing.assert_array_equal((p.counts > 0).sum(axis=1), [2, 2, 3, 5])
+    assert np.all(p.counts.sum(axis=0) > 0) and len(set(p.sizes)) == 1
+
+
+def test_maverick_classes_are_exclusive(fmnist_labels):
+    p = P.maverick(fmnist_labels, 50, 2, 0.1, seed=0)
+    assert p.roles[-2:] == ["maverick"] * 2 and set(p.roles[:-2]) == {"benign"}
+    holders = (p.counts > 0).sum(axis=0)
+    exclusive = np.flatnonzero(holders == 1)
+    mav_classes = [np.argmax(p.counts[i]) for i in (48, 49)]
+    assert set(mav_classes) <= set(exclusive)
+    np.testing.assert_array_equal(p.counts[:48, mav_classes], 0)
+    np.testing.assert_array_equal(p.counts[[48, 49], mav_classes], N_PER_CLASS)
+    assert p.sizes.min() >= 1
+
+
+def test_maverick_iid_documented_counts(fmnist_labels):
+    p = P.maverick_iid(fmnist_labels, seed=0, maverick_class=8)
+    np.testing.assert_array_equal(p.sizes, [10800] * 4 + [16800])
+    np.testing.assert_array_equal(p.counts[:4, 8], 0)
+    assert np.all(p.counts[:4] == p.counts[0])  # identical (IID) non-Mavericks
+
+
+def test_celm_maverick_documented_counts(fmnist_labels):
+    p = P.celm_maverick(fmnist_labels, seed=0)
+    np.testing.assert_array_equal(p.sizes, [12000] * 4 + [1200])
+    rare = np.flatnonzero(p.counts[-1])
+    assert rare.size == 2 and np.all(p.counts[:-1, rare] == 0)
+    assert p.roles == ["benign"] * 4 + ["maverick"]
+
+
+def test_celm_free_rider_documented_counts(fmnist_labels):
+    fr = P.celm_free_rider(fmnist_labels, seed=0)
+    frm = P.celm_free_rider(fmnist_labels, seed=0, with_maverick=True)
+    np.testing.assert_array_equal(fr.sizes, [14940] * 4 + [240])
+    np.testing.assert_array_equal(frm.sizes, [15920] * 3 + [1200, 240])
+    assert frm.roles == ["benign"] * 3 + ["maverick", "weak_free_rider"]
+    rider_classes = np.flatnonzero(frm.counts[-1])
+    assert np.all(frm.counts[:3, rider_classes] > 0)  # globally well represented
+
+
+def test_weak_free_rider_takes_the_most_abundant_classes():
+    labels = np.repeat(np.arange(5), [100, 400, 100, 300, 100])
+    p = P.celm_free_rider(labels, 3, seed=0, free_rider_classes=2, rare_classes=1)
+    assert set(np.flatnonzero(p.counts[-1])) == {1, 3}
+
+
+def test_free_rider_marks_last_benign_clients(fmnist_labels):
+    base = P.maverick(fmnist_labels, 10, 2, 1.0, seed=0)
+    p = P.free_rider(base, 2)
+    assert p.roles == ["benign"] * 6 + ["free_rider"] * 2 + ["maverick"] * 2
+    np.testing.assert_array_equal(p.counts, base.counts)
+
+
+def test_adversarial_pool(small):
+    labels, x = small
+    p = P.adversarial(labels, gamma=0.1, seed=0, x=x)
+    assert p.n_clients == 58
+    expected_roles = (["benign"] * 48 + ["maverick"] * 2 + ["label_flip"] * 2
+                      + ["random_data"] * 2 + ["random_update"] * 2 + ["free_rider"] * 2)
+    assert p.roles == expected_roles
+    flipped = np.concatenate(p.indices[50:52])
+    noised = torch.from_numpy(np.concatenate(p.indices[52:54]))
+    np.testing.assert_array_equal(p.y.numpy()[flipped], 9 - labels[flipped])
+    untouched = np.setdiff1d(np.arange(labels.size), flipped)
+    np.testing.assert_array_equal(p.y.numpy()[untouched], labels[untouched])
+    assert not torch.isclose(p.x[noised], x[noised]).any()
+    clean = torch.ones(labels.size, dtype=torch.bool)
+    clean[noised] = False
+    assert torch.equal(p.x[clean], x[clean])
+    assert abs(p.x[noised].std().item() - x.std().item()) < 0.2
+
+
+def test_adversarial_without_random_data_keeps_images():
+    labels = np.repeat(np.arange(10), 60)
+    p = P.adversarial(labels, gamma=1.0, seed=0, n_benign=8, n_random_data=0)
+    assert p.x is None and p.y is not None and p.n_clients == 16
+
+
+def test_covariate_shift_is_client_specific_and_deterministic(small):
+    labels, _ = small
+    x = torch.ones(labels.size, 2, 3, 3)
+    p = P.pls(labels, 5, seed=0)
+    shifted = P.covariate_shift(x, labels, p, 0.05, seed=0)
+    again = P.covariate_shift(x, labels, p, 0.05, seed=0)
+    other = P.covariate_shift(x, labels, p, 0.05, seed=1)
+    assert shifted.x.shape == x.shape and torch.equal(shifted.x, again.x)
+    assert not torch.equal(shifted.x, other.x)
+    first = [shifted.x[torch.from_numpy(idx[:1])] for idx in p.indices]
+    for idx, row in zip(p.indices, first):  # one affine map per client ...
+        assert torch.equal(shifted.x[torch.from_numpy(idx)], row.expand(idx.size, -1, -1, -1))
+    assert len({tuple(row.flatten().tolist()) for row in first}) == 5  # ... differing by client
+    unused = np.setdiff1d(np.arange(labels.size), np.concatenate(p.indices))
+    assert torch.equal(shifted.x[unused], x[unused])
+    np.testing.assert_array_equal(shifted.counts, p.counts)
+    # each output feature is x + sum_j Lambda_ij x_j + delta_i: std sigma * sqrt(d + 1)
+    assert abs((shifted.x[p.indices[4]] - 1).std().item() - 0.05 * 19**0.5) < 0.1
+
+
+def test_covariate_shift_sigma_zero_is_identity(small):
+    labels, x = small
+    p = P.iid(labels, 4, seed=0)
+    assert torch.equal(P.covariate_shift(x, labels, p, 0.0, seed=0).x, x)
+
+
+def test_label_noise_rates(small):
+    labels, x = small
+    p = P.iid(labels, 4, seed=0)
+    y = torch.from_numpy(labels)
+    assert torch.equal(P.label_noise(x, y, p, 0.0, seed=0).y, y)
+    all_noisy = P.label_noise(x, y, p, 1.0, seed=0)
+    assert bool((all_noisy.y != y).all())
+    part = P.label_noise(x, y, p, 0.3, seed=0, clients=[1])
+    changed = (part.y != y).numpy()
+    assert changed.sum() == changed[p.indices[1]].sum() == round(0.3 * p.sizes[1])
+    expected = np.stack([np.bincount(part.y.numpy()[idx], minlength=10) for idx in p.indices])
+    np.testing.assert_array_equal(part.counts, expected)
+
+
+def test_feature_noise_only_on_chosen_clients(small):
+    labels, x = small
+    p = P.iid(labels, 4, seed=0)
+    assert torch.equal(P.feature_noise(x, labels, p, 0.0, seed=0).x, x)
+    noisy = P.feature_noise(x, labels, p, 0.5, seed=0, clients=[2])
+    chosen = torch.from_numpy(p.indices[2])
+    others = torch.from_numpy(np.concatenate([p.indices[i] for i in (0, 1, 3)]))
+    assert torch.equal(noisy.x[others], x[others])
+    assert abs((noisy.x[chosen] - x[chosen]).std().item() - 0.5) < 0.05
+
+
+def test_transforms_use_the_partition_pool(small):
+    labels, x = small
+    adv = P.adversarial(labels, gamma=1.0, seed=0, x=x)
+    noisy = P.label_noise(x, labels, adv, 0.0, seed=0)
+    assert torch.equal(noisy.y, adv.y) and noisy.x is adv.x
+
+
+ERRORS = [
+    ("alpha", lambda y: P.dirichlet(y, 5, 0.0, seed=0)),
+    ("gamma", lambda y: P.maverick(y, 5, 1, -1.0, seed=0)),
+    ("k", lambda y: P.k_classes(y, 5, 0, seed=0)),
+    ("k", lambda y: P.k_classes(y, 5, 11, seed=0)),
+    ("n_clients", lambda y: P.iid(y, 0, seed=0)),
+    ("n_clients", lambda y: P.dirichlet(y, y.size + 1, 1.0, seed=0)),
+    ("n_mavericks", lambda y: P.maverick(y, 20, 10, 1.0, seed=0)),
+    ("n_mavericks", lambda y: P.maverick(y, 3, 3, 1.0, seed=0)),
+    ("min_size", lambda y: P.dirichlet(y, 10, 1.0, seed=0, min_size=1000)),
+    ("classes_per_client", lambda y: P.pls(y, 3, seed=0, classes_per_client=[1, 2, 3])),
+    ("rate", lambda y: P.label_noise(None, y, P.iid(y, 2, seed=0), 1.5, seed=0)),
+    ("rate", lambda y: P.label_noise(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
+    ("sigma", lambda y: P.covariate_shift(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
+    ("std", lambda y: P.feature_noise(None, y, P.iid(y, 2, seed=0), -1.0, seed=0)),
+    ("n_free_riders", lambda y: P.free_rider(P.iid(y, 2, seed=0), 3)),
+    ("x", lambda y: P.adversarial(y, gamma=1.0, seed=0)),
+    ("maverick_classes", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_classes=[10])),
+    ("free_rider_fraction", lambda y: P.celm_free_rider(y, seed=0, free_rider_fraction=0.0)),
+]
+
+
+@pytest.mark.parametrize("field,call", ERRORS, ids=[f for f, _ in ERRORS])
+def test_errors_are_one_line_and_name_the_field(field, call):
+    labels = np.repeat(np.arange(10), 100)
+    with pytest.raises(ValueError) as err:
+        call(labels)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(field + " ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import json
 import platform
 import time
 from dataclasses import dataclass, field
@@ -222,7 +223,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     key = config.key()
     if store is not None and (hit := store.get(key)) is not None:
         return RunResult.from_dict(hit)
-    result = _execute(prepare(config, dataset), progress)
+    result = RunResult.from_dict(json.loads(json.dumps(_execute(prepare(config, dataset), progress).to_dict())))
     if store is not None:
         store.put(key, result.to_dict())
     return result
@@ -283,7 +284,7 @@ def _execute(p: Prepared, progress: bool) -> RunResult:
         t_server = time.perf_counter() - t0
         record: dict[str, Any] = {
             "round": t, "lr": lr, "selected": selected.tolist(), "dropped": dropped,
-            "weights": dict(zip(updates.clients.tolist(), weights.cpu().tolist())),
+            "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
             "time_train": t_train, "time_server": t_server,
         }
         scores = method.scores()

@@ -216,20 +216,23 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: list[str], glob
 
 
 def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress: bool = True,
-        dataset: Dataset | None = None) -> RunResult:
-    """Run (or fetch from the cache) one federated experiment."""
+        dataset: Dataset | None = None, on_round: Callable[[dict], None] | None = None) -> RunResult:
+    """Run (or fetch from the cache) one federated experiment.
+
+    ``on_round(record)`` is called after every round of a fresh run (not for cached results)."""
     config = make_config(config) if not isinstance(config, RunConfig) else config
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     key = config.key()
     if store is not None and (hit := store.get(key)) is not None:
         return RunResult.from_dict(hit)
-    result = RunResult.from_dict(json.loads(json.dumps(_execute(prepare(config, dataset), progress).to_dict())))
+    fresh = _execute(prepare(config, dataset), progress, on_round)
+    result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict())))
     if store is not None:
         store.put(key, result.to_dict())
     return result
 
 
-def _execute(p: Prepared, progress: bool) -> RunResult:
+def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None) -> RunResult:
     cfg, model, method, part = p.config, p.model, p.method, p.partition
     t_start = time.perf_counter()
     layout = ParamLayout(model)
@@ -305,6 +308,8 @@ def _execute(p: Prepared, progress: bool) -> RunResult:
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
         history.append(record)
+        if on_round is not None:
+            on_round(record)
     if bar is not None:
         bar.close()
     final: dict[str, Any] = {"rounds_completed": len(history), "stopped": stopped}

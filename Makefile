@@ -11,7 +11,7 @@ ifneq ($(SHARED),)
 export FEDLIB_DATA ?= $(abspath $(SHARED))
 endif
 
-.PHONY: test book demo bench clean
+.PHONY: test book results demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest
 
 book: $(VENV)/.book-installed
-	$(BIN)/python -m fedlib run examples/fedavg_fmnist.yaml
+	$(BIN)/python -m fedlib book --profile $(PROFILE)
+
+# Full-protocol runs kept in the repository: make results CHAPTER=fedavg PROFILE=paper
+results: $(VENV)/.test-installed
+	$(BIN)/python -m fedlib results --chapter $(CHAPTER) --profile $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),paper)
 
 demo: $(VENV)/.test-installed
 	$(BIN)/python -m fedlib run examples/fedavg_fmnist.yaml

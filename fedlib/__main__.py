@@ -27,7 +27,19 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rounds=5")
     p_run.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     p_run.add_argument("--json", metavar="FILE", help="also write the result as JSON")
+    p_book = sub.add_parser("book", help="execute the chapters with papermill and build the HTML")
+    p_book.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
+    p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
+    p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
+    p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
+    p_res = sub.add_parser("results", help="run a chapter's profile and store each run under results/<chapter>/")
+    p_res.add_argument("--chapter", required=True)
+    p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
     args = parser.parse_args(argv)
+    if args.command == "book":
+        return _book(args)
+    if args.command == "results":
+        return _results(args)
 
     from .config import ConfigError, load_config
     from .data import DataCorruptError, DataNotFoundError
@@ -45,6 +57,36 @@ def main(argv: list[str] | None = None) -> int:
         from pathlib import Path
 
         atomic_write_text(Path(args.json), json.dumps(result.to_dict(), indent=1))
+    return 0
+
+
+def _book(args) -> int:
+    import time
+
+    from .book import BookError, build
+
+    t0 = time.perf_counter()
+    print(f"Building the book with profile {args.profile!r}")
+    try:
+        index = build(args.profile, only=args.only, html=not args.no_html, force=args.force)
+    except (BookError, ValueError, FileNotFoundError) as err:
+        print(f"fedlib book: {err}", file=sys.stderr)
+        return 1
+    print(f"Done in {time.perf_counter() - t0:.0f} s: {index}")
+    return 0
+
+
+def _results(args) -> int:
+    from .book import load_profile, store_results
+    from .chapters import chapter_module
+
+    try:
+        configs = chapter_module(args.chapter).configs(load_profile(args.chapter, args.profile))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"fedlib results: {err}", file=sys.stderr)
+        return 2
+    written = store_results(args.chapter, configs)
+    print(f"{len(written)} new result file(s) under results/{args.chapter}/ ({len(configs)} runs in the profile)")
     return 0
 
 

@@ -1,0 +1,15 @@
+"""Chapter logic shared by a book notebook, its tests and ``make results``.
+
+Each chapter module exposes ``configs(params) -> list[RunConfig]`` for a profile's
+parameters (``params/<chapter>/<profile>.yaml``), plus the tables and figures its page shows.
+"""
+
+import importlib
+
+CHAPTER_MODULES = ("fedavg",)
+
+
+def chapter_module(name: str):
+    if name not in CHAPTER_MODULES:
+        raise ValueError(f"chapter: unknown chapter {name!r}; chapters with stored runs: {', '.join(CHAPTER_MODULES)}")
+    return importlib.import_module(f"{__name__}.{name}")

@@ -1,0 +1,108 @@
+"""The book pipeline: sources, profiles, papermill execution, failures, stored results."""
+
+import json
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from fedlib import book
+from fedlib.chapters import chapter_module
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_source_notebooks_have_no_outputs_and_a_parameters_cell(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code), f"{path.name} carries outputs"
+    assert any("parameters" in c.metadata.get("tags", []) for c in code), f"{path.name}: no parameters cell"
+
+
+@pytest.mark.parametrize("chapter", [p.stem for p in NOTEBOOKS if p.stem != book.STATUS_PAGE])
+def test_every_chapter_has_three_profiles_matching_its_parameters_cell(chapter):
+    nb = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    for profile in book.PROFILES:
+        params = book.load_profile(chapter, profile)
+        for key in params:
+            assert f"{key} =" in cell.source, f"{chapter}/{profile}.yaml sets {key!r}, unknown to the notebook"
+
+
+def test_toc_lists_existing_chapters_status_last():
+    chapters = book.toc_chapters()
+    assert chapters[-1] == book.STATUS_PAGE and "fedavg" in chapters
+
+
+def test_protocol_differences_name_each_changed_parameter():
+    quick = book.load_profile("fedavg", "quick")
+    diffs = book.protocol_differences("fedavg", quick)
+    assert any(d.startswith("`rounds`: 20 (paper protocol: 100)") for d in diffs)
+    assert not book.protocol_differences("fedavg", book.load_profile("fedavg", "paper"))
+    with pytest.raises(ValueError, match="profile: must be one of"):
+        book.load_profile("fedavg", "fast")
+
+
+def test_reference_numbers_load():
+    ref = book.load_reference("celm")
+    assert book.reference_value(ref, "Table 1", "F.MNIST PLS", "FedAvg") == (80.62, 0.52)
+    with pytest.raises(KeyError):
+        book.reference_value(ref, "Table 1", "nowhere", "FedAvg")
+
+
+def _mini_repo(tmp_path, cell_source):
+    """A repository with one chapter whose code cell is ``cell_source``."""
+    (tmp_path / "book").mkdir()
+    (tmp_path / "params" / "mini").mkdir(parents=True)
+    (tmp_path / "book" / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: mini\n")
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('profile = "quick"\nvalue = 1')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(cell_source)]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, tmp_path / "book" / "mini.ipynb")
+    for profile in book.PROFILES:
+        (tmp_path / "params" / "mini" / f"{profile}.yaml").write_text("value: 2\n")
+    return tmp_path
+
+
+def test_a_failing_chapter_fails_the_build_and_shows_its_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_REPO", str(_mini_repo(tmp_path, "assert value == 3, 'value was %d' % value")))
+    monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
+    with pytest.raises(book.BookError) as info:
+        book.build("smoke", html=False, log=lambda *a: None)
+    message = str(info.value)
+    assert "chapter 'mini' failed" in message and "AssertionError: value was 2" in message
+
+
+def test_unchanged_chapters_are_not_re_executed(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_REPO", str(_mini_repo(tmp_path, "print('value', value)")))
+    monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
+    stage = book.build("smoke", html=False, log=lambda *a: None)
+    executed = nbformat.read(stage / "mini.ipynb", as_version=4)
+    assert "value 2" in executed.cells[-1].outputs[0]["text"]
+    _, ran = book.execute_chapter("mini", "smoke", stage)
+    assert not ran
+    with pytest.raises(ValueError, match="unknown chapter 'nope'"):
+        book.build("smoke", only=["nope"], html=False)
+
+
+def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "params").mkdir()
+    shutil.copytree(ROOT / "params" / "fedavg", tmp_path / "params" / "fedavg")
+    params = {**book.load_profile("fedavg", "smoke"), "splits": ["PLS"], "methods": ["fedavg"], "rounds": 1}
+    configs = chapter_module("fedavg").configs(params)
+    written = book.store_results("fedavg", configs, progress=False)
+    assert len(written) == 1 and book.store_results("fedavg", configs, progress=False) == []  # resumes
+    payload = json.loads(written[0].read_text())["payload"]
+    assert payload["config"]["split"]["name"] == "pls" and payload["device"].startswith("cpu")
+    stored = book.stored_results("fedavg", configs)
+    assert list(stored.results) == [configs[0].key()] and not stored.skipped
+    other = book.stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
+    assert not other.results and other.skipped == [written[0].name]
+    assert "no longer matches" in other.describe()

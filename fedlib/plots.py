@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from fedlib.partition import ROLES
 
@@ -139,3 +139,96 @@ def _role_legend(fig, corner, roles):
         handletextpad=0.2,
         borderaxespad=0.0,
     )
+
+
+# ----------------------------------------------------------------------------- run results
+
+_RESULT_FIGSIZE = (8.0, 3.5)  # inches: a book page's width
+
+
+def _result_axes(ax):
+    """The given axes and its figure, or a new book-width figure with one axes."""
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=_RESULT_FIGSIZE, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def accuracy_curves(results, metric="accuracy", ax=None) -> Figure:
+    """Test accuracy per round, one line per label of ``results`` (label -> RunResult).
+
+    ``metric`` is a per-round accuracy of the history ("accuracy" or
+    "balanced_accuracy"), drawn in percent; rounds are numbered from 1.
+    """
+    fig, ax = _result_axes(ax)
+    for label, result in results.items():
+        rounds, values = result.series(metric)
+        ax.plot(np.asarray(rounds) + 1, 100 * np.asarray(values, dtype=float), marker="o", markersize=4,
+                label=label)
+    ax.set_xlabel("round", fontsize=10)
+    ax.set_ylabel(f"test {metric.replace('_', ' ')}", fontsize=10)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}%"))
+    ax.tick_params(labelsize=9)
+    ax.grid(True, color="#e5e5e5", linewidth=0.5)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=9, frameon=False)
+    return fig
+
+
+def final_contributions(result) -> np.ndarray:
+    """Each client's contribution in the last round of a RunResult, normalized.
+
+    The method's contribution ``scores`` when it records them, else its aggregation
+    weights (zero for clients not aggregated). Divided by the sum of absolute values,
+    so non-negative contributions sum to 1; all zeros when there is no round.
+    """
+    contributions = np.zeros(len(result.meta["client_sizes"]))
+    if result.history:
+        last = result.history[-1]
+        if last.get("scores") is not None:
+            contributions[:] = last["scores"]
+        else:
+            contributions[last["aggregated"]] = last["weights"]
+    total = np.abs(contributions).sum()
+    return contributions / total if total > 0 else contributions
+
+
+def contribution_bars(results, ax=None) -> Figure:
+    """Grouped bars: per client, each label's final-round contribution (label -> RunResult).
+
+    See :func:`final_contributions`. A dashed line marks the equal share 1/N; clients
+    with a non-benign role (of the first result) are named and coloured in the ticks.
+    """
+    fig, ax = _result_axes(ax)
+    first = next(iter(results.values()))
+    roles = first.meta["client_roles"]
+    n_clients = len(roles)
+    width = 0.8 / len(results)
+    for i, (label, result) in enumerate(results.items()):
+        offset = (i - (len(results) - 1) / 2) * width
+        ax.bar(np.arange(n_clients) + offset, final_contributions(result), width=width, label=label)
+    ax.axhline(1 / n_clients, color=_MARGINAL_COLOR, linestyle="--", linewidth=1, label="equal share")
+    _client_role_ticks(ax, roles)
+    ax.set_xlim(-0.6, n_clients - 0.4)
+    ax.set_xlabel("client", fontsize=10)
+    ax.set_ylabel("final-round contribution", fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=9, frameon=False, ncols=min(len(results) + 1, 4), loc="lower left", bbox_to_anchor=(0, 1))
+    return fig
+
+
+def _client_role_ticks(ax, roles):
+    """Client ids as x ticks (benign ones thinned to ~30); non-benign ones also name
+    their role, in its colour, vertically when there are many clients."""
+    n_clients = len(roles)
+    step = int(np.ceil(n_clients / 30))
+    shown = [i for i, role in enumerate(roles) if role != "benign" or i % step == 0]
+    vertical = n_clients > 12
+    joiner = " " if vertical else "\n"
+    labels = [str(i) if roles[i] == "benign" else f"{i}{joiner}{roles[i]}" for i in shown]
+    ax.set_xticks(shown, labels, rotation=90 if vertical else 0, fontsize=9)
+    for tick, client in zip(ax.get_xticklabels(), shown):
+        if roles[client] != "benign":
+            tick.set_color(ROLE_COLORS.get(roles[client], "black"))

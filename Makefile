@@ -25,7 +25,7 @@ $(VENV)/.book-installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test,book]'
 	touch $@ $(VENV)/.test-installed
 
-test: $(VENV)/.test-installed
+test: $(VENV)/.book-installed
 	$(BIN)/python -m pytest
 
 book: $(VENV)/.book-installed

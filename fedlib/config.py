@@ -60,6 +60,8 @@ class RunConfig(BaseModel):
     data_root: str | None = None
     fraction: float = Field(1.0, gt=0, le=1, description="share of the training set used")
     test_samples: int | None = Field(None, ge=1, description="evaluate on the first n test samples")
+    server_val: int | None = Field(None, ge=1, description="training samples held out as the server's "
+                                   "validation set (default 1000 for methods that need one)")
     model: str = "mlp"
     split: Spec = Spec(name="iid")
     n_clients: int = Field(5, ge=1)

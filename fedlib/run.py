@@ -37,6 +37,9 @@ from .population import (
 __all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS"]
 
 
+DEFAULT_SERVER_VAL = 1000
+
+
 class RunDiverged(RuntimeError):
     """Training produced non-finite parameters or loss."""
 
@@ -164,6 +167,8 @@ class Prepared:
     y_test: torch.Tensor
     model: torch.nn.Module
     method: Any
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
 
 def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
@@ -181,6 +186,13 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
     keep = _subsample(ds.y_train, config.fraction, config.seed)
     x, y = ds.x_train[keep], ds.y_train[keep]
+    n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation else 0)
+    if n_val >= len(y):
+        raise ConfigError(f"config: server_val: must be < the {len(y)} training samples (got {n_val})")
+    order = torch.from_numpy(np.random.default_rng(config.seed + 104729).permutation(len(y)))
+    x_val, y_val = x[order[:n_val]].to(device), y[order[:n_val]].to(device)
+    if n_val:
+        x, y = x[order[n_val:]], y[order[n_val:]]
     if config.n_clients > len(y):
         raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
     part = make_partition(config, x, y)
@@ -189,7 +201,8 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     torch.manual_seed(config.seed)
     model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
     return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[:n_test].to(device),
-                    ds.y_test[:n_test].to(device), model, method)
+                    ds.y_test[:n_test].to(device), model, method, x_val if n_val else None,
+                    y_val if n_val else None)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -241,7 +254,8 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     sizes = np.asarray(part.sizes)
     n_classes = p.dataset.num_classes
     method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
-                            clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device))
+                            clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
+                            x_val=p.x_val, y_val=p.y_val))
     rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
     stopped = None

@@ -32,6 +32,11 @@ class Federation:
     clients_per_round: int
     client_sizes: np.ndarray  # self-reported sample counts (FedAvg uses them)
     device: torch.device
+    # A labelled validation set held by the server, for methods that declare
+    # ``needs_validation`` (CFFL, Shapley utilities): held out of the training set before
+    # the split, ``RunConfig.server_val`` samples (default 1000). None otherwise.
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
 
 @dataclass
@@ -55,6 +60,7 @@ class ClientUpdates:
 
 class Method:
     name: ClassVar[str] = ""
+    needs_validation: ClassVar[bool] = False  # the server holds a labelled validation set
 
     def validate(self) -> None:
         """Raise ValueError (one line, naming the field and its range) for bad values."""

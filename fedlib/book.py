@@ -366,8 +366,9 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
             os.environ.pop("FEDLIB_BOOK_STAGE", None)
         else:
             os.environ["FEDLIB_BOOK_STAGE"] = env_before
-    stamp.parent.mkdir(exist_ok=True)
-    stamp.write_text(fingerprint)
+    from .cache import atomic_write_text
+
+    atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
 
 

@@ -46,6 +46,22 @@ class ResultCache:
 
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root) if root is not None else default_cache_root() / "runs"
+        self._remove_stale_temporaries()
+
+    def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
+        """Temporary files of writers killed mid-write (never read as entries) are removed
+        once they are clearly abandoned."""
+        import time
+
+        if not self.root.is_dir():
+            return
+        now = time.time()
+        for tmp in self.root.glob(".*.tmp"):
+            try:
+                if now - tmp.stat().st_mtime > older_than_s:
+                    tmp.unlink()
+            except OSError:
+                pass
 
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"

@@ -78,6 +78,8 @@ class RunConfig(BaseModel):
     seed: int = 0
     device: str = "cpu"
     eval_every: int = Field(1, ge=1)
+    update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
+                                      "round's median distance from the global model (None: off)")
     client_chunk: int | None = Field(None, ge=1, description="clients trained together (memory)")
 
     @field_validator("device")
@@ -108,7 +110,7 @@ class RunConfig(BaseModel):
         self._check_against_dataset()
         from .methods import build_method  # registry lives with the methods
 
-        build_method(self.method.name, self.method.params)
+        build_method(self.method.name, self.method.params).check_run(self.rounds, self.n_clients)
         return self
 
     def _check_against_dataset(self) -> None:

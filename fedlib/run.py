@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import warnings
 import json
 import platform
 import time
@@ -24,6 +25,7 @@ from .config import ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import ClientUpdates, Federation, RoundState, build_method
 from .models import build_model
+from .screening import screen_updates
 from .population import (
     LocalTraining,
     ParamLayout,
@@ -79,11 +81,10 @@ class RunResult:
                 f"  {h['time_train']:>7.2f}  {h['time_server']:>8.3f}"
             )
         f = self.final
-        lines.append(
-            f"final: accuracy {100 * f['accuracy']:.2f}%, balanced accuracy {100 * f['balanced_accuracy']:.2f}%,"
-            f" wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
-            + (f" — stopped: {f['stopped']}" if f.get("stopped") else "")
-        )
+        scores = ("no evaluated round" if f["accuracy"] is None else
+                  f"accuracy {100 * f['accuracy']:.2f}%, balanced accuracy {100 * f['balanced_accuracy']:.2f}%")
+        lines.append(f"final: {scores}, wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
+                     + (f"\nstopped early: {f['stopped']}" if f.get("stopped") else ""))
         return "\n".join(lines)
 
 
@@ -98,7 +99,19 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients")
+SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
+                   "nan_updates", "huge_updates")
+HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update"}  # faults for robustness tests
+
+
+def _mark_hostile(part, modifier: str, count: int):
+    """Give ``count`` benign clients (the last ones) a hostile update role."""
+    benign = [i for i, r in enumerate(part.roles) if r == "benign"]
+    if count > len(benign):
+        raise ValueError(f"{modifier}: must be <= the {len(benign)} benign clients (got {count})")
+    for i in benign[len(benign) - count:]:
+        part.roles[i] = HOSTILE_ROLES[modifier]
+    return part
 
 
 def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
@@ -133,6 +146,9 @@ def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> parti
                                  seed=config.seed, x=x, n_classes=int(y.max()) + 1)
         if mods.get("free_riders"):
             part = partition_module.free_rider(part, mods["free_riders"])
+        for modifier in HOSTILE_ROLES:
+            if mods.get(modifier):
+                part = _mark_hostile(part, modifier, mods[modifier])
         clients = mods.get("noisy_clients")
         if mods.get("covariate_shift") is not None:
             part = partition_module.covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],
@@ -217,9 +233,16 @@ def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
 def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: list[str], global_flat: torch.Tensor,
                  generator: torch.Generator) -> torch.Tensor:
     """Behavioural roles: free-riders return the received model; random-update clients
-    send the global model plus Gaussian noise with the global parameters' std."""
-    free = torch.tensor([roles[c] == "free_rider" for c in clients], device=flat.device)
-    noisy = torch.tensor([roles[c] == "random_update" for c in clients], device=flat.device)
+    send the global model plus Gaussian noise with the global parameters' std; the fault
+    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``)."""
+    def rows(role):
+        return torch.tensor([roles[c] == role for c in clients], device=flat.device)
+
+    free, noisy = rows("free_rider"), rows("random_update")
+    flat[rows("nan_update")] = float("nan")
+    huge = rows("huge_update")
+    if huge.any():
+        flat[huge] = global_flat + 1e6 * (flat[huge] - global_flat)
     if free.any():
         flat[free] = global_flat
     if noisy.any():
@@ -288,19 +311,19 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         t_train = time.perf_counter() - t0
         # 3. server
         t0 = time.perf_counter()
-        finite = torch.isfinite(flat).all(1)
-        dropped = selected[~finite.cpu().numpy()].tolist()
-        keep = finite.cpu().numpy()
-        updates = ClientUpdates(clients=selected[keep], flat=flat[finite], sizes=sizes[selected[keep]],
-                                buffers={k: v[finite] for k, v in bufs.items()})
+        screened = screen_updates(selected, flat, bufs, global_flat, clip_factor=cfg.update_clip)
+        updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
+                                sizes=sizes[selected[screened.keep]], buffers=screened.buffers)
         if len(updates.clients) == 0:
-            stopped = f"round {t + 1}: every update was non-finite (training diverged; try a smaller lr)"
+            stopped = (f"round {t + 1}: every update was non-finite, so training diverged; the history of the "
+                       f"{t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
             break
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
         global_flat, global_buffers = aggregate(updates.flat, weights, updates.buffers)
         t_server = time.perf_counter() - t0
         record: dict[str, Any] = {
-            "round": t, "lr": lr, "selected": selected.tolist(), "dropped": dropped,
+            "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
+            "clipped": screened.clipped,
             "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
             "time_train": t_train, "time_server": t_server,
         }
@@ -309,7 +332,8 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
             record["scores"] = np.asarray(scores, dtype=float).tolist()
         if not torch.isfinite(global_flat).all():
             history.append(record)
-            stopped = f"round {t + 1}: the global model became non-finite (training diverged; try a smaller lr)"
+            stopped = (f"round {t + 1}: the global model became non-finite, so training diverged; the history of "
+                       f"the {t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
             break
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             t0 = time.perf_counter()
@@ -326,12 +350,14 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
             on_round(record)
     if bar is not None:
         bar.close()
+    if stopped:
+        warnings.warn(f"{cfg.method.name} on {cfg.dataset}: {stopped}", RuntimeWarning, stacklevel=3)
     final: dict[str, Any] = {"rounds_completed": len(history), "stopped": stopped}
     if last_eval is not None:
         final.update(accuracy=float(last_eval.accuracy[0]), balanced_accuracy=float(last_eval.balanced_accuracy[0]),
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
-        final.update(accuracy=float("nan"), balanced_accuracy=float("nan"), per_class_accuracy=[])
+        final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
     meta = _provenance(p, time.perf_counter() - t_start)
     return RunResult(config=cfg.to_dict(), history=history, final=final, meta=meta)
 

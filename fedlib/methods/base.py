@@ -65,6 +65,9 @@ class Method:
     def validate(self) -> None:
         """Raise ValueError (one line, naming the field and its range) for bad values."""
 
+    def check_run(self, rounds: int, n_clients: int) -> None:
+        """Raise ValueError (one line) when the hyper-parameters do not fit the run (checked with the config)."""
+
     def setup(self, fed: Federation) -> None:
         self.fed = fed
 

@@ -330,6 +330,9 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         scores = method.scores()
         if scores is not None:
             record["scores"] = np.asarray(scores, dtype=float).tolist()
+        extras = method.diagnostics()
+        if extras:
+            record["diagnostics"] = extras
         if not torch.isfinite(global_flat).all():
             history.append(record)
             stopped = (f"round {t + 1}: the global model became non-finite, so training diverged; the history of "

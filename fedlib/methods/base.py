@@ -95,6 +95,10 @@ class Method:
         """Current contribution score of every client, or None if the method has none."""
         return None
 
+    def diagnostics(self) -> dict[str, Any] | None:
+        """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix)."""
+        return None
+
     @classmethod
     def hyperparameters(cls) -> dict[str, Any]:
         return {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}

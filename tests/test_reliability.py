@@ -28,7 +28,8 @@ SMALL_PARAMS = {"celm": {"lm_steps": 5, "warmup_fraction": 0.5}}
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_hostile_updates_never_corrupt_the_global_model(method):
     split = {"name": "iid", "nan_updates": 1, "huge_updates": 1}
-    cfg = make_config(BASE, split=split, method={"name": method, **SMALL_PARAMS.get(method, {})})
+    extra = {"server_val": 200} if METHODS[method].needs_validation else {}
+    cfg = make_config(BASE, split=split, method={"name": method, **SMALL_PARAMS.get(method, {})}, **extra)
     r = fedlib.run(cfg, cache=False, progress=False)
     assert r.final["stopped"] is None and len(r.history) == 2
     roles = r.meta["client_roles"]

@@ -1,0 +1,153 @@
+"""CFFL: the reputation update against a loop of the authors' formula, validation scoring, runs."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fedlib
+from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+from fedlib.models import build_model
+from fedlib.population import ParamLayout
+
+N, C = 4, 5
+
+
+def _federation(clients_per_round=N):
+    """A tiny MLP (the 'teacher') and a validation set labelled by the teacher's predictions; the
+    teacher's logits are standardised per class on that set, so its labels use every class."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 4, 4), C)
+    x_val = torch.randn(300, 1, 4, 4, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        logits = model(x_val)
+        mean, std = logits.mean(0), logits.std(0)
+        model.head.weight.div_(std[:, None])
+        model.head.bias.sub_(mean).div_(std)
+        y_val = model(x_val).argmax(1)
+    return Federation(model=model, n_clients=N, n_classes=C, rounds=3, clients_per_round=clients_per_round,
+                      client_sizes=np.full(N, 10), device=torch.device("cpu"), x_val=x_val, y_val=y_val)
+
+
+def _state(t, global_flat):
+    return RoundState(round=t, rng=np.random.default_rng(t), global_flat=global_flat, global_buffers={}, lr=0.1)
+
+
+def _updates(clients, flat):
+    return ClientUpdates(clients=np.asarray(clients), flat=flat, buffers={}, sizes=np.full(len(clients), 10))
+
+
+def reference(vaccs, alpha=5.0, fade=0.5, coef=1 / 3):
+    """compute_reputations_sinh of the authors' code, full participation, one loop step per client."""
+    r, reputable, threshold, out = [0.0] * N, list(range(N)), coef / N, []
+    for vacc in vaccs:
+        total = sum(vacc[i] for i in reputable)
+        for i in reputable:
+            r[i] = fade * r[i] + (1 - fade) * vacc[i] / total
+        r = [math.sinh(alpha * x) for x in r]
+        r = [x / sum(r) for x in r]
+        kept = [i for i in reputable if r[i] >= threshold]
+        r = [x if i in kept else 0.0 for i, x in enumerate(r)]
+        if len(kept) != len(reputable):
+            r = [x / sum(r) for x in r]
+            threshold = coef / len(kept)
+        reputable = kept
+        out.append((list(r), list(reputable)))
+    return out
+
+
+def test_reputation_update_matches_the_authors_formula():
+    vaccs = [[0.90, 0.85, 0.80, 0.30], [0.92, 0.86, 0.82, 0.20], [0.93, 0.40, 0.85, 0.10], [0.95, 0.3, 0.9, 0.1]]
+    method = build_method("cffl", {"fade": 0.3})
+    method.setup(_federation())
+    expected = reference(vaccs, fade=0.3)
+    for vacc, (r_ref, reputable_ref) in zip(vaccs, expected):
+        clients = method.select_clients(_state(0, None))
+        method.update_reputation(torch.as_tensor(clients), torch.tensor(vacc, dtype=torch.float64)[clients])
+        assert method.scores() == pytest.approx(r_ref, abs=1e-12)
+        assert np.flatnonzero(method.reputable.numpy()).tolist() == reputable_ref
+    assert expected[-1][1] == [0, 2]  # two clients were removed along the way
+    assert method.select_clients(_state(0, None)).tolist() == [0, 2]
+
+
+def test_a_random_upload_gets_a_lower_reputation_and_is_removed():
+    fed = _federation()
+    layout = ParamLayout(fed.model)
+    teacher = layout.flat_of(fed.model)
+    torch.manual_seed(5)
+    flat = torch.stack([teacher, teacher, teacher, layout.flat_of(build_model("mlp", (1, 4, 4), C))])
+    method = build_method("cffl")
+    method.setup(fed)
+    method.update_reputation(torch.arange(N), torch.tensor([1.0, 1.0, 1.0, 0.9], dtype=torch.float64))
+    r = method.scores()
+    assert 0 < r[3] < r[:3].min()  # slightly worse: lower reputation, still reputable
+    method.setup(fed)
+    for t in range(2):
+        clients = method.select_clients(_state(t, teacher))
+        w = method.aggregate(_state(t, teacher), _updates(clients, flat[clients]))
+        assert torch.isfinite(w).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
+        r = method.scores()
+        assert r[3] == 0 and r[:3] == pytest.approx([1 / 3] * 3)  # chance accuracy: removed at once
+        assert w.tolist() == pytest.approx([1 / 3] * 3 + [0.0] * (len(clients) - 3))
+    assert not method.reputable[3] and clients.tolist() == [0, 1, 2]
+
+
+def test_partial_participation_samples_the_reputable_set_and_keeps_the_others():
+    method = build_method("cffl")
+    method.setup(_federation(clients_per_round=2))
+    method.update_reputation(torch.tensor([0, 1]), torch.tensor([0.9, 0.8], dtype=torch.float64))
+    r = method.scores()
+    assert r[2:].tolist() == [0.0, 0.0] and r[:2].sum() == pytest.approx(0.5)  # the two held 2/4 of the mass
+    method.reputable[1] = False
+    picks = {tuple(method.select_clients(_state(t, None))) for t in range(20)}
+    assert all(len(p) == 2 and 1 not in p for p in picks) and len(picks) > 1
+
+
+@pytest.mark.parametrize("case", ["all_zero", "one_huge"])
+def test_weights_stay_on_the_simplex_for_degenerate_updates(case):
+    fed = _federation()
+    layout = ParamLayout(fed.model)
+    global_flat = layout.flat_of(fed.model)
+    flat = global_flat + 0.01 * torch.randn(N, layout.size, generator=torch.Generator().manual_seed(2))
+    if case == "all_zero":
+        flat = global_flat.expand(N, -1).clone()
+    else:
+        flat[0] = global_flat + 1e6 * (flat[0] - global_flat)
+    method = build_method("cffl")
+    method.setup(fed)
+    for t in range(2):
+        w = method.aggregate(_state(t, global_flat), _updates(np.arange(N), flat))
+        assert torch.isfinite(w).all() and (w >= 0).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
+        assert np.isfinite(method.scores()).all()
+    if case == "all_zero":
+        assert w.tolist() == pytest.approx([1 / N] * N)
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"alpha": 0}, "alpha must be > 0"),
+    ({"fade": 1.0}, r"fade must be in \[0, 1\)"),
+    ({"threshold": 1.0}, r"threshold must be in \[0, 1\)"),
+    ({"threshold": "a"}, "threshold must be a number"),
+])
+def test_bad_hyperparameters_give_one_line_errors(params, message):
+    with pytest.raises(ValueError, match=message) as info:
+        build_method("cffl", params)
+    assert "\n" not in str(info.value)
+
+
+def test_cffl_needs_the_validation_set():
+    fed = _federation()
+    fed.x_val = fed.y_val = None
+    with pytest.raises(ValueError, match="needs the server's validation set"):
+        build_method("cffl").setup(fed)
+
+
+def test_a_cffl_run_finishes_with_finite_weights():
+    config = {"dataset": "synthetic", "method": "cffl", "n_clients": 4, "rounds": 2, "batch_size": 16,
+              "fraction": 0.25, "server_val": 100, "test_samples": 100}
+    r = fedlib.run(config, cache=False, progress=False)
+    assert len(r.history) == 2 and r.final["stopped"] is None
+    for h in r.history:
+        assert np.isfinite(h["weights"]).all() and sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
+        assert len(h["scores"]) == 4 and sum(h["scores"]) == pytest.approx(1.0)

@@ -2,5 +2,7 @@
 
 from .base import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
 from . import fedavg  # noqa: F401  (registers fedavg, fedavg_uniform, fedprox)
+from . import gradient, fairness  # noqa: F401  (registers cgsv, shapfed, cffl)
+from . import celm  # noqa: F401
 
 __all__ = ["METHODS", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]

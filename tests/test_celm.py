@@ -1,0 +1,190 @@
+"""CELM: batched probe vs the loop oracle, the evidence equations, class recovery,
+head retention, frozen simplex weights, free-riders and hyper-parameter errors."""
+
+import numpy as np
+import pytest
+import torch
+from scipy.spatial.distance import jensenshannon
+
+import fedlib
+from fedlib.config import make_config
+from fedlib.data import load_dataset
+from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+from fedlib.methods.celm import class_evidence, instant_scores, probe, probe_loop
+from fedlib.models import build_model
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+
+SHAPE = (1, 8, 8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: extra threads only add synchronisation, which on a busy CPU costs 10x."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset("synthetic", num_classes=6, image_shape=SHAPE, n_train=600, n_test=60, seed=0, noise=1.0)
+
+
+def _models(name, shape, n_classes, count):
+    torch.manual_seed(0)
+    models = [build_model(name, shape, n_classes) for _ in range(count)]
+    layout = ParamLayout(models[0])
+    flats = torch.stack([layout.flat_of(m) for m in models])
+    buffers = {k: torch.stack([layout.buffers_of(m)[k] for m in models]) for k in layout.buffer_names}
+    for k, v in buffers.items():  # non-trivial BatchNorm statistics, so eval mode matters
+        if k.endswith("running_mean"):
+            v.normal_()
+        elif k.endswith("running_var"):
+            v.uniform_(0.5, 2.0)
+    return models[0], flats, buffers
+
+
+@pytest.mark.parametrize("name,shape,n_classes,count,steps", [
+    ("mlp", SHAPE, 5, 3, 20),
+    ("resnet20", (3, 8, 8), 2, 2, 3),  # BatchNorm: probes use the running statistics
+])
+def test_batched_probe_equals_the_loop_oracle(name, shape, n_classes, count, steps):
+    model, flats, buffers = _models(name, shape, n_classes, count)
+    images = torch.randn(count, n_classes, *shape, generator=torch.Generator().manual_seed(1))
+    u, final = probe(model, flats, buffers, images, steps, lr=0.01, l2=0.001)
+    u_ref, final_ref = probe_loop(model, flats, buffers, images, steps, lr=0.01, l2=0.001)
+    torch.testing.assert_close(u, u_ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(final, final_ref, atol=1e-4, rtol=1e-4)
+    assert model.training  # the probe restores the mode it found
+    assert not torch.equal(final, images)
+
+
+def test_evidence_equations_by_hand():
+    u_global = torch.tensor([1.0, 3.0])  # b = 2 (Eq. 8)
+    u = torch.tensor([[4.0, 2.0], [2.0, 6.0], [3.0, 6.0], [1.0, 1.0]])
+    q = class_evidence(u_global, u)  # Eq. 9
+    torch.testing.assert_close(q, torch.tensor([[2.0, 0.0], [0.0, 4.0], [1.0, 4.0], [0.0, 0.0]]))
+    # Eq. 10: shares [[2/3, 0], [0, 1/2], [1/3, 1/2], [0, 0]]; Eq. 11: [1/3, 1/4, 5/12, 0]; Eq. 12: same (sum 1)
+    c_bar = instant_scores(q, eps=0.0)
+    torch.testing.assert_close(c_bar, torch.tensor([1 / 3, 1 / 4, 5 / 12, 0.0]))
+    assert instant_scores(torch.zeros(3, 2), eps=1e-8) is None
+
+
+def _federation(model, n_clients, n_classes, rounds):
+    return Federation(model=model, n_clients=n_clients, n_classes=n_classes, rounds=rounds,
+                      clients_per_round=n_clients, client_sizes=np.full(n_clients, 200), device=torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def three_specialists(data):
+    """3 clients, each trained 3 epochs on 2 disjoint classes, and CELM after one warm-up round."""
+    held = [(0, 1), (2, 3), (4, 5)]
+    y = data.y_train.numpy()
+    indices = [np.flatnonzero(np.isin(y, h)) for h in held]
+    torch.manual_seed(0)
+    model = build_model("mlp", SHAPE, 6)
+    global_flat = ParamLayout(model).flat_of(model)
+    method = build_method("celm", {"warmup_fraction": 0.5, "lm_steps": 200})
+    method.setup(_federation(model, 3, 6, rounds=4))  # T_w = 2
+    batches = make_client_batches(indices, 32, 3, torch.Generator().manual_seed(0))
+    flat, bufs = train_clients(model, global_flat, {}, data.x_train, data.y_train, batches,
+                               LocalTraining(epochs=3, batch_size=32, lr=0.1))
+    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
+    weights = method.aggregate(state, ClientUpdates(np.arange(3), flat, bufs, np.full(3, 200)))
+    return method, held, state, flat, weights
+
+
+def test_evidence_rows_recover_each_clients_classes(three_specialists):
+    method, held, _, _, weights = three_specialists
+    assert method.evidence.shape == (3, 6) and method.probe_images.shape == (4, 6, *SHAPE)
+    true = np.zeros((3, 6))
+    for i, classes in enumerate(held):
+        true[i, list(classes)] = 0.5
+    estimated = method.evidence / method.evidence.sum(1, keepdims=True)
+    uniform = np.full(6, 1 / 6)
+    for i in range(3):
+        # squared Jensen-Shannon distance, base 2 = the JS divergence in bits, in [0, 1]
+        jsd = jensenshannon(estimated[i], true[i], base=2) ** 2
+        assert jsd < 0.1 < jensenshannon(uniform, true[i], base=2) ** 2  # uniform: 0.459
+    torch.testing.assert_close(weights.sum(), torch.tensor(1.0, dtype=weights.dtype))
+
+
+def test_warmup_broadcasts_the_backbone_and_keeps_each_clients_head(three_specialists):
+    method, _, state, flat, _ = three_specialists
+    model = method.fed.model
+    head = np.concatenate([np.full(p.numel(), n in model.head_parameter_names())
+                           for n, p in model.named_parameters()])
+    warm = RoundState(round=1, rng=state.rng, global_flat=state.global_flat + 1, global_buffers={}, lr=0.1)
+    start = method.start_models(warm, np.array([2, 0]))
+    torch.testing.assert_close(start[:, ~head], warm.global_flat[~head].expand(2, -1))
+    torch.testing.assert_close(start[:, head], flat[[2, 0]][:, head])
+    after = RoundState(round=2, rng=state.rng, global_flat=state.global_flat, global_buffers={}, lr=0.1)
+    assert method.start_models(after, np.array([0, 1, 2])) is None  # t > T_w: the full global model
+
+
+def _run(data, split, method, **overrides):
+    config = dict(dataset="synthetic", model="mlp", n_clients=5, rounds=5, batch_size=32, local_epochs=2, lr=0.1,
+                  seed=0, split=split, method={"name": "celm", "warmup_fraction": 0.4, "lm_steps": 50, **method})
+    return fedlib.run(make_config(config, **overrides), cache=False, progress=False, dataset=data)
+
+
+@pytest.mark.parametrize("per_round", [None, 3])
+def test_weights_are_on_the_simplex_and_frozen_after_warmup(data, per_round):
+    result = _run(data, {"name": "dirichlet", "alpha": 0.5}, {"keep_probe_images": True}, clients_per_round=per_round)
+    t_w = 2  # max(1, round(0.4 * 5))
+    scores = np.array([h["scores"] for h in result.history])
+    assert np.all(scores >= 0) and np.allclose(scores.sum(1), 1.0)
+    assert not np.array_equal(scores[0], scores[t_w - 1])  # still estimated during warm-up
+    for h in result.history:
+        weights = np.asarray(h["weights"])
+        assert np.all(weights >= 0) and weights.sum() == pytest.approx(1.0, abs=1e-6)
+        frozen = scores[t_w - 1][h["aggregated"]]
+        if h["round"] >= t_w:
+            assert np.array_equal(scores[h["round"]], scores[t_w - 1])  # Eq. 14, exactly
+            np.testing.assert_allclose(weights, frozen / frozen.sum(), rtol=1e-6)
+    if per_round is None:
+        assert all(h["weights"] == result.history[t_w - 1]["weights"] for h in result.history[t_w:])
+    for h in result.history:  # the history keeps each warm-up round's evidence (Eq. 8-9)
+        if h["round"] >= t_w:
+            assert "diagnostics" not in h
+            continue
+        d = {k: np.asarray(v) for k, v in h["diagnostics"].items()}
+        assert d["evidence"].shape == (len(h["aggregated"]), 6)
+        np.testing.assert_allclose(d["evidence"], np.maximum(d["probed_logits"] - d["global_logits"].mean(), 0))
+        assert ("probe_images" in d) == (h["round"] == t_w - 1)
+    assert np.shape(result.history[t_w - 1]["diagnostics"]["probe_images"]) == (6, 6, *SHAPE)  # [N+1, K, ...]
+
+
+def test_a_free_rider_gets_the_lowest_weight(data):
+    result = _run(data, {"name": "iid", "free_riders": 1}, {}, local_epochs=4)
+    rider = result.meta["client_roles"].index("free_rider")
+    for h in result.history[1:]:  # from the last warm-up round on (round 1's evidence is still noisy)
+        assert int(np.argmin(h["weights"])) == rider
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"ema": 1.0}, "ema must be in [0, 1) (got 1.0)"),
+    ({"ema": -0.1}, "ema must be in [0, 1)"),
+    ({"lm_steps": 0}, "lm_steps must be an integer >= 1"),
+    ({"lm_steps": 2.5}, "lm_steps must be an integer >= 1"),
+    ({"lm_lr": 0}, "lm_lr must be > 0"),
+    ({"l2": -1}, "l2 must be >= 0"),
+    ({"eps": 0}, "eps must be > 0"),
+    ({"warmup_fraction": 0}, "warmup_fraction must be in (0, 1)"),
+    ({"warmup_fraction": 1}, "warmup_fraction must be in (0, 1)"),
+    ({"head_retention": 1}, "head_retention must be true or false"),
+])
+def test_bad_hyperparameters_give_one_line_errors(params, message):
+    with pytest.raises(ValueError) as info:
+        build_method("celm", params)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("fraction,rounds", [(0.05, 1), (0.96, 10)])
+def test_a_warmup_covering_the_whole_run_is_refused(fraction, rounds):
+    method = build_method("celm", {"warmup_fraction": fraction})
+    with pytest.raises(ValueError, match=r"warmup_fraction must leave rounds after warm-up") as info:
+        method.setup(_federation(build_model("mlp", SHAPE, 6), 3, 6, rounds=rounds))
+    assert "\n" not in str(info.value)
+    build_method("celm", {"warmup_fraction": 0.9}).check_run(10, 3)  # T_w = 9 < 10 is fine

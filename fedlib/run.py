@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import os
 import warnings
 import json
 import platform
@@ -195,11 +196,23 @@ def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(keep))
 
 
+_LOADED: dict[tuple, Dataset] = {}  # the last datasets loaded in this process (sweeps reuse them)
+
+
+def _load(config: RunConfig) -> Dataset:
+    key = (config.dataset, config.data_root, os.environ.get("FEDLIB_DATA"))
+    if key not in _LOADED:
+        if len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = load_dataset(config.dataset, root=config.data_root, device="cpu")
+    return _LOADED[key]
+
+
 def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepared:
     config = make_config(config) if not isinstance(config, RunConfig) else config
     device = resolve_device(config.device)
     method = build_method(config.method.name, config.method.params)
-    ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
+    ds = dataset or _load(config)
     keep = _subsample(ds.y_train, config.fraction, config.seed)
     x, y = ds.x_train[keep], ds.y_train[keep]
     n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation else 0)

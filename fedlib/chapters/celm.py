@@ -1,0 +1,211 @@
+"""The CELM chapter: logit-maximization contribution estimation and its baselines.
+
+Experiments (CELM §5–6 and Appendix B–C), each a list of run configs sharing one protocol
+(5 clients, the 4-layer MLP on Fashion-MNIST, 1 local epoch, batch 128, SGD lr 0.1
+decayed x0.1 at half the rounds):
+  table1  accuracy under Dir(0.01/0.05/0.10), PLS, SLS            (Table 1)
+  table2  balanced and rare-class accuracy under a Maverick split   (Table 2)
+  table3  free-rider detection (z-score rule) under FR and FRM      (Table 3, Fig. 4)
+  table4  fidelity of CELM's evidence to the true client-class counts (Table 4, Fig. 5)
+  table5  an IID federation, Dir(100)                               (Table 5)
+  table6  20 clients                                                (Table 6)
+  table8  the warm-up horizon T_w / T                               (Table 8)
+  fig6    sensitivity to the probe steps L and Adam step size eta   (Fig. 6)
+  fig7    the final probe images                                    (Fig. 7)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig, make_config
+
+METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
+DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
+
+# split label -> (split spec, CELM table row without the dataset prefix)
+SPLITS: dict[str, tuple[dict[str, Any], str]] = {
+    "Dir(0.01)": ({"name": "dirichlet", "alpha": 0.01}, "Dir. (0.01)"),
+    "Dir(0.05)": ({"name": "dirichlet", "alpha": 0.05}, "Dir. (0.05)"),
+    "Dir(0.10)": ({"name": "dirichlet", "alpha": 0.1}, "Dir. (0.10)"),
+    "PLS": ({"name": "pls"}, "PLS"),
+    "SLS": ({"name": "sls"}, "SLS"),
+    "IID": ({"name": "dirichlet", "alpha": 100.0}, "IID"),
+}
+MAVERICK = {"name": "celm_maverick"}
+DETECTION_SPLITS = {"FR": {"name": "celm_free_rider"}, "FRM": {"name": "celm_free_rider", "with_maverick": True}}
+DATASET_PREFIX = {"fmnist": "F.MNIST", "cifar10": "CIFAR-10"}
+
+
+def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_clients: int | None = None,
+               **method_params) -> RunConfig:
+    """One run of the chapter's protocol."""
+    spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
+    return make_config(
+        dataset=params["dataset"], model=params["model"], n_clients=n_clients or params["n_clients"],
+        rounds=params["rounds"], lr=params["lr"], lr_milestones=params["lr_milestones"],
+        batch_size=params["batch_size"], local_epochs=params["local_epochs"], fraction=params["fraction"],
+        test_samples=params["test_samples"], server_val=params.get("server_val"), split=split, method=spec,
+        seed=seed,
+    )
+
+
+def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
+    """The runs of one experiment (see the module docstring)."""
+    seeds, methods = params["seeds"], params["methods"]
+    if experiment == "table1":
+        return [run_config(params, SPLITS[s][0], m, seed) for s in params["splits"] for m in methods for seed in seeds]
+    if experiment == "table2":
+        return [run_config(params, MAVERICK, m, seed) for m in methods for seed in seeds]
+    if experiment == "table3":
+        return [run_config(params, spec, m, seed) for spec in DETECTION_SPLITS.values()
+                for m in methods if m in DETECTORS for seed in seeds]
+    if experiment == "table4":
+        return [run_config(params, SPLITS[s][0], "celm", seed) for s in params["fidelity_splits"] for seed in seeds]
+    if experiment == "table5":
+        return [run_config(params, SPLITS["IID"][0], m, seed) for m in methods for seed in seeds]
+    if experiment == "table6":
+        return [run_config(params, SPLITS[s][0], m, seed, n_clients=params["many_clients"])
+                for s in params["many_client_splits"] for m in methods for seed in seeds]
+    if experiment == "table8":
+        return [run_config(params, SPLITS[s][0], "celm", seed, warmup_fraction=f)
+                for s in params["warmup_splits"] for f in params["warmup_fractions"] for seed in seeds]
+    if experiment == "fig6":
+        return [run_config(params, SPLITS[params["sensitivity_split"]][0], "celm", seeds[0], lm_steps=steps,
+                           lm_lr=lr) for steps in params["lm_steps_grid"] for lr in params["lm_lr_grid"]]
+    if experiment == "fig7":
+        return [run_config(params, SPLITS["PLS"][0], "celm", seeds[0], keep_probe_images=True)]
+    raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+def configs(params: dict[str, Any]) -> list[RunConfig]:
+    """Every run of the chapter, without duplicates (e.g. Table 8's 5 % is Table 1's CELM)."""
+    seen, out = set(), []
+    for experiment in params["experiments"]:
+        for config in experiment_configs(params, experiment):
+            if config.key() not in seen:
+                seen.add(config.key())
+                out.append(config)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading runs
+
+
+def finals(results: dict, configs_: list[RunConfig], metric: str = "accuracy") -> list[float]:
+    """Final ``metric`` (in %) of the runs present, over seeds."""
+    return [100.0 * results[c.key()].final[metric] for c in configs_
+            if c.key() in results and results[c.key()].final.get(metric) is not None]
+
+
+def maverick_classes(result) -> list[int]:
+    """Classes held only by Maverick clients (from the run's client x class counts)."""
+    counts = np.asarray(result.meta["client_class_counts"])
+    roles = np.asarray(result.meta["client_roles"])
+    holders = counts > 0
+    mav = roles == "maverick"
+    return [c for c in range(counts.shape[1]) if holders[mav, c].any() and not holders[~mav, c].any()]
+
+
+def rare_class_accuracy(result) -> float:
+    rare = maverick_classes(result)
+    per_class = np.asarray(result.final["per_class_accuracy"])
+    return float(100.0 * per_class[rare].mean()) if rare else float("nan")
+
+
+def score_history(result) -> np.ndarray:
+    """[rounds, clients] contribution scores recorded by the method."""
+    return np.asarray([h["scores"] for h in result.history if "scores" in h], dtype=float)
+
+
+def free_riders(result) -> np.ndarray:
+    roles = result.meta["client_roles"]
+    return np.asarray([r in ("free_rider", "weak_free_rider") for r in roles])
+
+
+def last_evidence(result) -> np.ndarray | None:
+    """CELM's evidence matrix Q [clients, classes] of the last warm-up round."""
+    rows = [h["diagnostics"]["evidence"] for h in result.history if "evidence" in h.get("diagnostics", {})]
+    return np.asarray(rows[-1], dtype=float) if rows else None
+
+
+def fidelity(result) -> dict[str, float]:
+    """Distances between the true client x class distribution and (i) the uniform one,
+    (ii) CELM's normalised evidence — both as joint distributions over client-class cells.
+    JSD in base 2; Hellinger; EMD = 1-D Wasserstein distance between the two sets of cell
+    probabilities (scipy.stats.wasserstein_distance)."""
+    from scipy.stats import wasserstein_distance
+
+    from ..metrics import hellinger, jsd
+
+    true = np.asarray(result.meta["client_class_counts"], dtype=float)
+    q = last_evidence(result)
+    true = (true / true.sum()).ravel()
+    estimate = (q / q.sum()).ravel() if q is not None and q.sum() > 0 else np.full_like(true, np.nan)
+    uniform = np.full_like(true, 1.0 / true.size)
+    out = {}
+    for name, other in (("Uniform", uniform), ("CELM", estimate)):
+        out[f"JSD {name}"] = float(jsd(true, other))
+        out[f"EMD {name}"] = float(wasserstein_distance(true, other))
+        out[f"Hellinger {name}"] = float(hellinger(true, other))
+    return out
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def method_row(results: dict, per_method: dict[str, list[RunConfig]], value=None) -> dict[str, tuple[float, float]]:
+    """Mean and std (over seeds) of a per-run value for each method; default final accuracy %."""
+    from ..book import mean_std
+
+    out = {}
+    for method, cfgs in per_method.items():
+        runs = [results[c.key()] for c in cfgs if c.key() in results]
+        values = [value(r) for r in runs] if value else [100.0 * r.final["accuracy"] for r in runs]
+        out[method] = mean_std(values) if values else (float("nan"), float("nan"))
+    return out
+
+
+def comparison(rows: list[tuple[str, dict, dict]], profile: str, digits: int = 2):
+    """A paper-vs-ours frame: for each row label, a 'paper' line and one line per source of
+    ours; columns are methods. ``rows`` holds (label, paper {method: (mean, std)},
+    {source label: {method: (mean, std)}})."""
+    import pandas as pd
+
+    from ..book import pm
+
+    lines = []
+    for label, paper, ours in rows:
+        lines.append({"row": label, "source": "paper", **{METHOD_LABELS[m]: pm(*v, digits) for m, v in paper.items()}})
+        for source, values in ours.items():
+            lines.append({"row": label, "source": source,
+                          **{METHOD_LABELS[m]: pm(*v, digits) for m, v in values.items()}})
+    return pd.DataFrame(lines).set_index(["row", "source"])
+
+
+def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm",
+                higher_is_better: bool = True) -> tuple[int, int, int]:
+    """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
+    def is_best(values):
+        finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
+        if method not in finite:
+            return False
+        pick = max if higher_is_better else min
+        return finite[method] == pick(finite.values())
+
+    compared = [(paper, ours[source]) for _, paper, ours in rows if source in ours]
+    return (sum(is_best(o) for _, o in compared), sum(is_best(p) for p, _ in compared), len(compared))
+
+
+def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
+    from ..book import reference_value
+
+    out = {}
+    for m in methods:
+        try:
+            out[m] = reference_value(reference, table, row, METHOD_LABELS[m])
+        except KeyError:
+            out[m] = (float("nan"), float("nan"))
+    return out

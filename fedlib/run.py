@@ -291,7 +291,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     n_classes = p.dataset.num_classes
     method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
                             clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
-                            x_val=p.x_val, y_val=p.y_val))
+                            x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape)))
     rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
     stopped = None

@@ -73,7 +73,8 @@ def test_evidence_equations_by_hand():
 
 def _federation(model, n_clients, n_classes, rounds):
     return Federation(model=model, n_clients=n_clients, n_classes=n_classes, rounds=rounds,
-                      clients_per_round=n_clients, client_sizes=np.full(n_clients, 200), device=torch.device("cpu"))
+                      clients_per_round=n_clients, client_sizes=np.full(n_clients, 200), device=torch.device("cpu"),
+                      input_shape=SHAPE)
 
 
 @pytest.fixture(scope="module")

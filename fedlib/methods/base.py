@@ -37,6 +37,7 @@ class Federation:
     # the split, ``RunConfig.server_val`` samples (default 1000). None otherwise.
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    input_shape: tuple[int, ...] | None = None  # one sample's shape, e.g. (1, 28, 28)
 
 
 @dataclass

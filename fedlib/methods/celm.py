@@ -160,15 +160,7 @@ class CELM(Method):
         self.score_history: list[np.ndarray] = []
         self._images: torch.Tensor | None = None
         self._round_diagnostics: dict | None = None
-        # Federation does not carry the data's shape: read it from the first forward pass
-        # (the first round's local training runs before the first probe).
-        self.input_shape: tuple[int, ...] | None = None
-
-        def record_shape(module, args):
-            self.input_shape = tuple(args[0].shape[1:])
-            hook.remove()
-
-        hook = fed.model.register_forward_pre_hook(record_shape)
+        self.input_shape: tuple[int, ...] | None = fed.input_shape
 
     @property
     def probe_images(self) -> torch.Tensor | None:

@@ -146,6 +146,8 @@ def mean_std(values: Iterable[float]) -> tuple[float, float]:
     import numpy as np
 
     arr = np.asarray(list(values), dtype=float)
+    if arr.size == 0:
+        return float("nan"), float("nan")
     return float(arr.mean()), float(arr.std(ddof=0)) if len(arr) > 1 else float("nan")
 
 

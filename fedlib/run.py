@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import threading
 import os
 import warnings
 import json
@@ -196,6 +197,7 @@ def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.sort(keep))
 
 
+_MODEL_INIT_LOCK = threading.Lock()
 _LOADED: dict[tuple, Dataset] = {}  # the last datasets loaded in this process (sweeps reuse them)
 
 
@@ -227,8 +229,9 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     part = make_partition(config, x, y)
     x_pool, y_pool = (t.to(device) for t in part.pool(x, y))
     n_test = config.test_samples or len(ds.y_test)
-    torch.manual_seed(config.seed)
-    model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
+    with _MODEL_INIT_LOCK:  # the global RNG must not be shared with a concurrent run (threads)
+        torch.manual_seed(config.seed)
+        model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
     return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[:n_test].to(device),
                     ds.y_test[:n_test].to(device), model, method, x_val if n_val else None,
                     y_val if n_val else None)

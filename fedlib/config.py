@@ -59,7 +59,7 @@ class RunConfig(BaseModel):
     dataset: str = "fmnist"
     data_root: str | None = None
     fraction: float = Field(1.0, gt=0, le=1, description="share of the training set used")
-    test_samples: int | None = Field(None, ge=1, description="evaluate on the first n test samples")
+    test_samples: int | None = Field(None, ge=1, description="evaluate on a fixed random subset of n test samples")
     server_val: int | None = Field(None, ge=1, description="training samples held out as the server's "
                                    "validation set (default 1000 for methods that need one)")
     model: str = "mlp"
@@ -138,6 +138,8 @@ class RunConfig(BaseModel):
         """Hash of everything that changes results (not the data root or chunking)."""
         data = self.model_dump(mode="json", exclude={"data_root", "client_chunk"})
         data["_format"] = CACHE_FORMAT
+        if self.test_samples is not None:
+            data["_test_subset"] = "random"  # earlier versions took the first n test samples
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
 

@@ -4,6 +4,7 @@ Experiments (CELM §5–6 and Appendix B–C), each a list of run configs sharin
 (5 clients, the 4-layer MLP on Fashion-MNIST, 1 local epoch, batch 128, SGD lr 0.1
 decayed x0.1 at half the rounds):
   table1  accuracy under Dir(0.01/0.05/0.10), PLS, SLS            (Table 1)
+  table1_cifar10  the same on CIFAR-10 with the 5-layer CNN, when the data root has it
   table2  balanced and rare-class accuracy under a Maverick split   (Table 2)
   table3  free-rider detection (z-score rule) under FR and FRM      (Table 3, Fig. 4)
   table4  fidelity of CELM's evidence to the true client-class counts (Table 4, Fig. 5)
@@ -40,15 +41,19 @@ DATASET_PREFIX = {"fmnist": "F.MNIST", "cifar10": "CIFAR-10"}
 
 
 def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_clients: int | None = None,
-               **method_params) -> RunConfig:
-    """One run of the chapter's protocol."""
+               cifar10: bool = False, **method_params) -> RunConfig:
+    """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1,
+    the CNN with its own data fraction, rounds and lr milestones)."""
     spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
+    data = dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
+                rounds=params["rounds"], lr_milestones=params["lr_milestones"])
+    if cifar10:
+        data = dict(dataset="cifar10", model="cnn", fraction=params["cifar10_fraction"],
+                    rounds=params["cifar10_rounds"], lr_milestones=params["cifar10_lr_milestones"])
     return make_config(
-        dataset=params["dataset"], model=params["model"], n_clients=n_clients or params["n_clients"],
-        rounds=params["rounds"], lr=params["lr"], lr_milestones=params["lr_milestones"],
-        batch_size=params["batch_size"], local_epochs=params["local_epochs"], fraction=params["fraction"],
-        test_samples=params["test_samples"], server_val=params.get("server_val"), split=split, method=spec,
-        seed=seed,
+        **data, n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
+        local_epochs=params["local_epochs"], test_samples=params["test_samples"],
+        server_val=params.get("server_val"), split=split, method=spec, seed=seed,
     )
 
 
@@ -57,6 +62,9 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     seeds, methods = params["seeds"], params["methods"]
     if experiment == "table1":
         return [run_config(params, SPLITS[s][0], m, seed) for s in params["splits"] for m in methods for seed in seeds]
+    if experiment == "table1_cifar10":
+        return [run_config(params, SPLITS[s][0], m, seed, cifar10=True) for s in params["splits"] for m in methods
+                for seed in seeds]
     if experiment == "table2":
         return [run_config(params, MAVERICK, m, seed) for m in methods for seed in seeds]
     if experiment == "table3":

@@ -352,8 +352,10 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
         return out, False
     params = {**load_profile(chapter, profile), "profile": profile} if chapter != STATUS_PAGE else {
         "profile": profile}
-    env_before = os.environ.get("FEDLIB_BOOK_STAGE")
+    env_before = {k: os.environ.get(k) for k in ("FEDLIB_BOOK_STAGE", "MPLBACKEND")}
     os.environ["FEDLIB_BOOK_STAGE"] = str(stage)
+    # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
+    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     try:
         papermill.execute_notebook(
             str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params, cwd=str(stage),
@@ -364,10 +366,11 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
         raise BookError(f"chapter {chapter!r} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
                         f"{_strip_ansi(''.join(err.traceback[-3:]))}\n(executed notebook: {out})") from None
     finally:
-        if env_before is None:
-            os.environ.pop("FEDLIB_BOOK_STAGE", None)
-        else:
-            os.environ["FEDLIB_BOOK_STAGE"] = env_before
+        for key, value in env_before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
     from .cache import atomic_write_text
 
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded

@@ -60,6 +60,8 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
     assert "Traceback (most recent call last)" not in dom
     if chapter == "fedavg":
         assert dom.count("<img") >= 2 and "<table" in dom and "Reduced protocol" in dom
+    if chapter == "celm":
+        assert dom.count("<img") >= 4 and dom.count("<table") >= 6 and "Verdict (computed)" in dom
     if chapter == "status":
         assert "<table" in dom and "FedAvg (uniform) accuracy" in dom
     if chapter == "explore":

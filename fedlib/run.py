@@ -15,7 +15,7 @@ import warnings
 import json
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -34,7 +34,6 @@ from .population import (
     aggregate,
     evaluate,
     make_client_batches,
-    stack_buffers,
     train_clients,
 )
 
@@ -42,10 +41,6 @@ __all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_devic
 
 
 DEFAULT_SERVER_VAL = 1000
-
-
-class RunDiverged(RuntimeError):
-    """Training produced non-finite parameters or loss."""
 
 
 # ----------------------------------------------------------------------------- results

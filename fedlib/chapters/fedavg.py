@@ -53,7 +53,7 @@ def final_accuracy(results: dict[str, Any], params, split: str, method: str) -> 
     return out
 
 
-def split_summary(results_by_key: dict[str, Any], params) -> "pd.DataFrame":
+def split_summary(results_by_key: dict[str, Any], params):
     """Client sizes and classes held per client for each split (first seed), from the runs."""
     import pandas as pd
 

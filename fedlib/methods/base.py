@@ -11,7 +11,7 @@ Hyper-parameters are dataclass fields, validated in ``validate``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np

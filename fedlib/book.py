@@ -395,10 +395,8 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     _stage_sources(stage)
     failures = []
     for chapter in chapters:
-        if only and chapter not in only and chapter != STATUS_PAGE:
-            if not (stage / f"{chapter}.ipynb").is_file():
-                log(f"  {chapter}: not executed yet for profile {profile}; run it without --only first")
-            continue
+        if only and chapter not in only and chapter != STATUS_PAGE and (stage / f"{chapter}.ipynb").is_file():
+            continue  # --only: other chapters keep their executed notebooks (executed once if missing)
         t0 = time.perf_counter()
         try:
             _, ran = execute_chapter(chapter, profile, stage, force=force and (not only or chapter in only))

@@ -439,21 +439,11 @@ def evaluate(model, flat, buffers, x, y, num_classes, batch_size=2048, model_chu
 
 def predict(model, flat, buffers, x, batch_size=2048, model_chunk=None, with_features=False):
     """Logits ``[M, n, C]`` (and features ``[M, n, D]``) of M models on ``x``."""
-    logits, feats = [], []
-    current, parts, fparts = None, [], []
-    for ms, ss, out in _eval_chunks(model, flat, buffers, x, batch_size, model_chunk, with_features):
-        if current is not None and ms != current:
-            logits.append(torch.cat(parts, 1))
-            feats.append(torch.cat(fparts, 1) if with_features else None)
-            parts, fparts = [], []
-        current = ms
+    logits: dict[int, list] = {}
+    feats: dict[int, list] = {}
+    for ms, _, out in _eval_chunks(model, flat, buffers, x, batch_size, model_chunk, with_features):
+        logits.setdefault(ms.start, []).append(out[0] if with_features else out)
         if with_features:
-            parts.append(out[0])
-            fparts.append(out[1])
-        else:
-            parts.append(out)
-    if parts:
-        logits.append(torch.cat(parts, 1))
-        feats.append(torch.cat(fparts, 1) if with_features else None)
-    out = torch.cat(logits)
-    return (out, torch.cat(feats)) if with_features else out
+            feats.setdefault(ms.start, []).append(out[1])
+    stitch = lambda parts: torch.cat([torch.cat(v, 1) for _, v in sorted(parts.items())])  # noqa: E731
+    return (stitch(logits), stitch(feats)) if with_features else stitch(logits)

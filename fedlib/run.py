@@ -399,17 +399,33 @@ def _provenance(p: Prepared, wall: float) -> dict[str, Any]:
 
 
 def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progress: bool = True) -> list[RunResult]:
-    """Run several configs, sequentially or through any ``concurrent.futures`` executor;
-    finished results come from (and go to) the cache, so a rerun resumes a sweep."""
+    """Run several configs, sequentially or through any ``concurrent.futures``-style
+    executor (a process pool, a Dask ``Client``, ...).
+
+    Finished results are read from this process's cache and never resubmitted, and every
+    result a worker sends back is written to this process's cache as soon as it arrives,
+    so an interrupted sweep resumes where it stopped, even when the workers run on other
+    machines with their own disks."""
     configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
-    root = str(store.root) if store is not None else None
-    futures = [executor.submit(_run_in_worker, c.to_dict(), root) for c in configs]
-    return [RunResult.from_dict(f.result()) for f in futures]
+    results: dict[int, RunResult] = {}
+    pending = {}
+    for i, c in enumerate(configs):
+        hit = store.get(c.key()) if store is not None else None
+        if hit is not None:
+            results[i] = RunResult.from_dict(hit)
+        else:
+            pending[i] = executor.submit(_run_in_worker, c.to_dict())
+    for i, future in pending.items():
+        payload = future.result()
+        if store is not None:
+            store.put(configs[i].key(), payload)
+        results[i] = RunResult.from_dict(payload)
+    return [results[i] for i in range(len(configs))]
 
 
-def _run_in_worker(config: dict, cache_root: str | None) -> dict:
-    store = ResultCache(cache_root) if cache_root is not None else False
-    return run(make_config(config), cache=store, progress=False).to_dict()
+def _run_in_worker(config: dict) -> dict:
+    """Executed by a worker: one uncached run, returned as JSON-ready data."""
+    return run(make_config(config), cache=False, progress=False).to_dict()

@@ -135,3 +135,19 @@ def test_cli_prints_a_summary_and_rejects_bad_yaml(tmp_path):
                          env=env, timeout=120)
     assert out.returncode == 2 and "malformed YAML" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_run_many_with_a_process_pool_caches_locally_and_resumes(tmp_path):
+    from concurrent.futures import ProcessPoolExecutor
+
+    store = ResultCache(tmp_path)
+    cfgs = [make_config(SYNTH, rounds=1, seed=s) for s in (0, 1, 2)]
+    done = fedlib.run(cfgs[0], cache=store, progress=False)
+    mtime = store.path(cfgs[0].key()).stat().st_mtime_ns
+    with ProcessPoolExecutor(max_workers=2) as pool:
+        results = fedlib.run_many(cfgs, executor=pool, cache=store)
+    assert results[0].to_dict() == done.to_dict()  # taken from the cache, not resubmitted
+    assert store.path(cfgs[0].key()).stat().st_mtime_ns == mtime
+    assert all(store.get(c.key()) is not None for c in cfgs)  # the workers' results were cached here
+    assert [_strip_timing(r) for r in results[1:]] == [
+        _strip_timing(fedlib.run(c, cache=False, progress=False)) for c in cfgs[1:]]

@@ -405,7 +405,9 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     Finished results are read from this process's cache and never resubmitted, and every
     result a worker sends back is written to this process's cache as soon as it arrives,
     so an interrupted sweep resumes where it stopped, even when the workers run on other
-    machines with their own disks."""
+    machines with their own disks. For a local process pool use the "spawn" start method
+    (``mp_context=multiprocessing.get_context("spawn")``): forked children of a process whose
+    OpenMP threads have run can hang."""
     configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if executor is None:

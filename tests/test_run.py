@@ -138,13 +138,15 @@ def test_cli_prints_a_summary_and_rejects_bad_yaml(tmp_path):
 
 
 def test_run_many_with_a_process_pool_caches_locally_and_resumes(tmp_path):
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     store = ResultCache(tmp_path)
     cfgs = [make_config(SYNTH, rounds=1, seed=s) for s in (0, 1, 2)]
     done = fedlib.run(cfgs[0], cache=store, progress=False)
     mtime = store.path(cfgs[0].key()).stat().st_mtime_ns
-    with ProcessPoolExecutor(max_workers=2) as pool:
+    # spawn, not fork: a forked child of a process whose OpenMP pool has run can hang
+    with ProcessPoolExecutor(max_workers=2, mp_context=multiprocessing.get_context("spawn")) as pool:
         results = fedlib.run_many(cfgs, executor=pool, cache=store)
     assert results[0].to_dict() == done.to_dict()  # taken from the cache, not resubmitted
     assert store.path(cfgs[0].key()).stat().st_mtime_ns == mtime

@@ -62,7 +62,17 @@ class MLP(FedModel):
         return F.relu(self.fc3(x))
 
 
-class CNN(FedModel):
+class _TwoConvNet(FedModel):
+    """Two conv + max-pool blocks, then FC-ReLU-FC-ReLU features (the CNN and LeNet-5)."""
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = F.relu(self.fc1(x.flatten(1)))
+        return F.relu(self.fc2(x))
+
+
+class CNN(_TwoConvNet):
     """5-weight-layer CNN for CIFAR-10; feature_dim 84.
 
     conv in->16 k5, ReLU, maxpool 2, conv 16->32 k5, ReLU, maxpool 2, flatten
@@ -83,14 +93,8 @@ class CNN(FedModel):
         self.feature_dim = 84
         self.head = nn.Linear(self.feature_dim, num_classes)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return F.relu(self.fc2(x))
 
-
-class LeNet5(FedModel):
+class LeNet5(_TwoConvNet):
     """LeNet-5 with ReLU and max pooling, for 28x28 or 32x32 inputs; feature_dim 84.
 
     conv in->6 k5 (padding 2 on 28x28, none on 32x32), ReLU, maxpool 2,
@@ -110,11 +114,6 @@ class LeNet5(FedModel):
         self.feature_dim = 84
         self.head = nn.Linear(self.feature_dim, num_classes)
 
-    def features(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = F.relu(self.fc1(x.flatten(1)))
-        return F.relu(self.fc2(x))
 
 
 class VGG11(FedModel):

@@ -243,13 +243,15 @@ def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
     return g
 
 
-def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: list[str], global_flat: torch.Tensor,
+def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, global_flat: torch.Tensor,
                  generator: torch.Generator) -> torch.Tensor:
     """Behavioural roles: free-riders return the received model; random-update clients
     send the global model plus Gaussian noise with the global parameters' std; the fault
     roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``)."""
+    selected_roles = roles[clients]
+
     def rows(role):
-        return torch.tensor([roles[c] == role for c in clients], device=flat.device)
+        return torch.from_numpy(selected_roles == role).to(flat.device)
 
     free, noisy = rows("free_rider"), rows("random_update")
     flat[rows("nan_update")] = float("nan")
@@ -288,6 +290,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     global_flat = layout.flat_of(model)
     global_buffers = layout.buffers_of(model)
     sizes = np.asarray(part.sizes)
+    roles = np.asarray(part.roles)
     n_classes = p.dataset.num_classes
     method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
                             clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
@@ -320,7 +323,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         flat, bufs = train_clients(model, global_flat if start is None else start,
                                    {k: v.unsqueeze(0) for k, v in global_buffers.items()},
                                    p.x_pool, p.y_pool, batches, local)
-        flat = _apply_roles(flat, selected, part.roles, global_flat, gen)
+        flat = _apply_roles(flat, selected, roles, global_flat, gen)
         t_train = time.perf_counter() - t0
         # 3. server
         t0 = time.perf_counter()

@@ -1,0 +1,222 @@
+"""Shapley estimators: closed forms of known games (per class), efficiency, Monte-Carlo and
+GTG against exact values on a 6-client federation, and the batched coalition utility
+against a loop oracle."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib.data import load_dataset
+from fedlib.methods.shapley import (
+    all_coalitions,
+    best_coalition,
+    class_difficulty,
+    coalition_utility,
+    exact_shapley,
+    gtg_shapley,
+    leave_one_out,
+    monte_carlo_shapley,
+    mr_shapley,
+    tmr_shapley,
+)
+from fedlib.models import build_model
+from fedlib.population import LocalTraining, ParamLayout, evaluate, make_client_batches, train_clients
+
+SHAPE = (1, 8, 8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- toy games
+
+
+class Game:
+    """A utility from a Python function of coalitions, one column per class; counts calls."""
+
+    def __init__(self, *columns):
+        self.columns = columns
+        self.asked = 0
+
+    def __call__(self, coalitions):
+        self.asked += len(coalitions)
+        rows = [[f(set(np.flatnonzero(q.numpy()).tolist())) for f in self.columns] for q in coalitions]
+        return torch.tensor(rows, dtype=torch.float64)
+
+
+def additive(a):
+    return lambda q: sum(a[i] for i in q)
+
+
+def glove(left, right):
+    return lambda q: float(min(len(q & left), len(q & right)))
+
+
+def weighted_majority(quota, weights):
+    return lambda q: float(sum(weights[i] for i in q) >= quota)
+
+
+def test_exact_shapley_matches_closed_forms_per_class():
+    a = [0.3, -0.1, 0.5, 0.2]
+    game = Game(
+        additive(a),  # φ_i = a_i
+        lambda q: len(q) ** 2,  # symmetric: φ_i = (f(n) - f(0)) / n = 4
+        glove({0}, {1, 2}),  # one left glove, two right: φ = (2/3, 1/6, 1/6, 0)
+        weighted_majority(3, [2, 1, 1, 0]),  # [3; 2, 1, 1, 0]: φ = (2/3, 1/6, 1/6, 0)
+        lambda q: float(len(q) >= 3),  # majority of 4: 1/4 each
+    )
+    phi = exact_shapley(game, 4)
+    expected = torch.tensor([a, [4.0] * 4, [2 / 3, 1 / 6, 1 / 6, 0], [2 / 3, 1 / 6, 1 / 6, 0], [0.25] * 4],
+                            dtype=torch.float64).T
+    torch.testing.assert_close(phi, expected)
+    assert game.asked == 16  # all coalitions in one call
+
+
+def test_efficiency_holds_per_class_and_scalar_utilities_work():
+    rng = np.random.default_rng(0)
+    table = torch.from_numpy(rng.random((2**6, 3)))  # an arbitrary game, 3 "classes"
+    u = lambda s: table[(s.long() << torch.arange(6)).sum(1)]  # noqa: E731
+    phi = exact_shapley(u, 6)
+    torch.testing.assert_close(phi.sum(0), table[-1] - table[0])
+    scalar = exact_shapley(lambda s: u(s)[:, 0], 6)
+    assert scalar.shape == (6,)
+    torch.testing.assert_close(scalar, phi[:, 0])
+    torch.testing.assert_close(mr_shapley(u, 6), phi)
+    loo = leave_one_out(u, 6)
+    torch.testing.assert_close(loo[2], table[-1] - table[63 - 4])
+
+
+def test_monte_carlo_and_gtg_are_exact_on_additive_games():
+    a = np.array([[0.3, 0.0], [0.1, 0.2], [0.0, 0.4], [0.05, 0.05], [0.2, 0.1]])
+    game = lambda s: s.double() @ torch.from_numpy(a)  # noqa: E731
+    torch.testing.assert_close(monte_carlo_shapley(game, 5, 3, rng=0), torch.from_numpy(a))
+    phi, info = gtg_shapley(game, 5, rng=0, eps_within=0.0, return_info=True)
+    torch.testing.assert_close(phi, torch.from_numpy(a))
+    assert info["converged"] and info["permutations"] == 10  # two guided iterations agree
+
+
+def test_between_round_truncation_gives_zero():
+    game = Game(lambda q: 0.5 + 1e-4 * len(q))  # the round changed nothing worth valuing
+    assert torch.equal(gtg_shapley(game, 3, rng=0, eps_between=0.001), torch.zeros(3, 1, dtype=torch.float64))
+    assert torch.equal(tmr_shapley(game, 3, eps_between=0.001), torch.zeros(3, 1, dtype=torch.float64))
+    torch.testing.assert_close(tmr_shapley(game, 3, eps_between=1e-5), exact_shapley(game, 3))
+
+
+def test_within_round_truncation_skips_evaluations():
+    # U saturates after any one player: later marginals are truncated, not evaluated
+    game = Game(lambda q: float(len(q) > 0))
+    phi = gtg_shapley(game, 6, rng=0)
+    torch.testing.assert_close(phi.squeeze(1), torch.full((6,), 1 / 6, dtype=torch.float64))
+    assert game.asked < 2**6
+
+
+def test_class_difficulty_is_a_softmax_of_errors():
+    beta = class_difficulty(torch.tensor([1.0, 0.5, 0.0]), temperature=0.5)
+    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), 0)
+    torch.testing.assert_close(beta, expected)
+
+
+# ----------------------------------------------------------------------------- a real federation
+
+
+@pytest.fixture(scope="module")
+def federation():
+    """6 MLP clients trained for 2 epochs on a synthetic 4-class task; client 5 alone holds class 3."""
+    ds = load_dataset("synthetic", num_classes=4, image_shape=SHAPE, n_train=720, n_test=400, seed=0, noise=1.0)
+    y = ds.y_train.numpy()
+    rng = np.random.default_rng(0)
+    shared = rng.permutation(np.flatnonzero(y != 3))
+    indices = [np.sort(part) for part in np.array_split(shared, 6)]
+    indices[5] = np.sort(np.concatenate([indices[5], np.flatnonzero(y == 3)]))
+    torch.manual_seed(0)
+    model = build_model("mlp", SHAPE, 4)
+    layout = ParamLayout(model)
+    start = layout.flat_of(model)
+    batches = make_client_batches(indices, 16, 5, torch.Generator().manual_seed(0))
+    flat, bufs = train_clients(model, start, {}, ds.x_train, ds.y_train, batches, LocalTraining(lr=0.05))
+    sizes = np.array([len(ix) for ix in indices])
+    return model, layout, flat, bufs, start, ds.x_test, ds.y_test, sizes
+
+
+def _utility(fed, classwise=True):
+    model, layout, flat, bufs, start, x, y, sizes = fed
+    return coalition_utility(model, flat, bufs, torch.from_numpy(sizes).float(), x, y, 4, start,
+                             classwise=classwise)
+
+
+def test_batched_coalitions_equal_a_loop_oracle(federation):
+    model, layout, flat, bufs, start, x, y, sizes = federation
+    u = _utility(federation)
+    coalitions = all_coalitions(6)
+    batched = u(coalitions)
+    assert u.evaluations == 64
+    oracle = []
+    for q in coalitions:  # oracle: one model at a time, plain module forward
+        members = np.flatnonzero(q.numpy())
+        if len(members) == 0:
+            w = start
+        else:
+            w = sum(float(sizes[i]) * flat[i] for i in members) / float(sizes[members].sum())
+        local = layout.load_into(build_model("mlp", SHAPE, 4).eval(), w)
+        with torch.no_grad():
+            pred = local(x).argmax(1)
+        oracle.append([float((pred[y == c] == c).float().mean()) for c in range(4)])
+    torch.testing.assert_close(batched, torch.tensor(oracle, dtype=batched.dtype))
+    # memoized: asking again evaluates nothing new
+    again = u(coalitions.flip(0))
+    assert u.evaluations == 64
+    torch.testing.assert_close(again, batched.flip(0))
+    plain = _utility(federation, classwise=False)(coalitions)
+    counts = torch.bincount(y, minlength=4).float()
+    torch.testing.assert_close(plain, batched @ (counts / counts.sum()))
+
+
+def test_estimators_approach_exact_values_on_six_clients(federation):
+    """Tolerance: max |φ̂ - φ| over clients and classes <= 0.025 (accuracy units) for
+    Monte-Carlo with 2,000 permutations and for GTG with 1,800 guided permutations (ε_i = 0);
+    with the paper's stopping rule (Eq. 11, 0.05; ~60-80 permutations here) within 0.1."""
+    u = _utility(federation)
+    exact = exact_shapley(u, 6)
+    top = u(torch.ones(1, 6, dtype=torch.bool))[0] - u(torch.zeros(1, 6, dtype=torch.bool))[0]
+    torch.testing.assert_close(exact.sum(0), top.double())  # efficiency per class
+    assert exact[5, 3] > 0.3  # the class-3 owner carries class 3
+    assert bool((exact[:5, 3] < 0).all())  # the others dilute it
+    mc = monte_carlo_shapley(u, 6, 2000, rng=1)
+    assert (mc - exact).abs().max() <= 0.025
+    gtg = gtg_shapley(u, 6, rng=1, eps_within=0.0, min_iterations=300, max_iterations=300)
+    assert (gtg - exact).abs().max() <= 0.025
+    quick, info = gtg_shapley(u, 6, rng=1, return_info=True)
+    assert info["converged"] and info["permutations"] < 200
+    assert (quick - exact).abs().max() <= 0.1
+    assert u.evaluations == 64  # every estimator reused the memo
+
+
+def test_coreset_is_the_best_summed_class_accuracy(federation):
+    u = _utility(federation)
+    values = u(all_coalitions(6))
+    members, v_hat = best_coalition(u, 6)
+    best = int(torch.argmax(values[1:].sum(1))) + 1
+    assert torch.equal(members, all_coalitions(6)[best])
+    torch.testing.assert_close(v_hat, values[best].double())
+    assert bool(members[5])  # the class-3 owner is in it
+
+
+def test_bad_inputs_raise_one_line_errors(federation):
+    u = _utility(federation)
+    with pytest.raises(ValueError, match=r"coalitions must be a \[M, 6\]"):
+        u(torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="permutations must be >= 1"):
+        monte_carlo_shapley(u, 6, 0)
+    with pytest.raises(ValueError, match="n must be in"):
+        exact_shapley(u, 17)
+    model, layout, flat, bufs, start, x, y, sizes = federation
+    with pytest.raises(ValueError, match="weights must be 6 positive"):
+        coalition_utility(model, flat, bufs, torch.zeros(6), x, y, 4, start)
+    assert math.isfinite(float(exact_shapley(u, 6).sum()))

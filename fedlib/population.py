@@ -195,6 +195,8 @@ class LocalTraining:
     # ``context`` is that client's slice of ``client_context`` (any pytree, dim 0 = clients).
     extra_loss: Callable[..., torch.Tensor] | None = None
     client_context: Any = None
+    # True: extra_loss also receives the batch as ``inputs=xb`` (MOON runs other models on it)
+    extra_loss_inputs: bool = False
     chunk_size: int | None = None  # clients trained together; None = all
 
 
@@ -216,7 +218,8 @@ def _per_client_loss(model, cfg: LocalTraining):
         if cfg.prox_mu:
             loss = loss + 0.5 * cfg.prox_mu * sum((params[k] - anchor[k]).square().sum() for k in params)
         if cfg.extra_loss is not None:
-            loss = loss + cfg.extra_loss(params, logits, features, yb, mb, context)
+            kwargs = {"inputs": xb} if cfg.extra_loss_inputs else {}
+            loss = loss + cfg.extra_loss(params, logits, features, yb, mb, context, **kwargs)
         return loss, buffers
 
     return loss_fn
@@ -356,8 +359,9 @@ def train_clients_loop(
                 loss = loss + 0.5 * cfg.prox_mu * (current - anchor).square().sum()
             if cfg.extra_loss is not None:
                 params = dict(local.named_parameters())
+                kwargs = {"inputs": xb} if cfg.extra_loss_inputs else {}
                 loss = loss + cfg.extra_loss(params, logits, features, yb,
-                                             torch.ones(len(yb)), ctx)
+                                             torch.ones(len(yb)), ctx, **kwargs)
             loss.backward()
             opt.step()
         flats.append(layout.flat_of(local))
@@ -386,6 +390,16 @@ class Evaluation:
     def per_class_accuracy(self) -> torch.Tensor:
         c = self.confusion
         return torch.diagonal(c, dim1=1, dim2=2) / c.sum(2).clamp(min=1)
+
+    @property
+    def macro_f1(self) -> torch.Tensor:
+        """Macro F1 over the classes occurring as a label or a prediction (fedlib.metrics.macro_f1)."""
+        c = self.confusion
+        tp = torch.diagonal(c, dim1=1, dim2=2)
+        denominator = c.sum(2) + c.sum(1)  # 2 TP + FN + FP
+        occurring = denominator > 0
+        f1 = 2 * tp / denominator.clamp(min=1e-30)
+        return (f1 * occurring).sum(1) / occurring.sum(1).clamp(min=1)
 
     @property
     def balanced_accuracy(self) -> torch.Tensor:

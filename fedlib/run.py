@@ -25,7 +25,7 @@ from . import partition as partition_module
 from .cache import ResultCache
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
-from .methods import ClientUpdates, Federation, RoundState, build_method
+from .methods import ClientData, ClientUpdates, Federation, RoundState, build_method
 from .models import build_model
 from .screening import screen_updates
 from .population import (
@@ -323,13 +323,17 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         flat, bufs = train_clients(model, global_flat if start is None else start,
                                    {k: v.unsqueeze(0) for k, v in global_buffers.items()},
                                    p.x_pool, p.y_pool, batches, local)
+        uploads = method.client_uploads(state, selected, flat, bufs,
+                                        ClientData(p.x_pool, p.y_pool, [part.indices[c] for c in selected], gen))
         flat = _apply_roles(flat, selected, roles, global_flat, gen)
         t_train = time.perf_counter() - t0
         # 3. server
         t0 = time.perf_counter()
         screened = screen_updates(selected, flat, bufs, global_flat, clip_factor=cfg.update_clip)
         updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
-                                sizes=sizes[selected[screened.keep]], buffers=screened.buffers)
+                                sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
+                                extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
+                                        for k, v in (uploads or {}).items()})
         if len(updates.clients) == 0:
             stopped = (f"round {t + 1}: every update was non-finite, so training diverged; the history of the "
                        f"{t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
@@ -337,11 +341,13 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
         global_flat, global_buffers = aggregate(updates.flat, weights, updates.buffers)
         t_server = time.perf_counter() - t0
+        # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
+        similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)
         record: dict[str, Any] = {
             "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
             "clipped": screened.clipped,
             "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
-            "time_train": t_train, "time_server": t_server,
+            "time_train": t_train, "time_server": t_server, "similarity": similarity.cpu().tolist(),
         }
         scores = method.scores()
         if scores is not None:
@@ -360,6 +366,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                           p.x_test, p.y_test, n_classes)
             last_eval = ev
             record.update(accuracy=float(ev.accuracy[0]), balanced_accuracy=float(ev.balanced_accuracy[0]),
+                          f1=float(ev.macro_f1[0]),
                           per_class_accuracy=ev.per_class_accuracy[0].cpu().tolist(), loss=float(ev.loss[0]),
                           time_eval=time.perf_counter() - t0)
             if bar is not None:
@@ -374,6 +381,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     final: dict[str, Any] = {"rounds_completed": len(history), "stopped": stopped}
     if last_eval is not None:
         final.update(accuracy=float(last_eval.accuracy[0]), balanced_accuracy=float(last_eval.balanced_accuracy[0]),
+                     f1=float(last_eval.macro_f1[0]),
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])

@@ -1,8 +1,9 @@
 """Aggregation, valuation and selection methods, registered by name."""
 
-from .base import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
+from .base import METHODS, ClientData, ClientUpdates, Federation, Method, RoundState, build_method, register
 from . import fedavg  # noqa: F401  (registers fedavg, fedavg_uniform, fedprox)
 from . import gradient, fairness  # noqa: F401  (registers cgsv, shapfed, cffl)
 from . import celm  # noqa: F401
+from . import flce  # noqa: F401
 
-__all__ = ["METHODS", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]
+__all__ = ["METHODS", "ClientData", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]

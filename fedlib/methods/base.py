@@ -11,7 +11,7 @@ Hyper-parameters are dataclass fields, validated in ``validate``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -57,6 +57,20 @@ class ClientUpdates:
     flat: torch.Tensor  # [n, P]
     buffers: dict[str, torch.Tensor]  # [n, ...]
     sizes: np.ndarray  # [n] sample counts
+    # what clients upload besides the model (``Method.client_uploads``), e.g. FLCE's class
+    # prototypes: {name: tensor with dim 0 = the clients above}
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ClientData:
+    """The selected clients' own data, for computations that run on the client side
+    (``Method.client_uploads``): sample ``indices[i]`` of ``x``/``y`` belong to client i."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    indices: list[np.ndarray]
+    generator: torch.Generator  # the round's seeded generator (shuffles, noise)
 
 
 class Method:
@@ -87,6 +101,12 @@ class Method:
 
     def local_training(self, state: RoundState, base: LocalTraining, clients: np.ndarray) -> LocalTraining:
         return base
+
+    def client_uploads(self, state: RoundState, clients: np.ndarray, flat: torch.Tensor,
+                       buffers: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor] | None:
+        """Client side, after local training: what the clients send besides their models
+        (``{name: [n, ...]}``, arrives as ``ClientUpdates.extras``); None = nothing."""
+        return None
 
     # -- 3. server ---------------------------------------------------------------------
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:

@@ -1,0 +1,162 @@
+"""FedSCM mathematics: Prop. 7 against autograd, Theorem 3's structure for every solver,
+expert recovery on the expertise model (Def. 4), the exhaustive oracle, η̂, SDEA and the
+stability metrics against their loop oracle, and one-line hyper-parameter errors."""
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib.methods import scm
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _sample(k=12, n=40, c=5, experts=3, seed=0, noise_alpha=1.0):
+    return scm.simulate_expertise(k, n, c, scm.expertise_levels(k, experts, seed=seed), noise_alpha=noise_alpha,
+                                  seed=seed)
+
+
+def test_objective_is_the_mean_entropy_of_the_mixture_and_batches():
+    s = _sample()
+    lam = torch.rand(4, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    lam = lam / lam.sum(1, keepdim=True)
+    batched = scm.objective(lam, s.probs)
+    for i in range(4):
+        mix = sum(lam[i, k] * s.probs[k] for k in range(12))
+        ref = float(np.mean([-(p * np.log(p)).sum() for p in mix.numpy()]))
+        assert abs(float(batched[i]) - ref) < 1e-12
+
+
+@pytest.mark.parametrize("kappa", [0.0, 0.7])
+def test_gradient_and_hessian_match_autograd(kappa):
+    s = _sample(k=9, n=30, c=4, seed=3)
+    sizes = torch.arange(1, 10, dtype=torch.float64) * 10
+    lam = torch.rand(9, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) + 0.1
+    lam = (lam / lam.sum()).requires_grad_(True)
+    auto_g = torch.autograd.grad(scm.objective(lam, s.probs, kappa, sizes), lam)[0]
+    auto_h = torch.autograd.functional.hessian(lambda v: scm.objective(v, s.probs, kappa, sizes), lam.detach())
+    # Eq. 4's −1 is d/dλ_k of −Σ_c m_c log m_c through the "+1" of (m log m)' and Σ_c h_kc = 1
+    torch.testing.assert_close(scm.gradient(lam.detach(), s.probs, kappa, sizes), auto_g, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(scm.hessian(lam.detach(), s.probs), auto_h, rtol=1e-9, atol=1e-10)
+    assert torch.linalg.eigvalsh(auto_h).max() < 1e-12  # concave: negative semi-definite
+
+
+@pytest.mark.parametrize("gamma", [0.5, 2 / 3, 0.67, 0.7, 0.8, 0.9])
+@pytest.mark.parametrize("solver", ["pgd", "slsqp", "pgd_paper", "exhaustive"])
+def test_every_solver_returns_theorem_3_structure(gamma, solver):
+    s = _sample(k=12, n=40, c=5, seed=1)
+    if solver == "pgd_paper":
+        out = scm.pgd(s.probs, gamma, projection="paper", steps=3000)
+    elif solver == "exhaustive":
+        out = scm.exhaustive(s.probs, gamma)
+    else:
+        out = scm.select(s.probs, gamma, solver)
+    full, rest, count = scm.vertex_counts(gamma)
+    assert count == int(np.ceil(1 / (1 - gamma) - 1e-9))
+    assert scm.is_sparse_vertex(out.weights, gamma)
+    assert len(out.selected) == count
+    assert abs(float(out.weights.sum()) - 1) < 1e-12
+
+
+def test_vertex_counts_and_to_vertex():
+    assert scm.vertex_counts(2 / 3) == (3, 0.0, 3)
+    full, rest, count = scm.vertex_counts(0.67)  # 1 − γ = 0.33: three at 0.33 and one at 0.01
+    assert (full, count) == (3, 4) and abs(rest - 0.01) < 1e-9
+    lam = torch.tensor([0.1, 0.5, 0.05, 0.2, 0.15], dtype=torch.float64)
+    torch.testing.assert_close(scm.to_vertex(lam, 0.6), torch.tensor([0.0, 0.4, 0.0, 0.4, 0.2], dtype=torch.float64))
+    assert not scm.is_sparse_vertex(lam, 0.6)
+
+
+def test_capped_simplex_projection_is_the_euclidean_projection():
+    from scipy.optimize import minimize
+
+    v = torch.randn(7, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    ours = scm.project_capped_simplex(v, 0.3).numpy()
+    ref = minimize(lambda x: ((x - v.numpy()) ** 2).sum(), np.full(7, 1 / 7), method="SLSQP",
+                   bounds=[(0, 0.3)] * 7, constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1}],
+                   options={"ftol": 1e-14}).x
+    np.testing.assert_allclose(ours, ref, atol=1e-6)
+    assert abs(ours.sum() - 1) < 1e-12 and ours.max() <= 0.3 + 1e-12
+
+
+def test_pgd_and_slsqp_recover_exactly_the_experts():
+    """K = 50, C = 10, 3 experts with η ≥ 0.9, the rest η ≤ 0.1, n = 200, γ = 2/3: the issue's
+    claim is ≥ 95 % of trials; we run 40 seeded trials and require ≥ 39 (97.5 %)."""
+    trials, hits = 40, {"pgd": 0, "slsqp": 0}
+    for seed in range(trials):
+        s = scm.simulate_expertise(50, 200, 10, scm.expertise_levels(50, 3, seed=seed), seed=seed)
+        assert s.eta[s.experts].min() >= 0.9 and np.delete(s.eta.numpy(), s.experts).max() <= 0.1
+        for solver in hits:
+            hits[solver] += set(scm.select(s.probs, 2 / 3, solver).selected) == set(s.experts)
+    assert hits["pgd"] >= 39 and hits["slsqp"] >= 39, hits
+
+
+def test_pgd_reaches_the_exhaustive_global_optimum_on_small_k():
+    """Theorem 9's setting (3 experts, γ = 2/3): PGD finds the global optimum in all 20
+    trials. With a remainder weight (γ = 0.7) PGD can stop at a local minimum that differs
+    only in the client holding the remainder; the chapter measures how often."""
+    for seed in range(20):
+        s = _sample(k=10, n=60, c=6, seed=seed, noise_alpha=0.5)
+        best = scm.exhaustive(s.probs, 2 / 3)
+        found = scm.pgd(s.probs, 2 / 3)
+        assert abs(found.objective - best.objective) < 1e-9
+        other = scm.pgd(s.probs, 0.7)
+        assert other.objective >= scm.exhaustive(s.probs, 0.7).objective - 1e-12  # nothing beats the optimum
+
+
+def test_size_regulariser_prefers_larger_clients():
+    """Two identical expert groups; κ > 0 must pick the one with more samples (Def. 10)."""
+    s = _sample(k=6, n=50, c=4, experts=2, seed=5)
+    probs = torch.cat([s.probs, s.probs])  # clients 6..11 copy clients 0..5
+    sizes = torch.tensor([10.0] * 6 + [1000.0] * 6)
+    plain = scm.pgd(probs, 0.5)
+    reg = scm.pgd(probs, 0.5, kappa=1.0, sizes=sizes)
+    assert set(reg.selected) == {int(e) + 6 for e in s.experts}
+    assert reg.objective <= float(scm.objective(plain.weights, probs, 1.0, sizes)) + 1e-12
+
+
+def test_expertise_estimate_tracks_the_true_level():
+    eta = torch.linspace(0.0, 1.0, 11, dtype=torch.float64)
+    s = scm.simulate_expertise(11, 400, 10, eta, seed=2, label_smoothing=0.0)
+    est = scm.estimate_expertise(s.probs, s.labels, repeats=3)
+    assert np.corrcoef(est.numpy(), eta.numpy())[0, 1] > 0.98
+    assert est[0] < 0.15 and est[-1] > 0.9
+
+
+def test_sdea_picks_the_lowest_entropy_clients():
+    probs = torch.tensor([[[0.5, 0.5]], [[0.9, 0.1]], [[0.99, 0.01]], [[0.6, 0.4]]], dtype=torch.float64)
+    assert scm.sdea_select(probs, 2).tolist() == [1, 2]
+
+
+def test_stability_metrics_match_the_loop_oracle():
+    rng = np.random.default_rng(0)
+    sel = np.zeros((8, 30), dtype=bool)
+    for r in range(8):
+        sel[r, rng.choice(30, 4, replace=False)] = True
+    fast, slow = scm.stability(sel), scm.stability_loop(sel)
+    for key in scm.STABILITY_METRICS:
+        assert abs(fast[key] - slow[key]) < 1e-12, key
+    same = scm.stability(np.repeat(sel[:1], 5, axis=0))
+    assert same["D.R."] == 0 and same["Entropy"] == 0 and same["Jaccard"] == 1
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda p: scm.pgd(p, 1.0), "gamma: must be in [0, 1)"),
+    (lambda p: scm.pgd(p, 0.95), "more than K"),
+    (lambda p: scm.pgd(p, 0.5, kappa=-1), "kappa: must be >= 0"),
+    (lambda p: scm.pgd(p, 0.5, kappa=1.0), "sizes: kappa > 0 needs"),
+    (lambda p: scm.pgd(p, 0.5, projection="l1"), "projection: must be"),
+    (lambda p: scm.select(p, 0.5, "adam"), "solver: must be one of"),
+    (lambda p: scm.sdea_select(p, 0), "m: must be in"),
+])
+def test_bad_hyper_parameters_raise_one_line_errors(call, message):
+    probs = _sample(k=6, n=5, c=3).probs
+    with pytest.raises(ValueError, match=message) as info:
+        call(probs)
+    assert "\n" not in str(info.value)

@@ -294,7 +294,9 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     n_classes = p.dataset.num_classes
     method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
                             clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
-                            x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape)))
+                            x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape),
+                            client_data=lambda c: ClientData(p.x_pool, p.y_pool, [part.indices[i] for i in c],
+                                                             torch.Generator().manual_seed(cfg.seed))))
     rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
     stopped = None
@@ -339,7 +341,9 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                        f"{t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
             break
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
-        global_flat, global_buffers = aggregate(updates.flat, weights, updates.buffers)
+        keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
+        new_flat, new_buffers = aggregate(updates.flat, weights, updates.buffers)
+        global_flat, global_buffers = method.server_update(state, weights, new_flat, new_buffers)
         t_server = time.perf_counter() - t0
         # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
         similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)

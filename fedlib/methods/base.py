@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
@@ -38,6 +38,9 @@ class Federation:
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
     input_shape: tuple[int, ...] | None = None  # one sample's shape, e.g. (1, 28, 28)
+    # Client-side computations before selection (PoC's local losses, FedEMD's label
+    # distributions): ``client_data(clients)`` gives those clients' own data; set by the engine.
+    client_data: Callable[[np.ndarray], "ClientData"] | None = None
 
 
 @dataclass
@@ -111,6 +114,12 @@ class Method:
     # -- 3. server ---------------------------------------------------------------------
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         raise NotImplementedError
+
+    def server_update(self, state: RoundState, weights: torch.Tensor, flat: torch.Tensor,
+                      buffers: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The new global model from ``weights @ uploads`` (``flat``, ``buffers``); methods whose
+        server step is not a weighted average of the uploads (q-FedAvg, FedFa, FedFV) change it."""
+        return flat, buffers
 
     def scores(self) -> np.ndarray | None:
         """Current contribution score of every client, or None if the method has none."""

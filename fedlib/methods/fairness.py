@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..population import evaluate
 from .base import ClientUpdates, Federation, Method, RoundState, register
@@ -104,3 +105,267 @@ class CFFL(Method):
 
     def scores(self) -> np.ndarray:
         return self.reputation.numpy().copy()
+
+
+# ----------------------------------------------------------------------------- FLCE's baselines
+
+def global_model_on_clients(fed: Federation, state: RoundState, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client side, for q-FedAvg, FedFa and FedFV: the received global model's mean
+    cross-entropy and accuracy on each selected client's own training data ([n] each),
+    from one batched pass over the clients' samples."""
+    from ..population import padded_indices, predict
+
+    table, sizes = padded_indices(data.indices)
+    flat_index = torch.cat([torch.as_tensor(ix, dtype=torch.long) for ix in data.indices]).to(data.x.device)
+    owner = torch.repeat_interleave(torch.arange(len(data.indices)), sizes).to(data.x.device)
+    logits = predict(fed.model, state.global_flat.unsqueeze(0),
+                     {k: v.unsqueeze(0) for k, v in state.global_buffers.items()}, data.x[flat_index])[0]
+    y = data.y[flat_index]
+    n = len(data.indices)
+    loss = torch.zeros(n, device=logits.device).index_add_(0, owner, F.cross_entropy(logits, y, reduction="none"))
+    correct = torch.zeros(n, device=logits.device).index_add_(0, owner, (logits.argmax(-1) == y).float())
+    count = sizes.to(logits.device).clamp(min=1).float()
+    return loss / count, correct / count
+
+
+@register
+@dataclass
+class QFedAvg(Method):
+    """q-FedAvg (Li, Sanjabi, Beirami, Smith, ICLR 2020), Algorithm 2 with L = 1/lr:
+
+        Δw_k = L (w^t - w_k)                                   (w_k: k's locally trained model)
+        Δ_k  = F_k(w^t)^q Δw_k
+        h_k  = q F_k(w^t)^(q-1) ||Δw_k||² + L F_k(w^t)^q
+        w^(t+1) = w^t - Σ_k Δ_k / Σ_k h_k
+    F_k(w^t) is the received global model's loss on k's own data (sent by the client). As a
+    combination of the uploads: weights c_k = L F_k^q / Σ h, and the remaining 1 - Σ c_k stays
+    on w^t (``server_update``). q = 1 (our choice; the paper tunes q per dataset)."""
+
+    name = "qfedavg"
+    q: float = 1.0
+
+    def validate(self) -> None:
+        if self.q < 0:
+            raise ValueError(f"method 'qfedavg': q must be >= 0 (got {self.q})")
+
+    def client_uploads(self, state, clients, flat, buffers, data):
+        loss, _ = global_model_on_clients(self.fed, state, data)
+        return {"loss": loss}
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        big_l = 1.0 / state.lr
+        f = updates.extras["loss"].double().clamp(min=1e-10)
+        delta_w = big_l * (state.global_flat - updates.flat).double()
+        h = self.q * f.pow(self.q - 1) * delta_w.square().sum(1) + big_l * f.pow(self.q)
+        return (big_l * f.pow(self.q) / h.sum()).float()
+
+    def server_update(self, state, weights, flat, buffers):
+        rest = 1.0 - weights.sum()  # w^(t+1) = Σ c_k w_k + (1 - Σ c_k) w^t
+        flat = flat + rest * state.global_flat
+        buffers = {k: (v + rest * state.global_buffers[k]) if v.is_floating_point() else v for k, v in buffers.items()}
+        return flat, buffers
+
+
+@register
+@dataclass
+class FedFa(Method):
+    """FedFa (Huang et al., Information Sciences 2022): weights from accuracy and participation
+    frequency, and a server momentum (as in the FLGo/easyFL implementation of the paper):
+
+        ACC_k  = accuracy of the received global model on k's data; F_k = k's participation count
+        a_k    = -log2(ACC_k / Σ ACC + 1e-6),  f_k = -log2(1 - F_k / Σ F + 1e-5), each normalised
+        p_k    = α a_k + β f_k,  α = 1 - β                                   (aggregation weights)
+        w'     = Σ p_k w_k;  m <- γ m + (1 - γ)(w' - w^t);  w^(t+1) = w' - η m
+    β = 0.5, γ = 0.9, η = the round's learning rate (their defaults). The weights p are FedFa's
+    contribution (FLCE §4.1.3: 'aggregation weight (e.g., FedFa)')."""
+
+    name = "fedfa"
+    beta: float = 0.5
+    gamma: float = 0.9
+
+    def validate(self) -> None:
+        if not 0 <= self.beta <= 1:
+            raise ValueError(f"method 'fedfa': beta must be in [0, 1] (got {self.beta})")
+        if not 0 <= self.gamma < 1:
+            raise ValueError(f"method 'fedfa': gamma must be in [0, 1) (got {self.gamma})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.frequency = torch.zeros(fed.n_clients, dtype=torch.float64)
+        self.momentum = None
+        self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
+
+    def client_uploads(self, state, clients, flat, buffers, data):
+        _, acc = global_model_on_clients(self.fed, state, data)
+        return {"accuracy": acc}
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        clients = torch.as_tensor(updates.clients, dtype=torch.long)
+        self.frequency[clients] += 1
+        acc = updates.extras["accuracy"].double().cpu()
+        freq = self.frequency[clients]
+        a = -torch.log2(acc / acc.sum().clamp(min=1e-12) + 1e-6)
+        f = -torch.log2(1 - freq / freq.sum() + 1e-5)
+        a, f = a / a.sum().clamp(min=1e-12), f / f.sum().clamp(min=1e-12)
+        p = (1 - self.beta) * a + self.beta * f
+        p = p / p.sum()
+        self.total[clients] += p
+        return p.float()
+
+    def server_update(self, state, weights, flat, buffers):
+        dw = flat - state.global_flat
+        self.momentum = (1 - self.gamma) * dw if self.momentum is None else self.gamma * self.momentum + (1 - self.gamma) * dw
+        return flat - state.lr * self.momentum, buffers
+
+    def scores(self) -> np.ndarray:
+        """Σ over rounds of each client's aggregation weight p_k, normalised."""
+        t = self.total
+        return (t / t.sum()).numpy() if t.sum() > 0 else t.numpy().copy()
+
+
+def _prox_loss(layout, lam):
+    def loss(params, logits, features, y, mask, anchor):  # λ/2 ||v - w^t||², Ditto's personal objective
+        target = layout.unflatten(anchor)
+        return 0.5 * lam * sum((params[k] - target[k]).square().sum() for k in params)
+
+    return loss
+
+
+@register
+@dataclass
+class Ditto(Method):
+    """Ditto (Li, Hu, Beirami, Smith, ICML 2021), Algorithm 1: the global model is trained as in
+    FedAvg (sample-count weights); every selected client also updates its personal model v_k
+    with the same local SGD on  F_k(v) + λ/2 ||v - w^t||²,  starting from its last v_k (w^t for
+    a client never selected). The engine evaluates the global model; ``personal`` [N, P] holds
+    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2})."""
+
+    name = "ditto"
+    lam: float = 0.1
+
+    def validate(self) -> None:
+        if self.lam < 0:
+            raise ValueError(f"method 'ditto': lam must be >= 0 (got {self.lam})")
+
+    def setup(self, fed: Federation) -> None:
+        from ..population import ParamLayout
+
+        super().setup(fed)
+        self.layout = ParamLayout(fed.model)
+        self.personal = None
+        self.personal_buffers = None
+        self.has_personal = torch.zeros(fed.n_clients, dtype=torch.bool)
+
+    def local_training(self, state, base, clients):
+        self._base = base
+        return base
+
+    def client_uploads(self, state, clients, flat, buffers, data):
+        from dataclasses import replace
+
+        from ..population import make_client_batches, train_clients
+
+        n = len(clients)
+        if self.personal is None:
+            self.personal = state.global_flat.unsqueeze(0).repeat(self.fed.n_clients, 1)
+            self.personal_buffers = {k: v.unsqueeze(0).repeat(self.fed.n_clients, *([1] * v.dim()))
+                                     for k, v in state.global_buffers.items()}
+        index = torch.as_tensor(clients, dtype=torch.long, device=self.personal.device)
+        start = torch.where(self.has_personal[clients].to(self.personal.device).unsqueeze(1),
+                            self.personal[index], state.global_flat.unsqueeze(0))
+        cfg = replace(self._base, extra_loss=_prox_loss(self.layout, self.lam), prox_mu=0.0,
+                      client_context=state.global_flat.unsqueeze(0).expand(n, -1))
+        batches = make_client_batches(data.indices, cfg.batch_size, cfg.epochs, data.generator)
+        batches.index, batches.mask = batches.index.to(data.x.device), batches.mask.to(data.x.device)
+        bufs = {k: v[index] for k, v in self.personal_buffers.items()}
+        v_new, b_new = train_clients(self.fed.model, start, bufs, data.x, data.y, batches, cfg)
+        self.personal[index] = v_new
+        for k in b_new:
+            self.personal_buffers[k][index] = b_new[k]
+        self.has_personal[clients] = True
+        return None
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        from .fedavg import sample_count_weights
+
+        return sample_count_weights(updates.sizes)
+
+
+@register
+@dataclass
+class MOON(Method):
+    """MOON (Li, He, Song, CVPR 2021): local loss  ℓ_CE + μ ℓ_con  with the model-contrastive term
+
+        ℓ_con = -log( e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}) )
+
+    z, z_glob, z_prev: the representation of the same batch under the model being trained, the
+    received global model and the client's previous local model (the global model for a client
+    never selected). Sample-count aggregation. μ = 1, τ = 0.5 (their CIFAR-10 τ; μ our choice);
+    representation = the model's features (no extra projection head)."""
+
+    name = "moon"
+    mu: float = 1.0
+    tau: float = 0.5
+
+    def validate(self) -> None:
+        if self.mu < 0:
+            raise ValueError(f"method 'moon': mu must be >= 0 (got {self.mu})")
+        if not self.tau > 0:
+            raise ValueError(f"method 'moon': tau must be > 0 (got {self.tau})")
+
+    def setup(self, fed: Federation) -> None:
+        from ..population import ParamLayout
+
+        super().setup(fed)
+        self.layout = ParamLayout(fed.model)
+        self.previous = None
+        self.previous_buffers = None
+        self.has_previous = torch.zeros(fed.n_clients, dtype=torch.bool)
+
+    def local_training(self, state, base, clients):
+        from dataclasses import replace
+
+        from torch.func import functional_call
+
+        from ..layers import sample_mask
+
+        fed, layout, mu, tau = self.fed, self.layout, self.mu, self.tau
+        if self.previous is None:
+            self.previous = state.global_flat.unsqueeze(0).repeat(fed.n_clients, 1)
+            self.previous_buffers = {k: v.unsqueeze(0).repeat(fed.n_clients, *([1] * v.dim()))
+                                     for k, v in state.global_buffers.items()}
+        index = torch.as_tensor(clients, dtype=torch.long, device=self.previous.device)
+        seen = self.has_previous[clients].to(self.previous.device)
+        context = {
+            "global": state.global_flat.unsqueeze(0).expand(len(clients), -1),
+            "prev": torch.where(seen.unsqueeze(1), self.previous[index], state.global_flat.unsqueeze(0)),
+            "global_buffers": {k: v.unsqueeze(0).expand(len(clients), *v.shape).clone()
+                               for k, v in state.global_buffers.items()},
+            "prev_buffers": {k: v[index].clone() for k, v in self.previous_buffers.items()},
+        }
+
+        def represent(flat, buffers, xb, mask):
+            with sample_mask(mask):
+                _, z = functional_call(fed.model, (layout.unflatten(flat), {k: v.clone() for k, v in buffers.items()}),
+                                       (xb,), {"return_features": True})
+            return z.detach()
+
+        def model_contrastive(params, logits, features, y, mask, ctx, inputs):
+            z_glob = represent(ctx["global"], ctx["global_buffers"], inputs, mask)
+            z_prev = represent(ctx["prev"], ctx["prev_buffers"], inputs, mask)
+            pos = F.cosine_similarity(features, z_glob, dim=-1) / tau
+            neg = F.cosine_similarity(features, z_prev, dim=-1) / tau
+            term = -pos + torch.logaddexp(pos, neg)  # ℓ_con per sample
+            return mu * (term * mask).sum() / mask.sum().clamp(min=1.0)
+
+        return replace(base, extra_loss=model_contrastive, extra_loss_inputs=True, client_context=context)
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        from .fedavg import sample_count_weights
+
+        index = torch.as_tensor(updates.clients, dtype=torch.long, device=self.previous.device)
+        self.previous[index] = updates.flat
+        for k, v in updates.buffers.items():
+            self.previous_buffers[k][index] = v
+        self.has_previous[updates.clients] = True
+        return sample_count_weights(updates.sizes)

@@ -14,6 +14,7 @@ updates. ``scores()`` is 0 for clients never seen.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,3 +152,80 @@ class ShapFed(Method):
 
     def scores(self) -> np.ndarray:
         return self.gamma.numpy().copy()
+
+
+@register
+@dataclass
+class FedFV(Method):
+    """FedFV: federated learning with fair averaging (Wang et al., IJCAI 2021), Algorithm 1.
+
+    Round t, selected clients with pseudo-gradients g_k = w^t - w_k and training losses l_k
+    (the received global model's loss on k's data, sent by the client):
+        order the clients by l_k (ascending); the ⌈α (K - 1)⌉ with the largest loss keep g_k
+        for every other k, for j in that order (j ≠ k):  if g_k'·g_j < 0:
+            g_k' <- g_k' - (g_k'·g_j / ||g_j||²) g_j                       (gradient projection)
+        g = mean_k g_k';  for each of the last τ rounds' g_h (newest first):
+            if g·g_h < 0:  g <- g - (g·g_h / ||g_h||²) g_h
+        g <- g ||mean_k g_k|| / ||g||                               (the plain average's norm)
+        w^(t+1) = w^t - g
+    α = 0.1, τ = 1 (the paper's defaults for CIFAR-10). The projections of one step are
+    batched over the clients; the sequence of steps is the algorithm's own order.
+    Aggregation weights reported: uniform (the server step is not a weighted average)."""
+
+    name = "fedfv"
+    alpha: float = 0.1
+    tau: int = 1
+
+    def validate(self) -> None:
+        if not 0 <= self.alpha <= 1:
+            raise ValueError(f"method 'fedfv': alpha must be in [0, 1] (got {self.alpha})")
+        if self.tau < 0 or not float(self.tau).is_integer():
+            raise ValueError(f"method 'fedfv': tau must be an integer >= 0 (got {self.tau})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.history: list[torch.Tensor] = []
+
+    def client_uploads(self, state, clients, flat, buffers, data):
+        from .fairness import global_model_on_clients
+
+        loss, _ = global_model_on_clients(self.fed, state, data)
+        return {"loss": loss}
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        self._updates = updates
+        n = len(updates.clients)
+        return torch.full((n,), 1.0 / n)
+
+    def server_update(self, state, weights, flat, buffers):
+        updates, self._updates = self._updates, None
+        g = state.global_flat - updates.flat  # pseudo-gradients [K, P]
+        return state.global_flat - fair_direction(g, updates.extras["loss"], self.alpha, self.history,
+                                                  int(self.tau)), buffers
+
+
+def fair_direction(g: torch.Tensor, loss: torch.Tensor, alpha: float, history: list, tau: int) -> torch.Tensor:
+    """FedFV's server direction from pseudo-gradients g [K, P] and losses [K] (see :class:`FedFV`);
+    appends the result to ``history`` (the last ``tau`` kept)."""
+    k = g.shape[0]
+    order = torch.argsort(loss.to(g.device), stable=True)
+    keep = torch.zeros(k, dtype=torch.bool, device=g.device)
+    if alpha > 0:
+        keep[order[math.ceil((k - 1) * (1 - alpha)):]] = True
+    projected = g.clone()
+    norms = g.square().sum(1).clamp(min=1e-30)
+    rows = torch.arange(k, device=g.device)
+    for j in order.tolist():  # the algorithm's sequence; every step projects all clients at once
+        dot = projected @ g[j]
+        conflict = (dot < 0) & (rows != j) & ~keep
+        projected -= (conflict * dot / norms[j]).unsqueeze(1) * g[j]
+    direction = projected.mean(0)
+    for past in reversed(history[-tau:] if tau else []):
+        dot = direction @ past
+        if dot < 0:
+            direction = direction - dot / past.square().sum().clamp(min=1e-30) * past
+    target = g.mean(0).norm()
+    direction = direction * (target / direction.norm().clamp(min=1e-30))
+    history.append(direction.detach().clone())
+    del history[: max(0, len(history) - max(tau, 1))]
+    return direction

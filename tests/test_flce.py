@@ -1,0 +1,217 @@
+"""FLCE: the contrastive loss and the prototypes against loop oracles, the server equations
+(mass, velocity, momentum on the simplex per class), the low-rank completion, the final
+contributions, the ablation switches, a run, and the chapter's Table 4 arithmetic."""
+
+import numpy as np
+import pytest
+import torch
+
+import fedlib
+from fedlib.config import make_config
+from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+from fedlib.methods.flce import (
+    aggregation_weights,
+    class_mass,
+    class_momentum,
+    class_prototypes,
+    class_prototypes_loop,
+    class_velocity,
+    complete_matrix,
+    final_contributions,
+    global_prototypes,
+    supcon_loss,
+    supcon_loss_loop,
+)
+from fedlib.models import build_model
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients, train_clients_loop
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_contrastive_loss_equals_the_loop_and_ignores_padding():
+    g = torch.Generator().manual_seed(0)
+    z, y = torch.randn(10, 6, generator=g), torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 1, 0])
+    ours = supcon_loss(z, y, torch.ones(10), tau=0.5)
+    torch.testing.assert_close(ours, supcon_loss_loop(z, y, tau=0.5))
+    padded = supcon_loss(torch.cat([z, torch.randn(3, 6, generator=g)]), torch.cat([y, torch.tensor([0, 1, 2])]),
+                         torch.cat([torch.ones(10), torch.zeros(3)]), tau=0.5)
+    torch.testing.assert_close(padded, ours)
+    z.requires_grad_(True)
+    supcon_loss(z, y, torch.ones(10), 0.5).backward()
+    assert torch.isfinite(z.grad).all()
+
+
+def test_contrastive_training_vectorized_equals_the_per_client_loop():
+    """L_CE + λ L_CL through the vmapped engine and through the per-client SGD loop."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 4, 4), 3)
+    layout = ParamLayout(model)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(60, 1, 4, 4, generator=g), torch.randint(0, 3, (60,), generator=g)
+    indices = [np.arange(0, 25), np.arange(25, 35), np.arange(35, 60)]
+    batches = make_client_batches(indices, 8, 1, torch.Generator().manual_seed(2))
+    method = build_method("flce", {"lam": 0.7})
+    cfg = method.local_training(None, LocalTraining(batch_size=8, lr=0.1), np.arange(3))
+    start = layout.flat_of(model)
+    flat, _ = train_clients(model, start, {}, x, y, batches, cfg)
+    flat_ref, _ = train_clients_loop(model, start, {}, x, y, batches, cfg)
+    torch.testing.assert_close(flat, flat_ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", (1, 6, 6)), ("resnet20", (3, 8, 8))])
+def test_vectorized_prototypes_equal_the_per_client_loop(name, shape):
+    torch.manual_seed(0)
+    model = build_model(name, shape, 4)
+    layout = ParamLayout(model)
+    flats = torch.stack([layout.flat_of(build_model(name, shape, 4)) for _ in range(3)])
+    buffers = {k: torch.stack([v.clone() for _ in range(3)]) for k, v in layout.buffers_of(model).items()}
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(50, *shape, generator=g), torch.randint(0, 4, (50,), generator=g)
+    indices = [np.arange(0, 20), np.arange(20, 27), np.arange(27, 50)]
+    protos, counts = class_prototypes(model, flats, buffers, x, y, indices, 4, batch_size=6)
+    ref, ref_counts = class_prototypes_loop(model, flats, buffers, x, y, indices, 4)
+    torch.testing.assert_close(counts, ref_counts)
+    torch.testing.assert_close(protos, ref, atol=1e-5, rtol=1e-4)
+    assert counts.sum() > 0 and protos.shape == (3, 4, model.feature_dim)
+
+
+def _round():
+    g = torch.Generator().manual_seed(5)
+    p = torch.randn(5, 4, 8, generator=g, dtype=torch.float64)
+    present = torch.ones(5, 4, dtype=torch.float64)
+    present[0, 1] = present[3, 1] = present[2, 3] = 0  # some clients lack some classes
+    present[:, 2] = 0
+    present[4, 2] = 1  # class 2 held by one client only
+    return p, present
+
+
+def test_mass_velocity_momentum_sum_to_one_per_class():
+    p, present = _round()
+    g = torch.randn(4, 8, dtype=torch.float64)
+    known = torch.tensor([True, True, False, True])
+    m = class_mass(p, present)
+    v = class_velocity(p, present, g, known)
+    q = class_momentum(m, v, present)
+    for values in (m, v, q):
+        torch.testing.assert_close(values.sum(0), torch.ones(4, dtype=torch.float64))
+        assert (values >= 0).all() and (values[present == 0] == 0).all()
+    torch.testing.assert_close(v[:, 2], present[:, 2])  # unknown g_c: uniform over holders (one here)
+    # Eq. 7 by hand for class 0
+    d = (p[:, 0] - g[0]).square().sum(1)
+    torch.testing.assert_close(v[:, 0], d / d.sum())
+    # Eq. 8: Q ∝ M V
+    torch.testing.assert_close(q[:, 0], m[:, 0] * v[:, 0] / (m[:, 0] * v[:, 0]).sum())
+    # Eq. 9 and 10
+    g_new, known_new = global_prototypes(q, p, present, g, known)
+    torch.testing.assert_close(g_new[0], (q[:, 0:1] * p[:, 0]).sum(0))
+    assert known_new.all()
+    w = aggregation_weights(q)
+    torch.testing.assert_close(w, q.sum(1) / q.sum())
+
+
+def test_mass_by_hand():
+    """Eq. 6 on two 2-d prototypes: p̂ is the cosine-weighted mean, M the normalised cosine to it."""
+    p = torch.tensor([[[1.0, 0.0]], [[1.0, 1.0]]], dtype=torch.float64)
+    present = torch.ones(2, 1, dtype=torch.float64)
+    mean = p.mean(0)[0]
+    cos = torch.nn.functional.cosine_similarity(p[:, 0], mean.unsqueeze(0), dim=1)
+    p_hat = (cos / cos.sum()) @ p[:, 0]
+    cos_hat = torch.nn.functional.cosine_similarity(p[:, 0], p_hat.unsqueeze(0), dim=1)
+    torch.testing.assert_close(class_mass(p, present)[:, 0], cos_hat / cos_hat.sum())
+
+
+def test_completion_recovers_a_rank_two_matrix_with_half_missing():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, generator=g, dtype=torch.float64) @ torch.rand(2, 30, generator=g, dtype=torch.float64)
+    observed = torch.rand(40, 30, generator=g) < 0.5
+    completed = complete_matrix(torch.where(observed, x, torch.zeros_like(x)), observed, rank=2)
+    missing = ~observed
+    error = (completed[missing] - x[missing]).norm() / x[missing].norm()
+    assert error < 0.05
+    torch.testing.assert_close(completed[observed], x[observed])  # observed entries are kept
+
+
+def test_final_contributions():
+    x = torch.tensor([[0.2, 0.0, 0.3], [0.0, 0.4, 0.1]], dtype=torch.float64)
+    ce = final_contributions(x)  # Eq. 14 with a_t = 1/2
+    torch.testing.assert_close(ce, torch.tensor([0.2, 0.4, 0.4], dtype=torch.float64))
+
+
+def _federation(rounds=3, n=4, k=2):
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 4, 4), 3)
+    return Federation(model=model, n_clients=n, n_classes=3, rounds=rounds, clients_per_round=k,
+                      client_sizes=np.full(n, 10), device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("params", [{}, {"mass": False}, {"velocity": False}, {"momentum": False},
+                                    {"completion": False}])
+def test_server_rounds_keep_weights_and_contributions_on_the_simplex(params):
+    fed = _federation()
+    method = build_method("flce", params)
+    method.setup(fed)
+    layout = ParamLayout(fed.model)
+    w = layout.flat_of(fed.model)
+    g = torch.Generator().manual_seed(0)
+    for t, clients in enumerate([[0, 1], [2, 3], [1, 2]]):
+        protos = torch.randn(2, 3, 64, generator=g)
+        counts = torch.ones(2, 3)
+        counts[0, 2] = 0
+        updates = ClientUpdates(clients=np.asarray(clients), flat=w.repeat(2, 1), buffers={}, sizes=np.full(2, 10),
+                                extras={"prototypes": protos, "prototype_counts": counts})
+        state = RoundState(round=t, rng=np.random.default_rng(t), global_flat=w, global_buffers={}, lr=0.1)
+        weights = method.aggregate(state, updates)
+        assert weights.sum().item() == pytest.approx(1.0, abs=1e-6) and (weights >= 0).all()
+        scores = method.scores()
+        assert scores.sum() == pytest.approx(1.0) and (scores >= 0).all()
+    if params.get("momentum") is False:  # −Q: uniform over the clients holding each class
+        torch.testing.assert_close(weights, torch.tensor([1 / 3, 2 / 3]))  # Q rows (½, ½, 0), (½, ½, 1)
+    # X: every client observed once or twice; completion fills the rest
+    assert torch.isnan(method.matrix).sum() == 3 * 4 - 6
+
+
+def test_bad_hyperparameters_give_one_line_errors():
+    for params, message in [({"lam": -1}, "lam must be >= 0"), ({"tau": 0}, "tau must be > 0"),
+                            ({"rank": 0}, "rank must be an integer >= 1")]:
+        with pytest.raises(ValueError, match=message) as info:
+            build_method("flce", params)
+        assert "\n" not in str(info.value)
+
+
+def test_a_flce_run_records_prototype_weights_and_contributions():
+    config = {"dataset": "synthetic", "method": {"name": "flce", "completion_steps": 200}, "n_clients": 5,
+              "clients_per_round": 3, "rounds": 3, "batch_size": 16, "fraction": 0.3, "test_samples": 100,
+              "split": {"name": "dirichlet", "alpha": 0.5}}
+    r = fedlib.run(config, cache=False, progress=False)
+    assert r.final["stopped"] is None and 0 <= r.final["f1"] <= 1
+    for h in r.history:
+        assert sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
+        assert len(h["diagnostics"]["x"]) == len(h["aggregated"]) and len(h["similarity"]) == 3
+    assert sum(r.history[-1]["scores"]) == pytest.approx(1.0)
+    assert np.asarray(r.history[-1]["diagnostics"]["class_momentum_sum"]).shape == (5, len(r.final["per_class_accuracy"]))
+
+
+def test_table4_communication_counts():
+    from fedlib.chapters.flce import communication_cost
+
+    rows = {row["Dataset"]: row for row in communication_cost()}
+    assert rows["CIFAR-10"]["Model"] == 272474 and rows["CIFAR-10"]["Prototype"] == 640
+    assert rows["CIFAR-100"]["Model"] == 278324 and rows["CIFAR-100"]["Prototype"] == 6400
+    assert rows["CIFAR-10"]["Ratio"] == pytest.approx(0.001174, abs=5e-7)
+    assert rows["CIFAR-100"]["Ratio"] == pytest.approx(0.01136, abs=5e-6)
+
+
+def test_chapter_configs_are_valid_for_every_profile():
+    from fedlib.book import load_profile
+    from fedlib.chapters.flce import configs
+
+    for profile in ("smoke", "quick", "paper"):
+        runs = configs(load_profile("flce", profile))
+        assert runs and len({c.key() for c in runs}) == len(runs)
+        assert all(isinstance(c, type(make_config())) for c in runs)

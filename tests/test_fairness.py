@@ -151,3 +151,138 @@ def test_a_cffl_run_finishes_with_finite_weights():
     for h in r.history:
         assert np.isfinite(h["weights"]).all() and sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
         assert len(h["scores"]) == 4 and sum(h["scores"]) == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- FLCE's baselines
+
+
+def _two_clients():
+    from fedlib.methods import ClientData
+
+    fed = _federation()
+    layout = ParamLayout(fed.model)
+    g = torch.Generator().manual_seed(3)
+    w = layout.flat_of(fed.model)
+    flat = w + 0.1 * torch.randn(2, layout.size, generator=g)
+    x = fed.x_val[:40]
+    y = fed.y_val[:40]
+    data = ClientData(x, y, [np.arange(0, 15), np.arange(15, 40)], torch.Generator().manual_seed(0))
+    return fed, layout, w, flat, data
+
+
+def test_global_model_on_clients_matches_a_per_client_evaluation():
+    from fedlib.methods.fairness import global_model_on_clients
+
+    fed, layout, w, flat, data = _two_clients()
+    loss, acc = global_model_on_clients(fed, _state(0, w), data)
+    for i, ix in enumerate(data.indices):
+        with torch.no_grad():
+            logits = fed.model(data.x[ix])
+        assert loss[i].item() == pytest.approx(torch.nn.functional.cross_entropy(logits, data.y[ix]).item(), rel=1e-5)
+        assert acc[i].item() == pytest.approx((logits.argmax(1) == data.y[ix]).float().mean().item())
+
+
+def test_qfedavg_step_matches_algorithm_2():
+    fed, layout, w, flat, data = _two_clients()
+    method = build_method("qfedavg", {"q": 2.0})
+    method.setup(fed)
+    state = _state(0, w)
+    f = torch.tensor([0.8, 1.5])
+    updates = ClientUpdates(clients=np.arange(2), flat=flat, buffers={}, sizes=np.array([15, 25]), extras={"loss": f})
+    weights = method.aggregate(state, updates)
+    new, _ = method.server_update(state, weights, weights @ flat, {})
+    big_l, q = 1 / state.lr, 2.0
+    dw = big_l * (w - flat)
+    delta = (f.pow(q).unsqueeze(1) * dw).sum(0)
+    h = (q * f.pow(q - 1) * dw.square().sum(1) + big_l * f.pow(q)).sum()
+    torch.testing.assert_close(new, w - delta / h, atol=1e-6, rtol=1e-5)
+
+
+def test_fedfa_weights_and_momentum_follow_the_formula():
+    fed, layout, w, flat, data = _two_clients()
+    method = build_method("fedfa")
+    method.setup(fed)
+    acc = torch.tensor([0.2, 0.6])
+    state = _state(0, w)
+    updates = ClientUpdates(clients=np.array([0, 1]), flat=flat, buffers={}, sizes=np.array([15, 25]),
+                            extras={"accuracy": acc})
+    p = method.aggregate(state, updates).double()
+    a = -torch.log2(acc.double() / acc.sum() + 1e-6)
+    f = -torch.log2(1 - torch.tensor([1.0, 1.0], dtype=torch.float64) / 2 + 1e-5)
+    expected = 0.5 * a / a.sum() + 0.5 * f / f.sum()
+    torch.testing.assert_close(p, expected / expected.sum())
+    new, _ = method.server_update(state, p.float(), p.float() @ flat, {})
+    mixed = p.float() @ flat
+    torch.testing.assert_close(new, mixed - state.lr * 0.1 * (mixed - w))
+    assert method.scores().sum() == pytest.approx(1.0)
+
+
+def test_moon_vectorized_training_equals_the_per_client_loop():
+    from fedlib.population import LocalTraining, make_client_batches, train_clients, train_clients_loop
+
+    fed, layout, w, flat, data = _two_clients()
+    method = build_method("moon", {"mu": 2.0})
+    method.setup(fed)
+    method.previous = w.unsqueeze(0).repeat(N, 1)
+    method.previous_buffers = {}
+    method.previous[1] = flat[1]
+    method.has_previous[1] = True
+    cfg = method.local_training(_state(0, w), LocalTraining(batch_size=8, lr=0.1), np.array([0, 1]))
+    batches = make_client_batches(data.indices, 8, 1, torch.Generator().manual_seed(5))
+    out, _ = train_clients(fed.model, w, {}, data.x, data.y, batches, cfg)
+    ref, _ = train_clients_loop(fed.model, w, {}, data.x, data.y, batches, cfg)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+
+
+def test_ditto_keeps_personal_models_and_averages_by_size():
+    fed, layout, w, flat, data = _two_clients()
+    from fedlib.population import LocalTraining
+
+    method = build_method("ditto", {"lam": 0.5})
+    method.setup(fed)
+    state = _state(0, w)
+    method.local_training(state, LocalTraining(batch_size=8, lr=0.1), np.array([0, 2]))
+    assert method.client_uploads(state, np.array([0, 2]), flat, {}, data) is None
+    assert method.has_personal.tolist() == [True, False, True, False]
+    assert not torch.equal(method.personal[0], w) and torch.equal(method.personal[1], w)
+    updates = ClientUpdates(clients=np.array([0, 2]), flat=flat, buffers={}, sizes=np.array([15, 25]))
+    torch.testing.assert_close(method.aggregate(state, updates), torch.tensor([15 / 40, 25 / 40]))
+
+
+def test_fedsv_exact_values_are_efficient():
+    """Σ_i φ_i = U(K) - U(∅) for the exact Shapley value of each round."""
+    fed = _federation()
+    layout = ParamLayout(fed.model)
+    method = build_method("fedsv", {"exact": True})
+    method.setup(fed)
+    g = torch.Generator().manual_seed(2)
+    w = layout.flat_of(fed.model)
+    flat = w + 0.5 * torch.randn(3, layout.size, generator=g)
+    updates = ClientUpdates(clients=np.array([0, 1, 3]), flat=flat, buffers={}, sizes=np.array([10, 20, 30]))
+    weights = method.aggregate(_state(0, w), updates)
+    torch.testing.assert_close(weights, torch.tensor([1 / 6, 2 / 6, 3 / 6]))
+    from fedlib.population import evaluate
+
+    full = evaluate(fed.model, (weights @ flat).unsqueeze(0), {}, fed.x_val, fed.y_val, C).accuracy[0]
+    empty = evaluate(fed.model, w.unsqueeze(0), {}, fed.x_val, fed.y_val, C).accuracy[0]
+    assert method.total.sum().item() == pytest.approx((full - empty).item(), abs=1e-5)
+    assert method.total[2] == 0
+
+
+@pytest.mark.parametrize("name,params,message", [
+    ("qfedavg", {"q": -1}, "q must be >= 0"), ("fedfa", {"beta": 2}, "beta must be in"),
+    ("ditto", {"lam": -1}, "lam must be >= 0"), ("moon", {"tau": 0}, "tau must be > 0"),
+    ("fedsv", {"permutations": 0}, "permutations must be"),
+])
+def test_flce_baselines_bad_hyperparameters(name, params, message):
+    with pytest.raises(ValueError, match=message) as info:
+        build_method(name, params)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["qfedavg", "fedfa", "ditto", "moon"])
+def test_flce_baseline_runs_finish(name):
+    config = {"dataset": "synthetic", "method": name, "n_clients": 4, "clients_per_round": 2, "rounds": 2,
+              "batch_size": 16, "fraction": 0.25, "test_samples": 100}
+    r = fedlib.run(config, cache=False, progress=False)
+    assert len(r.history) == 2 and r.final["stopped"] is None and np.isfinite(r.final["accuracy"])

@@ -172,3 +172,63 @@ def test_a_run_scores_the_free_rider_lowest(name):
     for h in r.history:
         assert np.isfinite(h["weights"]).all() and sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
     assert detection_summary(history, roles == "free_rider")["auroc"] == 1.0
+
+
+# ----------------------------------------------------------------------------- FedFV
+
+
+def _fedfv_loop(g, loss, alpha, history, tau):
+    """FedFV's projection as written in the paper's Algorithm 1: client by client, in loss order."""
+    import math
+
+    k = g.shape[0]
+    order = sorted(range(k), key=lambda i: float(loss[i]))
+    keep = set(order[math.ceil((k - 1) * (1 - alpha)):]) if alpha > 0 else set()
+    out = []
+    for i in range(k):
+        gi = g[i].clone()
+        if i not in keep:
+            for j in order:
+                if j != i and float(gi @ g[j]) < 0:
+                    gi = gi - (gi @ g[j]) / (g[j] @ g[j]) * g[j]
+        out.append(gi)
+    d = torch.stack(out).mean(0)
+    for past in reversed(history[-tau:] if tau else []):
+        if float(d @ past) < 0:
+            d = d - (d @ past) / (past @ past) * past
+    return d * g.mean(0).norm() / d.norm()
+
+
+@pytest.mark.parametrize("alpha,tau", [(0.0, 0), (0.1, 1), (0.5, 2)])
+def test_fedfv_direction_matches_the_per_client_loop(alpha, tau):
+    from fedlib.methods.gradient import fair_direction
+
+    g = torch.Generator().manual_seed(4)
+    history, history_ref = [], []
+    for _ in range(3):
+        grads = torch.randn(6, 12, generator=g, dtype=torch.float64)
+        loss = torch.rand(6, generator=g, dtype=torch.float64)
+        ref = _fedfv_loop(grads, loss, alpha, history_ref, tau)
+        history_ref.append(ref)
+        torch.testing.assert_close(fair_direction(grads, loss, alpha, history, tau), ref)
+
+
+def test_fedfv_steps_the_global_model_by_the_fair_direction():
+    fed = _federation()
+    method = build_method("fedfv", {"alpha": 0.0, "tau": 0})
+    method.setup(fed)
+    (global_flat, clients, flat) = _rounds(fed)[0]
+    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
+    loss = torch.tensor([0.3, 0.1, 0.2])
+    updates = ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.full(3, 10), extras={"loss": loss})
+    w = method.aggregate(state, updates)
+    new, _ = method.server_update(state, w, w @ flat, {})
+    expected = global_flat - _fedfv_loop(global_flat - flat, loss, 0.0, [], 0)
+    torch.testing.assert_close(new, expected)
+
+
+def test_fedfv_bad_hyperparameters():
+    with pytest.raises(ValueError, match="alpha must be in"):
+        build_method("fedfv", {"alpha": 2.0})
+    with pytest.raises(ValueError, match="tau must be an integer"):
+        build_method("fedfv", {"tau": -1})

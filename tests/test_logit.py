@@ -1,0 +1,233 @@
+"""Logit-based FL: the three aggregators by hand, the batched GMM against its loop oracle,
+UWA weights on the simplex, the meta-model with a dropped client, UWA beating simple
+averaging when each client knows two classes, the distillation loss, configs and the loop."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedlib.cache import ResultCache
+from fedlib.config import ConfigError
+from fedlib.data import load_dataset
+from fedlib.logit_run import fedavg_config, make_logit_config, run_logit
+from fedlib.methods import logit as agg
+from fedlib.models import build_model
+from fedlib.partition import k_classes
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, predict, train_clients
+
+SHAPE = (1, 8, 8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_simple_average_by_hand_with_an_absent_client():
+    z = torch.tensor([[[1.0, 0.0]], [[3.0, 2.0]], [[5.0, 10.0]]])  # [N=3, n=1, C=2]
+    torch.testing.assert_close(agg.simple_average(z), torch.tensor([[3.0, 4.0]]))
+    present = torch.tensor([True, True, False])
+    torch.testing.assert_close(agg.simple_average(z, present), torch.tensor([[2.0, 1.0]]))
+    with pytest.raises(ValueError, match="at least one client"):
+        agg.simple_average(z, torch.zeros(3, dtype=torch.bool))
+
+
+def test_uwa_weights_lie_on_the_simplex_for_every_public_sample():
+    g = torch.Generator().manual_seed(0)
+    ll = 50 * torch.randn(6, 400, generator=g)  # log-likelihoods of very different scales
+    w = agg.uwa_weights(ll)
+    assert w.shape == (6, 400) and bool((w >= 0).all())
+    torch.testing.assert_close(w.sum(0), torch.ones(400))
+    present = torch.rand(6, 400, generator=g) > 0.5
+    present[0] = True  # every sample keeps a client
+    w = agg.uwa_weights(ll, present)
+    torch.testing.assert_close(w.sum(0), torch.ones(400))
+    assert float(w[~present].abs().max()) == 0.0  # absent clients get no weight
+    # the softmax over clients by hand for one sample
+    torch.testing.assert_close(w[:, 3], torch.softmax(ll[:, 3].masked_fill(~present[:, 3], -float("inf")), 0))
+    z = torch.randn(6, 400, 10, generator=g)
+    out, w2 = agg.uwa_aggregate(z, ll, present)
+    torch.testing.assert_close(out[7], (w2[:, 7:8] * z[:, 7]).sum(0))
+
+
+def test_batched_gmm_equals_the_per_client_loop_oracle():
+    g = torch.Generator().manual_seed(1)
+    n, m, d, k = 4, 30, 3, 5
+    z = torch.randn(n, m, d, generator=g, dtype=torch.float64) * 3
+    valid = torch.arange(m).unsqueeze(0) < torch.tensor([[30], [12], [25], [7]])  # unequal splits
+    labels = torch.randint(0, 2, (n, m), generator=g) + torch.arange(n).unsqueeze(1)  # each client 2 of 5
+    init = F.one_hot(labels, k).double()
+    for iters in (0, 5):
+        fast = agg.fit_gmm(z, valid, init, iters, reg_covar=0.01)
+        slow = agg.fit_gmm_loop(z, valid, init, iters, reg_covar=0.01)
+        for a, b in ((fast.log_pi, slow.log_pi),):
+            assert torch.equal(torch.isinf(a), torch.isinf(b))
+            torch.testing.assert_close(a[~torch.isinf(a)], b[~torch.isinf(b)])
+        held = ~torch.isinf(fast.log_pi)
+        torch.testing.assert_close(fast.mean[held], slow.mean[held])
+        torch.testing.assert_close(fast.var[held], slow.var[held])
+    assert int(held.sum()) == 2 * n  # the class-conditional start switches off classes not held
+
+
+def test_gmm_log_likelihood_by_hand():
+    from scipy.stats import multivariate_normal
+
+    gmm = agg.GMM(log_pi=torch.log(torch.tensor([[0.25, 0.75]], dtype=torch.float64)),
+                  mean=torch.tensor([[[0.0, 1.0], [2.0, -1.0]]], dtype=torch.float64),
+                  var=torch.tensor([[[1.0, 4.0], [0.5, 2.0]]], dtype=torch.float64))
+    x = torch.tensor([[[0.3, 0.2], [1.5, -2.0]]], dtype=torch.float64)
+    ll = agg.gmm_log_likelihood(gmm, x)
+    for s in range(2):
+        expected = np.log(0.25 * multivariate_normal([0, 1], np.diag([1, 4])).pdf(x[0, s].numpy())
+                          + 0.75 * multivariate_normal([2, -1], np.diag([0.5, 2])).pdf(x[0, s].numpy()))
+        assert float(ll[0, s]) == pytest.approx(expected, rel=1e-9)
+
+
+def _two_class_federation(n_clients=3, n_classes=6, epochs=4):
+    """A synthetic federation where every client knows two classes; trained clients' logits."""
+    ds = load_dataset("synthetic", num_classes=n_classes, image_shape=SHAPE, n_train=1800, n_test=600, seed=0,
+                      noise=1.5)
+    part = k_classes(ds.y_train.numpy(), n_clients=n_clients, k=2, seed=0)
+    torch.manual_seed(0)
+    model = build_model("mlp", SHAPE, n_classes)
+    layout = ParamLayout(model)
+    # every client: 80 % training, 20 % validation (for its GMM)
+    train = [ix[: int(0.8 * len(ix))] for ix in part.indices]
+    val = [ix[int(0.8 * len(ix)):] for ix in part.indices]
+    batches = make_client_batches(train, 32, epochs, torch.Generator().manual_seed(0))
+    flat, bufs = train_clients(model, layout.flat_of(model), {}, ds.x_train, ds.y_train, batches,
+                               LocalTraining(epochs=epochs, batch_size=32, lr=0.05))
+    width = max(len(v) for v in val)
+    val_table = torch.stack([torch.from_numpy(np.pad(v, (0, width - len(v)))) for v in val])
+    val_valid = torch.arange(width).unsqueeze(0) < torch.tensor([[len(v)] for v in val])
+    logits_val = predict(model, flat, bufs, ds.x_train[val_table.flatten()])
+    val_logits = logits_val.reshape(n_clients, n_clients, width, n_classes).diagonal(dim1=0, dim2=1).permute(2, 0, 1)
+    test_logits = predict(model, flat, bufs, ds.x_test)
+    return ds, part, val_logits, val_valid, ds.y_train[val_table], test_logits
+
+
+def _logit_federation(n_clients=3, per_class=200, scale=4.0, seed=0):
+    """A synthetic federation of logits: client i knows classes 2i and 2i+1. On a sample of a
+    class it knows, its logits are ``scale`` on that class plus unit noise (its validation split
+    is drawn the same way); on any other sample it is confidently wrong — ``scale`` on one of its
+    own two classes — with a wider spread (noise std 2.5), the failure that sinks simple
+    averaging on MNIST with k = 2."""
+    g = torch.Generator().manual_seed(seed)
+    c = 2 * n_clients
+    labels = torch.arange(c).repeat_interleave(per_class)  # the public/test samples
+    holder = labels // 2
+    own = torch.arange(n_clients).unsqueeze(1) == holder.unsqueeze(0)  # [N, n]
+    guess = 2 * torch.arange(n_clients).unsqueeze(1) + torch.randint(0, 2, own.shape, generator=g)
+    target = torch.where(own, labels.unsqueeze(0), guess)
+    noise = torch.where(own, 1.0, 2.5).unsqueeze(-1) * torch.randn(n_clients, len(labels), c, generator=g)
+    logits = scale * F.one_hot(target, c) + noise
+    val_labels = 2 * torch.arange(n_clients).unsqueeze(1) + torch.randint(0, 2, (n_clients, 100), generator=g)
+    val_logits = scale * F.one_hot(val_labels, c) + torch.randn(n_clients, 100, c, generator=g)
+    return logits, labels, holder, val_logits, val_labels
+
+
+def test_uwa_beats_simple_averaging_when_each_client_knows_two_classes():
+    logits, labels, holder, val_logits, val_labels = _logit_federation()
+    valid = torch.ones(val_labels.shape, dtype=torch.bool)
+    gmm = agg.fit_gmm(val_logits, valid, F.one_hot(val_labels, 6).float(), iters=10)  # the clients' GMMs
+    uwa, w = agg.uwa_aggregate(logits, agg.gmm_log_likelihood(gmm, logits))
+    simple = agg.simple_average(logits)
+    acc_uwa = float((uwa.argmax(-1) == labels).float().mean())
+    acc_simple = float((simple.argmax(-1) == labels).float().mean())
+    assert acc_simple < 0.5 and acc_uwa > 0.9, (acc_uwa, acc_simple)
+    assert float((w.argmax(0) == holder).float().mean()) > 0.9  # the weight goes to the class's holder
+    torch.testing.assert_close(w.sum(0), torch.ones(len(labels)))
+    # a softer softmax (τ > 1) moves UWA towards simple averaging
+    soft, _ = agg.uwa_aggregate(logits, agg.gmm_log_likelihood(gmm, logits), tau=1e9)
+    torch.testing.assert_close(soft, simple, atol=1e-4, rtol=1e-4)
+
+
+def test_meta_model_accepts_a_round_with_a_dropped_client():
+    ds, part, val_logits, val_valid, val_labels, test_logits = _two_class_federation()
+    labelled = slice(0, 300)
+    meta = agg.train_meta_model(test_logits[:, labelled], ds.y_test[labelled], 6, steps=200, seed=0)
+    x = agg.meta_features(test_logits, None, meta.mean, meta.std)
+    assert x.shape == (600, 3 * 6 + 3)  # the input size is fixed
+    present = torch.tensor([True, False, True])
+    out = agg.meta_aggregate(meta, test_logits, present)
+    assert out.shape == (600, 6) and bool(torch.isfinite(out).all())
+    # the dropped client's logits do not reach the aggregator (masked, imputed with the mean)
+    scrambled = test_logits.clone()
+    scrambled[1] = 1e6
+    torch.testing.assert_close(agg.meta_aggregate(meta, scrambled, present), out)
+    held_out = slice(300, 600)
+    acc_all = float((agg.meta_aggregate(meta, test_logits)[held_out].argmax(-1) == ds.y_test[held_out]).float().mean())
+    assert acc_all > 0.8
+    # without client 1, its two classes are lost but the others stay right
+    holder = torch.from_numpy(np.argmax(part.counts, 0))[ds.y_test[held_out]]
+    kept = holder != 1
+    acc_kept = float((out[held_out][kept].argmax(-1) == ds.y_test[held_out][kept]).float().mean())
+    assert acc_kept > 0.8
+
+
+def test_distillation_loss_is_temperature_scaled_kl():
+    g = torch.Generator().manual_seed(2)
+    teacher_logits = torch.randn(5, 4, generator=g)
+    student = torch.randn(5, 4, generator=g)
+    mask = torch.tensor([1.0, 1.0, 0.0, 1.0, 1.0])
+    t = 3.0
+    loss = agg.distillation_loss(student, torch.softmax(teacher_logits, -1), mask, t)
+    p = torch.softmax(teacher_logits / t, -1)
+    kl = (p * (torch.log(p) - torch.log_softmax(student / t, -1))).sum(-1)
+    assert float(loss) == pytest.approx(float(t**2 * kl[mask > 0].mean()), rel=1e-5)
+    same = agg.distillation_loss(teacher_logits, torch.softmax(teacher_logits, -1), mask, t)
+    assert float(same) == pytest.approx(0.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"meta_labeled": 600, "public_size": 500}, "meta_labeled: must be <= public_size = 500"),
+    ({"aggregator": "median"}, "aggregator: Input should be 'simple', 'uwa' or 'meta'"),
+    ({"temperature": 0}, "temperature: Input should be greater than 0"),
+    ({"rounds_": 3}, "unknown key 'rounds_'"),
+    ({"k": 11}, "split.k: must be <= the 10 classes of mnist"),
+])
+def test_bad_configs_raise_one_line_errors(bad, message):
+    with pytest.raises(ConfigError) as info:
+        make_logit_config(**bad)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+SMALL = dict(dataset="synthetic", model="mlp", n_clients=3, k=2, public_size=200, meta_labeled=100,
+             rounds=2, batch_size=32, lr=0.05, meta_steps=50, test_samples=200)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return load_dataset("synthetic", num_classes=6, image_shape=SHAPE, n_train=1200, n_test=300, seed=0, noise=1.5)
+
+
+@pytest.mark.parametrize("aggregator", ["simple", "uwa", "meta"])
+def test_run_logit_is_json_cached_and_counts_floats(tmp_path, synthetic, aggregator):
+    cfg = make_logit_config(**SMALL, aggregator=aggregator)
+    store = ResultCache(tmp_path)
+    result = run_logit(cfg, cache=store, dataset=synthetic)
+    json.dumps(result.to_dict(), allow_nan=False)
+    assert len(result.history) == 2 and 0.0 <= result.final["accuracy"] <= 1.0
+    h = result.history[0]
+    extra = 200 if aggregator == "uwa" else 0  # UWA clients also send each sample's log-likelihood
+    assert h["floats_up"] == 3 * (200 * 6 + extra) and h["floats_down"] == 3 * 200 * 6
+    assert h["fedavg_floats"] == 2 * 3 * result.meta["model_parameters"]
+    assert (result.final["uwa_weights"] is not None) == (aggregator == "uwa")
+    again = run_logit(cfg, cache=store, dataset=synthetic)
+    assert again.to_dict() == result.to_dict()  # served from the cache
+    assert fedavg_config(cfg).server_val == 200 and fedavg_config(cfg).split.params == {"k": 2}
+
+
+def test_client_dropout_rounds_run_with_every_aggregator(synthetic):
+    for aggregator in ("simple", "uwa", "meta"):
+        cfg = make_logit_config(**{**SMALL, "n_clients": 4, "rounds": 3}, aggregator=aggregator, dropout=0.5, seed=3)
+        result = run_logit(cfg, cache=False, dataset=synthetic)
+        present = np.asarray([h["present"] for h in result.history])
+        assert present.sum(1).min() >= 1 and not present.all()
+        assert all(np.isfinite(h["accuracy"]) for h in result.history)

@@ -344,6 +344,8 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
         new_flat, new_buffers = aggregate(updates.flat, weights, updates.buffers)
         global_flat, global_buffers = method.server_update(state, weights, new_flat, new_buffers)
+        if keep_global:
+            global_flat, global_buffers = state.global_flat, state.global_buffers
         t_server = time.perf_counter() - t0
         # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
         similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)
@@ -422,7 +424,8 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     so an interrupted sweep resumes where it stopped, even when the workers run on other
     machines with their own disks. For a local process pool use the "spawn" start method
     (``mp_context=multiprocessing.get_context("spawn")``): forked children of a process whose
-    OpenMP threads have run can hang."""
+    OpenMP threads have run can hang. Across machines, pass a Dask ``distributed.Client``:
+    its workers need fedlib installed and the data root, and send results back here."""
     configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if executor is None:
@@ -435,12 +438,26 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
             results[i] = RunResult.from_dict(hit)
         else:
             pending[i] = executor.submit(_run_in_worker, c.to_dict())
-    for i, future in pending.items():
-        payload = future.result()
-        if store is not None:
-            store.put(configs[i].key(), payload)
-        results[i] = RunResult.from_dict(payload)
+    bar = _progress_bar(len(pending), progress)
+    while pending:  # take results as they finish, in any order: each is cached at once
+        done = [i for i, future in pending.items() if future.done()]
+        if not done:
+            time.sleep(0.05)
+            continue
+        for i in done:
+            payload = pending.pop(i).result()  # a worker's exception is raised here
+            if store is not None:
+                store.put(configs[i].key(), payload)
+            results[i] = RunResult.from_dict(payload)
+            bar.update(1)
+    bar.close()
     return [results[i] for i in range(len(configs))]
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="sweep", unit="run", disable=not enabled or total == 0)
 
 
 def _run_in_worker(config: dict) -> dict:

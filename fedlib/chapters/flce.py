@@ -1,0 +1,224 @@
+"""The FLCE chapter: class contribution momentum, its five ablations and nine baselines.
+
+Experiments (FLCE §4), each a list of run configs sharing one protocol (paper: 50 clients,
+10 per round, 1,000 rounds, ResNet-20, batch 64, lr 0.01, Dir(0.5)):
+  table2  accuracy and macro-F1 of the ten methods, IID and Non-IID, per dataset  (Table 2)
+          — their contributions also give Fig. 2 (KL to the data-size share), Fig. 3 (KL to
+          the class-diversity share), Fig. 5 (class-level weights) and Fig. 8 (server time)
+  table3  the ablations FLCE−M, −V, −Q, −CL (−CMC needs no run: it is FLCE's own run with the
+          missing entries of X left at 0, since completion does not feed back into training)
+  fig4    the canonical (exact) Shapley value run, the reference of Fig. 4
+  noise   feature noise, label noise and both (Figs. 6-7)
+  fig9    FLCE under Dir(δ) for the sweep's δ (Fig. 9)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig, make_config
+
+METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
+                 "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
+# methods whose own output is the contribution (FLCE §4.1.3); the others: normalised similarity
+OWN_CONTRIBUTION = ("cgsv", "fedfa", "fedsv", "flce")
+VARIANTS: dict[str, dict[str, Any]] = {  # §4.4
+    "FLCE": {}, "FLCE-M": {"mass": False}, "FLCE-V": {"velocity": False}, "FLCE-Q": {"momentum": False},
+    "FLCE-CL": {"lam": 0.0}, "FLCE-CMC": {},  # −CMC: FLCE's run, contributions without completion
+}
+SPLITS = {"IID": {"name": "iid"}, "Non-IID": None}  # Non-IID: Dir(alpha) from the parameters
+NOISE = ("feature", "label", "both")
+DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "eurosat": "EuroSAT", "fmnist": "F.MNIST"}
+
+
+def split_spec(params: dict[str, Any], split: str, alpha: float | None = None) -> dict[str, Any]:
+    if split == "IID":
+        return {"name": "iid"}
+    return {"name": "dirichlet", "alpha": float(alpha if alpha is not None else params["alpha"])}
+
+
+def noise_spec(params: dict[str, Any], split: str, kind: str) -> dict[str, Any]:
+    """The split with §4.7's noise on the first ``noisy_fraction`` of the clients."""
+    spec = split_spec(params, split)
+    clients = list(range(int(round(params["noisy_fraction"] * params["n_clients"]))))
+    if kind in ("feature", "both"):
+        spec["feature_noise"] = params["feature_noise"]
+    if kind in ("label", "both"):
+        spec["label_noise"] = params["label_noise"]
+    spec["noisy_clients"] = clients
+    return spec
+
+
+def run_config(params: dict[str, Any], dataset: str, split: dict, method: str, seed: int,
+               **method_params) -> RunConfig:
+    spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
+    return make_config(
+        dataset=dataset, model=params["model"], fraction=params["fraction"], n_clients=params["n_clients"],
+        clients_per_round=params["clients_per_round"], rounds=params["rounds"], lr=params["lr"],
+        batch_size=params["batch_size"], local_epochs=params["local_epochs"], test_samples=params["test_samples"],
+        server_val=params["server_val"], split=split, method=spec, seed=seed,
+    )
+
+
+def variant_config(params, dataset, split, variant, seed) -> RunConfig:
+    return run_config(params, dataset, split, "flce", seed, **VARIANTS[variant])
+
+
+def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
+    seeds, methods, datasets = params["seeds"], params["methods"], params["datasets"]
+    if experiment == "table2":
+        return [run_config(params, d, split_spec(params, s), m, seed) for d in datasets for s in SPLITS
+                for m in methods for seed in seeds]
+    if experiment == "table3":
+        return [variant_config(params, d, split_spec(params, s), v, seed) for d in datasets for s in SPLITS
+                for v in params["ablations"] for seed in seeds]
+    if experiment == "fig4":
+        return [run_config(params, datasets[0], split_spec(params, "Non-IID"), "fedsv", seed, exact=True)
+                for seed in seeds]
+    if experiment == "noise":
+        return [run_config(params, datasets[0], noise_spec(params, s, kind), m, seed) for kind in NOISE
+                for s in params["noise_splits"] for m in params["noise_methods"] for seed in seeds]
+    if experiment == "fig9":
+        return [run_config(params, datasets[0], split_spec(params, "Non-IID", a), "flce", seed)
+                for a in params["dirichlet_sweep"] for seed in seeds]
+    raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+def configs(params: dict[str, Any]) -> list[RunConfig]:
+    """Every run of the chapter, without duplicates."""
+    seen, out = set(), []
+    for experiment in params["experiments"]:
+        for config in experiment_configs(params, experiment):
+            if config.key() not in seen:
+                seen.add(config.key())
+                out.append(config)
+    return out
+
+
+# ----------------------------------------------------------------------------- contributions
+
+
+def similarity_contributions(result, upto: int | None = None) -> np.ndarray:
+    """FLCE §4.1.3's rule for methods without a contribution of their own: each round the
+    aggregated clients' cosine similarities to the new global model, clamped at 0 and
+    normalised over them; summed over rounds (a client not selected adds 0) and normalised."""
+    n = len(result.meta["client_sizes"])
+    total = np.zeros(n)
+    for h in result.history[:upto]:
+        sim = np.clip(np.asarray(h["similarity"], dtype=float), 0, None)
+        if sim.sum() > 0:
+            np.add.at(total, np.asarray(h["aggregated"]), sim / sim.sum())
+    return total / total.sum() if total.sum() > 0 else np.full(n, 1.0 / n)
+
+
+def flce_matrix(result) -> tuple[np.ndarray, np.ndarray]:
+    """FLCE's contribution matrix X [rounds, N] from the history (0 where not observed) and the mask."""
+    n = len(result.meta["client_sizes"])
+    x = np.zeros((len(result.history), n))
+    observed = np.zeros_like(x, dtype=bool)
+    for t, h in enumerate(result.history):
+        x[t, h["aggregated"]] = h["diagnostics"]["x"]
+        observed[t, h["aggregated"]] = True
+    return x, observed
+
+
+def flce_contributions(result, upto: int | None = None, complete: bool = True) -> np.ndarray:
+    """Eq. 11-14 on the first ``upto`` rounds of a FLCE run (``complete=False``: FLCE−CMC)."""
+    import torch
+
+    from ..methods.flce import complete_matrix, final_contributions
+
+    params = result.config["method"]
+    x, observed = flce_matrix(result)
+    x, observed = torch.from_numpy(x[:upto]), torch.from_numpy(observed[:upto])
+    if complete and params.get("completion", True):
+        x = complete_matrix(x, observed, int(params.get("rank", 2)), int(params.get("completion_steps", 2000)),
+                            float(params.get("completion_lr", 0.05))).clamp(min=0)
+    return final_contributions(x).numpy()
+
+
+def contributions(result, upto: int | None = None) -> np.ndarray:
+    """The run's contribution vector [N] after ``upto`` rounds (all by default)."""
+    method = result.config["method"]["name"]
+    if method == "flce":
+        return flce_contributions(result, upto)
+    if method in OWN_CONTRIBUTION:
+        scores = [h["scores"] for h in result.history[:upto] if "scores" in h]
+        values = np.clip(np.asarray(scores[-1], dtype=float), 0, None)
+        return values / values.sum() if values.sum() > 0 else np.full(len(values), 1.0 / len(values))
+    return similarity_contributions(result, upto)
+
+
+def data_share(result) -> np.ndarray:
+    sizes = np.asarray(result.meta["client_sizes"], dtype=float)
+    return sizes / sizes.sum()
+
+
+def diversity_share(result) -> np.ndarray:
+    """§4.5: data volume × (classes held / all classes), normalised."""
+    counts = np.asarray(result.meta["client_class_counts"], dtype=float)
+    quality = counts.sum(1) * (counts > 0).sum(1) / counts.shape[1]
+    return quality / quality.sum()
+
+
+def kl_to(result, reference: np.ndarray, contribution: np.ndarray | None = None) -> float:
+    """KL(contribution ‖ reference) in nats (FLCE §4.1.3: P = contributions, Q = data quality)."""
+    from ..metrics import kl
+
+    c = contributions(result) if contribution is None else contribution
+    return float(kl(c, reference))
+
+
+def smoothed_kl(p: np.ndarray, q: np.ndarray, eps: float = 1e-6) -> float:
+    """KL(p ‖ q) after adding ``eps`` to every entry (a client with 0 Shapley value so far)."""
+    from ..metrics import kl
+
+    return float(kl(np.asarray(p) + eps, np.asarray(q) + eps))
+
+
+def last_rounds_mean(result, key: str, last: int) -> float:
+    """Mean of a per-round metric over the last ``last`` evaluated rounds (%, the paper's 'average
+    test performance of the global model over the last hundred rounds')."""
+    values = [h[key] for h in result.history if h.get(key) is not None][-last:]
+    return 100.0 * float(np.mean(values)) if values else float("nan")
+
+
+def server_time(result) -> float:
+    """Mean server seconds per round (aggregation + contribution; FLCE's completion included)."""
+    return float(np.mean([h["time_server"] for h in result.history]))
+
+
+def class_weights(result) -> dict[str, np.ndarray]:
+    """Fig. 5 from a FLCE run: each client's class profile (its summed class momentum Σ_t Q[k, c],
+    normalised over classes), the global class weights Σ_k CE_k profile_k, and the ground truth
+    (the clients' class distributions and the federation's class shares)."""
+    last = result.history[-1]["diagnostics"]
+    q = np.asarray(last["class_momentum_sum"], dtype=float)
+    profile = q / np.clip(q.sum(1, keepdims=True), 1e-12, None)
+    counts = np.asarray(result.meta["client_class_counts"], dtype=float)
+    truth = counts / np.clip(counts.sum(1, keepdims=True), 1e-12, None)
+    ce = contributions(result)
+    return {"profile": profile, "client_truth": truth, "global": ce @ profile,
+            "global_truth": counts.sum(0) / counts.sum(), "seen": q.sum(1) > 0}
+
+
+# ----------------------------------------------------------------------------- Table 4
+
+
+def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
+    """Table 4 from our ResNet-20: parameters counted from the model, prototypes = C × 64.
+    Ratio: prototypes / (model down + model up + prototypes), one client's traffic per round."""
+    from ..models import build_model
+
+    rows = []
+    for label, shape, classes in (("CIFAR-10", (3, 32, 32), 10), ("CIFAR-100", (3, 32, 32), 100),
+                                  ("EuroSAT", (3, 64, 64), 10)):
+        model = build_model("resnet20", shape, classes)
+        assert model.feature_dim == feature_dim
+        params = sum(p.numel() for p in model.parameters())
+        protos = classes * feature_dim
+        rows.append({"Dataset": label, "Prototype": protos, "Model": params,
+                     "Ratio": protos / (2 * params + protos)})
+    return rows

@@ -1,0 +1,462 @@
+"""FedSCM's end-to-end pipeline (Algorithm 2) and its baselines, as one cached experiment.
+
+One :class:`ScmConfig` is one federation: K clients are drawn from the training set (label
+and quantity shift: per-class Dirichlet(α) proportions over K + 1 clients; covariate shift:
+an IID split with a per-client affine map x -> (I + Λ_k) x + δ_k, σ = 0.05), the server's
+target is drawn like the (K + 1)-th client, and then
+
+1. all K client models are trained locally at once (``population.train_clients``, vmapped,
+   in chunks of ``client_chunk`` clients);
+2. their predictions on the server's n unlabeled target samples come from one batched pass
+   (``population.predict``) -> ``probs [K, n, C]``                       (Alg. 2, step 1);
+3. FedSCM picks the clients (``methods.scm``, PGD or SLSQP)             (Alg. 2, step 2);
+4. the global model starts as ``Σ_k λ_k h_k`` over the selected clients (``population.aggregate``)
+                                                                         (Alg. 2, step 3);
+5. FedProx trains it with the selected clients only, aggregating with λ (Alg. 2, steps 4–5).
+
+Baselines on the same client models: Random (m clients, uniform weights), Best Source (the
+single client with the best accuracy on the labelled target set: an oracle, no training),
+Source-Free one-shot (FedSCM's initial model, no post-training), FedAvg (all K clients,
+size weights, started from their size-weighted average, μ = 0) and SDEA-style selection
+(the m clients with the lowest mean prediction entropy, then the same FedProx training).
+
+The target is drawn like a (K + 1)-th client: under label shift, its class proportions are
+those the Dirichlet split gave the (K + 1)-th client; its n unlabeled samples and a
+disjoint labelled evaluation set are drawn with those proportions from the two halves of
+the test set (with replacement only when a half has too few samples of a class). Under
+covariate shift the (K + 1)-th client's affine map is applied to the test images.
+
+``run_pipeline(config)`` returns JSON-ready data and caches it by the config's hash.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import platform
+import time
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from . import partition as partition_module
+from .cache import ResultCache, default_cache_root
+from .config import ConfigError
+from .methods import scm
+from .models import build_model
+from .population import (
+    LocalTraining,
+    ParamLayout,
+    aggregate,
+    evaluate,
+    make_client_batches,
+    predict,
+    train_clients,
+)
+
+PIPELINE_FORMAT = 1  # bump when a change makes cached pipeline results invalid
+METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea")
+
+
+class ScmConfig(BaseModel):
+    """One FedSCM federation and everything run on it. Defaults: the paper's CIFAR-10
+    protocol (K = 500, VGG-11, α = 0.1, 1,000 post-selection rounds)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dataset: str = "cifar10"
+    data_root: str | None = None
+    fraction: float = Field(1.0, gt=0, le=1, description="share of the training set given to clients")
+    model: str = "vgg11"
+    n_clients: int = Field(500, ge=2, description="K")
+    shift: Literal["label", "covariate"] = "label"
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (label and quantity shift)")
+    sigma: float = Field(0.05, ge=0, description="std of the affine covariate shift")
+    min_size: int = Field(2, ge=1, description="samples per client at least (Dirichlet repair)")
+    server_samples: int = Field(1000, ge=1, description="n: the server's unlabeled target samples")
+    eval_samples: int = Field(2000, ge=1, description="labelled target samples for evaluation")
+    local_epochs: int = Field(5, ge=1, description="clients' local training before selection")
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    post_rounds: int = Field(1000, ge=0, description="FedProx rounds after selection")
+    post_epochs: int = Field(1, ge=1)
+    post_lr: float = Field(0.01, gt=0)
+    prox_mu: float = Field(0.01, ge=0)
+    gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
+    solver: Literal["pgd", "slsqp"] = "slsqp"
+    kappa: float = Field(0.0, ge=0, description="size regulariser of the pipeline's selection (Def. 10)")
+    methods: tuple[str, ...] = METHODS
+    random_sizes: tuple[int, ...] = (3, 5, 10)
+    sdea_clients: int = Field(3, ge=1)
+    fedavg_per_round: int | None = Field(None, ge=1, description="FedAvg clients sampled per round (None = all K)")
+    stability_runs: int = Field(0, ge=0, description="repeated selections for Table 1 (0 = none)")
+    stability_kappa: float = Field(1.0, ge=0, description="κ of FedSCM+SR in Table 1")
+    stability_subsample: float = Field(0.8, gt=0, le=1, description="share of D each repeat sees")
+    expertise_repeats: int = Field(3, ge=0, description="Q draws for η̂ (0 = skip)")
+    seed: int = 0
+    device: str = "cpu"
+    client_chunk: int | None = Field(None, ge=1, description="clients trained together (memory)")
+    predict_chunk: int | None = Field(None, ge=1, description="models evaluated together (memory)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        for g in self.gammas:
+            if not 0 <= g < 1:
+                raise ValueError(f"gammas: each must be in [0, 1) (got {g})")
+            if scm.vertex_counts(g)[2] > self.n_clients:
+                raise ValueError(f"gammas: γ = {g} selects {scm.vertex_counts(g)[2]} clients, more than "
+                                 f"n_clients = {self.n_clients}")
+        unknown = [m for m in self.methods if m not in METHODS]
+        if unknown:
+            raise ValueError(f"methods: unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
+        too_many = [m for m in (*self.random_sizes, self.sdea_clients) if not 1 <= m <= self.n_clients]
+        if too_many:
+            raise ValueError(f"random_sizes/sdea_clients: must be in [1, n_clients = {self.n_clients}] "
+                             f"(got {too_many[0]})")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device: must be 'cpu', 'cuda', 'cuda:N' or 'auto' (got {self.device!r})")
+        return self
+
+    def key(self) -> str:
+        """Hash of everything that changes results (not the data root or the chunk sizes)."""
+        data = self.model_dump(mode="json", exclude={"data_root", "client_chunk", "predict_chunk"})
+        data["_format"] = PIPELINE_FORMAT
+        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+        return "scm-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+def make_scm_config(data: dict[str, Any] | ScmConfig | None = None, source: str = "config", **overrides) -> ScmConfig:
+    """Validate a dict (plus overrides) into an ScmConfig; errors are one line."""
+    if isinstance(data, ScmConfig):
+        data = data.to_dict()
+    merged = {**(data or {}), **overrides}
+    try:
+        return ScmConfig(**merged)
+    except ValidationError as err:
+        first = err.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "config"
+        if first["type"] == "extra_forbidden":
+            raise ConfigError(f"{source}: unknown key {field!r}; allowed keys: {', '.join(ScmConfig.model_fields)}") \
+                from None
+        msg = first["msg"].removeprefix("Value error, ")
+        got = first.get("input")
+        shown = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {got!r})"
+        prefix = f"{field}: " if first["loc"] else ""
+        raise ConfigError(f"{source}: {prefix}{msg}{shown}".replace("\n", " ")) from None
+
+
+def method_labels(config: ScmConfig) -> list[str]:
+    """The result rows a config produces, in table order."""
+    out = []
+    for m in config.methods:
+        if m == "fedscm":
+            out += [f"FedSCM (γ = {g:g})" for g in config.gammas]
+        elif m == "random":
+            out += [f"Random (K = {r})" for r in config.random_sizes]
+        else:
+            out.append({"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg",
+                        "sdea": "SDEA"}[m])
+    return out
+
+
+# ----------------------------------------------------------------------------- federation
+
+
+def _target_draw(y_test: np.ndarray, proportions: np.ndarray, n_server: int, n_eval: int, rng):
+    """Indices into the test set: the server's unlabeled set from one half, the labelled
+    evaluation set from the other, both with the target's class proportions."""
+    order = rng.permutation(len(y_test))
+    halves = order[: len(order) // 2], order[len(order) // 2:]
+    out = []
+    for half, count in zip(halves, (n_server, n_eval)):
+        per_class = rng.multinomial(count, proportions)
+        picks = []
+        for c in np.flatnonzero(per_class):  # a loop over classes of the target draw, once per run
+            pool = half[y_test[half] == c]
+            picks.append(rng.choice(pool, per_class[c], replace=per_class[c] > len(pool)))
+        out.append(rng.permutation(np.concatenate(picks)))
+    return out
+
+
+def build_federation(config: ScmConfig, dataset) -> dict[str, Any]:
+    """Clients' index lists and pool, the server's unlabeled set and the labelled target set."""
+    rng = np.random.default_rng(config.seed + 1234567)
+    n_train = len(dataset.y_train)
+    keep = np.sort(rng.permutation(n_train)[: max(config.n_clients + 1, int(round(config.fraction * n_train)))])
+    x, y = dataset.x_train[keep], dataset.y_train[keep]
+    labels = y.numpy()
+    k, c = config.n_clients, dataset.num_classes
+    x_test, y_test = dataset.x_test, dataset.y_test
+    if config.shift == "label":
+        part = partition_module.dirichlet(labels, k + 1, config.alpha, config.seed, min_size=config.min_size,
+                                          n_classes=c)
+        target_counts = part.counts[k]
+        proportions = target_counts / target_counts.sum()
+        indices, counts = part.indices[:k], part.counts[:k]
+    else:  # covariate: IID labels, the (K+1)-th client's affine map applied to the test images
+        part = partition_module.iid(labels, k, config.seed, n_classes=c)
+        proportions = np.bincount(y_test.numpy(), minlength=c) / len(y_test)
+        indices, counts = part.indices, part.counts
+        pool_x = torch.cat([x, x_test])
+        pool_y = torch.cat([y, y_test])
+        target_rows = len(y) + np.arange(len(y_test))  # the (K+1)-th client: the test images
+        joint = partition_module.Partition(list(indices) + [target_rows],
+                                           np.vstack([counts, np.bincount(y_test.numpy(), minlength=c)]),
+                                           ["benign"] * (k + 1))
+        shifted = partition_module.covariate_shift(pool_x, pool_y, joint, sigma=config.sigma, seed=config.seed)
+        x, x_test = shifted.x[: len(y)], shifted.x[len(y):]
+    server_idx, eval_idx = _target_draw(y_test.numpy(), proportions, config.server_samples, config.eval_samples, rng)
+    return {
+        "x": x, "y": y, "indices": indices, "counts": np.asarray(counts), "sizes": np.asarray(counts).sum(1),
+        "target_proportions": proportions,
+        "x_server": x_test[server_idx], "y_server": y_test[server_idx],  # labels: evaluation only
+        "x_eval": x_test[eval_idx], "y_eval": y_test[eval_idx],
+    }
+
+
+def _generator(seed: int, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + salt * 7_919 + 17) % (2**63))
+
+
+def train_local_models(model, fed: dict, config: ScmConfig, device) -> tuple[torch.Tensor, dict]:
+    """All K clients' local training at once from the same initial model (vmapped, chunked)."""
+    layout = ParamLayout(model)
+    batches = make_client_batches(fed["indices"], config.batch_size, config.local_epochs, _generator(config.seed, 0))
+    cfg = LocalTraining(epochs=config.local_epochs, batch_size=config.batch_size, lr=config.lr,
+                        momentum=config.momentum, weight_decay=config.weight_decay, chunk_size=config.client_chunk)
+    bufs = {k: v.unsqueeze(0).to(device) for k, v in layout.buffers_of(model).items()}
+    batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
+    return train_clients(model, layout.flat_of(model).to(device), bufs, fed["x"].to(device), fed["y"].to(device),
+                         batches, cfg)
+
+
+def client_probabilities(model, flat, buffers, x, model_chunk=None, batch_size=1024) -> torch.Tensor:
+    """h_k(X) for all K models and n samples, ``[K, n, C]``: one batched pass (chunked)."""
+    return torch.softmax(predict(model, flat, buffers, x, batch_size=batch_size, model_chunk=model_chunk).float(), -1)
+
+
+def client_probabilities_loop(model, flat, buffers, x, batch_size=1024) -> torch.Tensor:
+    """The same, one client after another: the test oracle and benchmark baseline."""
+    import copy
+
+    layout = ParamLayout(model)
+    local = copy.deepcopy(model).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(flat.shape[0]):
+            layout.load_into(local, flat[i], {k: v[i] for k, v in buffers.items()})
+            out.append(torch.cat([torch.softmax(local(x[s:s + batch_size]).float(), -1)
+                                  for s in range(0, len(x), batch_size)]))
+    return torch.stack(out)
+
+
+def post_train(model, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict, config: ScmConfig,
+               device, prox_mu: float, salt: int, per_round: int | None = None) -> tuple[torch.Tensor, dict]:
+    """Algorithm 2, steps 3–5: start from Σ_k λ_k h_k of ``clients``; each round every one of
+    them (or ``per_round`` of them drawn at random, FedAvg's partial participation) runs
+    FedProx locally from the global model and the server aggregates with λ."""
+    w_all = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
+    sel = torch.as_tensor(clients, device=flat.device)
+    global_flat, global_bufs = aggregate(flat[sel], w_all, {k: v[sel] for k, v in buffers.items()})  # step 3
+    rng = np.random.default_rng(config.seed * 31 + salt)
+    cfg = LocalTraining(epochs=config.post_epochs, batch_size=config.batch_size, lr=config.post_lr,
+                        momentum=0.0, weight_decay=config.weight_decay, prox_mu=prox_mu,
+                        chunk_size=config.client_chunk)
+    x, y = fed["x"].to(device), fed["y"].to(device)
+    for t in range(config.post_rounds):  # step 4: the rounds (clients run together inside train_clients)
+        pick = np.arange(len(clients)) if not per_round or per_round >= len(clients) else np.sort(
+            rng.choice(len(clients), per_round, replace=False))
+        w = w_all[torch.as_tensor(pick, device=flat.device)]
+        w = w / w.sum()
+        batches = make_client_batches([fed["indices"][c] for c in clients[pick]], config.batch_size,
+                                      config.post_epochs, _generator(config.seed, 1000 * salt + t + 1))
+        batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
+        local, local_bufs = train_clients(model, global_flat, {k: v.unsqueeze(0) for k, v in global_bufs.items()},
+                                          x, y, batches, cfg)
+        global_flat, global_bufs = aggregate(local, w, local_bufs)  # h(t) = Σ λ_k h_k(t)
+    return global_flat, global_bufs
+
+
+def _accuracy(model, flat, bufs, x, y, c) -> tuple[float, float]:
+    ev = evaluate(model, flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in bufs.items()}, x, y, c)
+    return float(ev.accuracy[0]), float(ev.balanced_accuracy[0])
+
+
+def _stability(probs: torch.Tensor, sizes: np.ndarray, config: ScmConfig) -> dict[str, Any]:
+    """Table 1: repeated selections (random start on the feasible set, a random share of D)
+    with and without the size regulariser; the stability metrics of their selection vectors."""
+    gamma = config.gammas[0]
+    out = {"gamma": gamma, "runs": config.stability_runs}
+    n = probs.shape[1]
+    take = max(1, int(round(config.stability_subsample * n)))
+    for label, kappa in (("FedSCM", 0.0), ("FedSCM+SR", config.stability_kappa)):
+        rng = np.random.default_rng(config.seed + 99)
+        rows = []
+        for _ in range(config.stability_runs):  # repeated runs: the experiment's own repetitions
+            init = scm.project_capped_simplex(torch.from_numpy(rng.dirichlet(np.ones(len(sizes)))), 1 - gamma)
+            sub = probs[:, rng.choice(n, take, replace=False)]
+            sel = scm.select(sub, gamma, config.solver, kappa=kappa, sizes=torch.as_tensor(sizes, dtype=torch.float64),
+                             init=init)
+            rows.append(sel.weights.numpy() > scm.TOL)
+        out[label] = scm.stability(np.array(rows))
+        out[label + " selections"] = [np.flatnonzero(r).tolist() for r in rows]
+    return out
+
+
+def _jsd_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """JSD in bits between every row of ``p [K, C]`` and ``q [C]`` (as fedlib.metrics.jsd)."""
+    m = 0.5 * (p + q[None])
+
+    def kl(a, b):
+        return np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0) / np.where(b > 0, b, 1.0)), 0.0).sum(-1)
+
+    return np.clip(0.5 * (kl(p, m) + kl(q[None], m)) / np.log(2), 0.0, 1.0)
+
+
+def _resolve_device(name: str) -> torch.device:
+    from .run import resolve_device
+
+    return resolve_device(name)
+
+
+def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str, Any]:
+    """Run Algorithm 2 and every baseline on one federation (uncached)."""
+    from .data import load_dataset
+
+    t_start = time.perf_counter()
+    device = _resolve_device(config.device)
+    ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
+    c = ds.num_classes
+    log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
+    fed = build_federation(config, ds)
+    torch.manual_seed(config.seed)
+    model = build_model(config.model, tuple(ds.input_shape), c).to(device)
+    timings = {}
+
+    t0 = time.perf_counter()
+    flat, bufs = train_local_models(model, fed, config, device)
+    timings["local_training"] = time.perf_counter() - t0
+    log(f"trained {config.n_clients} clients in {timings['local_training']:.1f} s")
+
+    t0 = time.perf_counter()
+    x_server = fed["x_server"].to(device)
+    probs = client_probabilities(model, flat, bufs, x_server, config.predict_chunk).double().cpu()  # Alg. 2, step 1
+    timings["predictions"] = time.perf_counter() - t0
+
+    x_eval, y_eval = fed["x_eval"].to(device), fed["y_eval"].to(device)
+    y_server = fed["y_server"]
+    client_eval = evaluate(model, flat, bufs, x_eval, y_eval, c, model_chunk=config.predict_chunk)
+    server_acc = (probs.argmax(-1) == y_server.view(1, -1)).double().mean(1)  # accuracy on the target set D
+    sizes = fed["sizes"]
+    target_p = fed["target_proportions"]
+    client_p = fed["counts"] / np.maximum(fed["counts"].sum(1, keepdims=True), 1)
+    similarity = 1.0 - _jsd_rows(client_p, target_p)  # Fig. 6's 1 − JSD, per client
+
+    methods: dict[str, dict[str, Any]] = {}
+    rng = np.random.default_rng(config.seed + 4242)
+    plans: list[tuple[str, np.ndarray, np.ndarray, float, bool]] = []  # label, clients, weights, mu, post-train
+    t0 = time.perf_counter()
+    selections = {}
+    for gamma in config.gammas:
+        sel = scm.select(probs, gamma, config.solver, kappa=config.kappa,
+                         sizes=torch.as_tensor(sizes, dtype=torch.float64) if config.kappa else None)  # step 2
+        selections[gamma] = sel
+    timings["selection"] = time.perf_counter() - t0
+    for m in config.methods:
+        if m == "fedscm":
+            for gamma, sel in selections.items():
+                clients = sel.selected
+                plans.append((f"FedSCM (γ = {gamma:g})", clients, sel.weights.numpy()[clients], config.prox_mu, True))
+        elif m == "random":
+            for r in config.random_sizes:
+                clients = np.sort(rng.choice(config.n_clients, r, replace=False))
+                plans.append((f"Random (K = {r})", clients, np.ones(r), config.prox_mu, True))
+        elif m == "sdea":
+            clients = scm.sdea_select(probs, config.sdea_clients)
+            plans.append(("SDEA", clients, np.ones(len(clients)), config.prox_mu, True))
+        elif m == "fedavg":
+            plans.append(("FedAvg", np.arange(config.n_clients), sizes.astype(float), 0.0, True))
+        elif m == "source_free":
+            sel = selections[config.gammas[0]]
+            plans.append(("Source Free", sel.selected, sel.weights.numpy()[sel.selected], 0.0, False))
+        elif m == "best_source":
+            best = int(server_acc.argmax())  # oracle: labels of the target set
+            plans.append(("Best Source", np.array([best]), np.ones(1), 0.0, False))
+    for salt, (label, clients, weights, mu, train) in enumerate(plans):
+        t0 = time.perf_counter()
+        if train and config.post_rounds:
+            g_flat, g_bufs = post_train(model, flat, bufs, clients, weights, fed, config, device, mu, salt,
+                                        config.fedavg_per_round if label == "FedAvg" else None)
+        else:
+            sel = torch.as_tensor(clients, device=flat.device)
+            w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
+            g_flat, g_bufs = aggregate(flat[sel], w, {k: v[sel] for k, v in bufs.items()})
+        acc, bal = _accuracy(model, g_flat, g_bufs, x_eval, y_eval, c)
+        methods[label] = {"clients": np.asarray(clients).tolist() if len(clients) <= 50 else f"all {len(clients)}",
+                          "weights": (np.asarray(weights) / np.sum(weights)).tolist() if len(clients) <= 50 else None,
+                          "accuracy": acc, "balanced_accuracy": bal, "post_trained": bool(train and config.post_rounds),
+                          "seconds": time.perf_counter() - t0}
+        log(f"{label}: {100 * acc:.2f}% ({time.perf_counter() - t0:.1f} s)")
+
+    result: dict[str, Any] = {
+        "config": config.to_dict(),
+        "methods": methods,
+        "selections": {f"{g:g}": s.to_dict() for g, s in selections.items()},
+        "clients": {
+            "sizes": sizes.tolist(), "class_counts": fed["counts"].tolist(),
+            "target_accuracy": server_acc.tolist(),  # on the server's set D, with its hidden labels
+            "eval_accuracy": client_eval.accuracy.cpu().tolist(),
+            "mean_entropy": scm.mean_entropy(probs).tolist(),
+            "similarity": similarity.tolist(),
+        },
+        "target_proportions": np.asarray(target_p).tolist(),
+    }
+    if config.expertise_repeats:
+        t0 = time.perf_counter()
+        result["clients"]["eta_hat"] = scm.estimate_expertise(probs, y_server, repeats=config.expertise_repeats,
+                                                              grid=51, seed=config.seed).tolist()
+        timings["expertise"] = time.perf_counter() - t0
+    if config.stability_runs:
+        t0 = time.perf_counter()
+        result["stability"] = _stability(probs, sizes, config)
+        timings["stability"] = time.perf_counter() - t0
+    result["meta"] = _provenance(ds, device, timings, time.perf_counter() - t_start)
+    return result
+
+
+def _provenance(ds, device, timings, wall) -> dict[str, Any]:
+    from . import __version__
+
+    name = str(device)
+    if device.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(device)})"
+    else:
+        name += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {"fedlib_version": __version__, "torch": torch.__version__, "device": name, "dataset_source": ds.source,
+            "timings": timings, "wall_time": wall,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def pipeline_cache() -> ResultCache:
+    return ResultCache(default_cache_root() / "scm")
+
+
+def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, dataset=None,
+                 progress: bool = False) -> dict[str, Any]:
+    """One federation's results (JSON-ready), from the cache when the config was run before."""
+    config = config if isinstance(config, ScmConfig) else make_scm_config(config)
+    store = cache if isinstance(cache, ResultCache) else (pipeline_cache() if cache else None)
+    if store is not None and (hit := store.get(config.key())) is not None:
+        return hit
+    result = json.loads(json.dumps(execute(config, dataset, progress)))
+    if store is not None:
+        store.put(config.key(), result)
+    return result

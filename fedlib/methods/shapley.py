@@ -36,12 +36,14 @@ Estimators (all take a ``utility`` returning [M] or [M, C] and return φ [n] or 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
 from ..population import aggregate, evaluate
+from .base import ClientUpdates, Federation, Method, RoundState, register
 
 __all__ = [
     "CoalitionUtility", "coalition_utility", "all_coalitions", "exact_shapley", "leave_one_out",
@@ -219,19 +221,24 @@ def mr_shapley(utility: Callable, n: int) -> torch.Tensor:
     return exact_shapley(utility, n)
 
 
-def _between_round_gap(utility: Callable, n: int, class_weights):
-    """|v_N - v_0| (class values reduced with the class weights), v_0, v_N and whether the
-    utility is scalar."""
+def _gap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a - b| of class-value vectors [.., C]: the largest class difference (max-norm), so a
+    truncation fires only when no class moved by the threshold; plain |a - b| for C = 1."""
+    return (a - b).abs().amax(-1)
+
+
+def _between_round_gap(utility: Callable, n: int):
+    """|v_N - v_0| (max over classes), v_0, v_N and whether the utility is scalar."""
     ends = torch.zeros(2, n, dtype=torch.bool)
     ends[1] = True
     v, scalar = _evaluate_utility(utility, ends)
-    return float(_scalar(v[1] - v[0], class_weights).abs()), v[0], v[1], scalar
+    return float(_gap(v[1], v[0])), v[0], v[1], scalar
 
 
-def tmr_shapley(utility: Callable, n: int, eps_between: float = 0.001, class_weights=None) -> torch.Tensor:
-    """TMR (Wei et al. 2020; FedMS Alg. 4): φ = 0 when the round changed the utility by at most
-    ε_b (between-round truncation, line 6), else the exact (MR) value."""
-    gap, v0, _, scalar = _between_round_gap(utility, n, class_weights)
+def tmr_shapley(utility: Callable, n: int, eps_between: float = 0.001) -> torch.Tensor:
+    """TMR (Wei et al. 2020; FedMS Alg. 4): φ = 0 when the round changed no class's utility by
+    more than ε_b (between-round truncation, line 6), else the exact (MR) value."""
+    gap, v0, _, scalar = _between_round_gap(utility, n)
     if gap <= eps_between:
         return _shape(torch.zeros(n, v0.shape[0], dtype=torch.float64), scalar)
     return exact_shapley(utility, n)
@@ -272,19 +279,19 @@ def monte_carlo_shapley(utility: Callable, n: int, permutations: int, rng=None,
     perms = torch.from_numpy(np.argsort(rng.random((permutations, n)), axis=1))
     marginal, scalar = _prefix_marginals(utility, perms)
     if truncation is not None:
-        marginal = marginal * _not_truncated(utility, perms, truncation, None).unsqueeze(-1)
+        marginal = marginal * _not_truncated(utility, perms, truncation).unsqueeze(-1)
     return _shape(marginal.mean(0), scalar)
 
 
-def _not_truncated(utility, perms, eps, class_weights):
+def _not_truncated(utility, perms, eps):
     """[R, n] (by player): 1 while |U(K) - U(prefix before the player)| >= eps along each order."""
     r, n = perms.shape
     position = torch.empty_like(perms)
     position.scatter_(1, perms, torch.arange(n).expand(r, n))
     prefixes = position.unsqueeze(1) < torch.arange(n + 1).view(1, n + 1, 1)
     u, _ = _evaluate_utility(utility, prefixes.reshape(-1, n))
-    u = _scalar(u.view(r, n + 1, -1), class_weights)
-    close = (u[:, -1:] - u[:, :-1]).abs() < eps  # [R, n] by position j: before the j-th player
+    u = u.view(r, n + 1, -1)
+    close = _gap(u[:, -1:], u[:, :-1]) < eps  # [R, n] by position j: before the j-th player
     alive = torch.cumprod((~close).double(), dim=1)  # once truncated, truncated for the rest
     return torch.gather(alive, 1, position)
 
@@ -294,10 +301,11 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
                 min_iterations: int = 2, class_weights=None, return_info: bool = False):
     """GTG-Shapley (Liu et al. 2022), the estimator of FedMS Algorithm 1.
 
-    - between-round truncation (line 7): φ = 0 unless |v_N - v_0| > ε_b;
+    - between-round truncation (line 7): φ = 0 unless |v_N - v_0| > ε_b (for class-wise
+      values: some class moved by more than ε_b, i.e. the max-norm);
     - guided sampling (line 11): each iteration draws n permutations, the k-th starting
       with player k, the rest in random order;
-    - within-round truncation (line 15): along an order, once |v_N - v_{j-1}| < ε_i the
+    - within-round truncation (line 15): along an order, once |v_N - v_{j-1}| < ε_i (max-norm) the
       remaining players' marginals are 0 (and their coalitions are not evaluated);
     - φ_{π[j]} <- (r-1)/r φ_{π[j]} + (v_j - v_{j-1}) / r  (line 22), per class;
     - stop when Eq. 11 holds: 1/(n m) Σ_{j=1..m} Σ_i |φ_i^[r] - φ_i^[r-j]| / |φ_i^[r]| < tolerance,
@@ -313,13 +321,12 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
         raise ValueError(f"gtg_shapley: n must be >= 1 (got {n})")
     rng = _rng(rng)
     window = window or n
-    gap, v0, vn, scalar = _between_round_gap(utility, n, class_weights)
+    gap, v0, vn, scalar = _between_round_gap(utility, n)
     n_c = v0.shape[0]
     phi = torch.zeros(n, n_c, dtype=torch.float64)
     info = {"permutations": 0, "converged": False, "truncated_round": gap <= eps_between}
     if gap <= eps_between:  # line 7
         return (_shape(phi, scalar), info) if return_info else _shape(phi, scalar)
-    v_n = _scalar(vn, class_weights)
     trail = []  # φ_i^[r] (scalar) after every permutation r
     r = 0
     for iteration in range(max_iterations):
@@ -331,7 +338,7 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
         marg = torch.zeros(n, n, n_c, dtype=torch.float64)  # [order, position, class]
         alive = torch.ones(n, dtype=torch.bool)
         for j in range(n):  # positions (all n orders at once), not subsets
-            alive &= (v_n - _scalar(prev, class_weights)).abs() >= eps_within  # line 15
+            alive &= _gap(vn, prev) >= eps_within  # line 15
             if not alive.any():
                 break
             prefix[torch.arange(n), perms[:, j]] = True
@@ -381,3 +388,333 @@ def best_coalition(utility: CoalitionUtility | Callable, n: int, among: torch.Te
 def class_difficulty(class_accuracy: torch.Tensor, temperature: float) -> torch.Tensor:
     """Eq. 10: β^c = exp((1 - v̂^c)/T) / Σ_c' exp((1 - v̂^c')/T)."""
     return torch.softmax((1.0 - torch.as_tensor(class_accuracy, dtype=torch.float64)) / temperature, dim=-1)
+
+
+# ============================================================================= methods
+#
+# Shared choices (the paper is silent; the chapter page states them):
+# - the utility's validation set is the engine's server validation set (``server_val``
+#   samples held out of the training set), where the paper uses 20 % of the test set;
+# - a coalition's model weighs its members by sample count (Eq. 3), the empty coalition is
+#   the previous global model;
+# - Eq. 12's softmax is taken over scores in accuracy *percentage points* (``score_scale``
+#   = 100): with fractions in [0, 1] the softmax over 50 clients is nearly uniform (ratio
+#   at most e), which cannot give the participation rates of Table 2. S-FedAvg's softmax
+#   uses the same scale.
+
+
+def _softmax_sample(rng: np.random.Generator, scores: np.ndarray, k: int) -> np.ndarray:
+    """k distinct clients drawn with probabilities softmax(scores) (Eq. 12), sorted."""
+    z = scores - scores.max()
+    p = np.exp(z)
+    p = p / p.sum()
+    p = (p + 1e-12) / (p + 1e-12).sum()  # every client stays drawable (k distinct draws)
+    return np.sort(rng.choice(len(scores), size=k, replace=False, p=p))
+
+
+class _ShapleyMethod(Method):
+    """Helpers shared by the Shapley-based methods."""
+
+    needs_validation = True
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.last: dict = {}
+
+    def round_utility(self, state: RoundState, updates: ClientUpdates, classwise: bool = True) -> CoalitionUtility:
+        fed = self.fed
+        return coalition_utility(fed.model, updates.flat, updates.buffers,
+                                 torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32),
+                                 fed.x_val, fed.y_val, fed.n_classes, state.global_flat,
+                                 state.global_buffers, classwise=classwise)
+
+    @staticmethod
+    def uniform_view(utility: CoalitionUtility) -> Callable:
+        """The plain-accuracy utility over the same memo (a class-wise utility underneath)."""
+        counts = torch.bincount(utility.y_val.cpu(), minlength=utility.n_classes).double()
+        freq = counts / counts.sum()
+        return lambda coalitions: utility.per_class(coalitions).double() @ freq
+
+    def diagnostics(self):
+        return self.last or None
+
+
+def _estimate(name: str, utility: Callable, n: int, rng, eps_between: float, eps_within: float,
+              class_weights=None, permutations: int = 50):
+    """φ by the named estimator (gtg | mr | tmr | mc | exact) and the coalitions it evaluated
+    for the coreset search (None: all)."""
+    if name == "gtg":
+        return gtg_shapley(utility, n, rng, eps_between=eps_between, eps_within=eps_within,
+                           class_weights=class_weights), "evaluated"
+    if name in ("mr", "exact"):
+        return mr_shapley(utility, n), None
+    if name == "tmr":
+        return tmr_shapley(utility, n, eps_between=eps_between), None
+    if name == "mc":
+        return monte_carlo_shapley(utility, n, permutations, rng), None
+    raise ValueError(f"estimator must be one of gtg, mr, tmr, mc, exact (got {name!r})")
+
+
+ESTIMATORS = ("gtg", "mr", "tmr", "mc", "exact")
+
+
+def _check_common(name: str, estimator: str, eps_between: float, eps_within: float) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"method {name!r}: estimator must be one of {', '.join(ESTIMATORS)} (got {estimator!r})")
+    if eps_between < 0 or eps_within < 0:
+        raise ValueError(f"method {name!r}: eps_between and eps_within must be >= 0")
+
+
+@register
+@dataclass
+class FedMS(_ShapleyMethod):
+    """FedMS (Algorithm 2) with Maverick-Shapley (Algorithm 1: MS-GTG; MS-MR / MS-TMR, Alg. 3-4).
+
+    Round t, selected clients K^t, their updates w_i, the global model w^t:
+        φ_i^c            class-wise Shapley value (Eq. 6 with the utility of Eq. 7), by GTG
+        K̂^t, v̂           coreset: the coalition with the highest Σ_c V^c (Alg. 1 line 24)
+        β^c  = softmax_c((1 - v̂^c) / T)                        class difficulty (Eq. 10)
+        S_i^c = α S_i^c + (1 - α) φ_i^c,  i ∈ K^t             accumulated value (Eq. 8)
+        Ŝ_i  = Σ_c β^c S_i^c,             every client i      contribution score (Eq. 9)
+        R_i^t = Σ_c β^c φ_i^c,            i ∈ K^t             Shapley reward (Eq. 13)
+        P_i  = softmax_i(Ŝ_i)                                   next round's selection (Eq. 12)
+        w^{t+1} = Σ_{i∈K̂^t} n_i w_i / Σ n_i                    coreset aggregation (§4.2)
+    Divergence guard (§5.1): with d̂ = Σ_c v̂^c - Σ_c V^c(w^t), the coreset is discarded
+    (w^{t+1} = w^t) when d̂ < 0 and |d̂| > ε_d; ε_d decays exponentially from ``eps_d_start``
+    at the first round to ``eps_d_end`` at the last.
+    Round 0 (footnote 1): every client trains; S_i^c = V^c(w_i) of its update, the global
+    model is their sample-count average, and β comes from that model's class accuracies.
+    GTG's convergence (Eq. 11) and truncations weigh classes with the previous round's β.
+    """
+
+    name = "fedms"
+    estimator: str = "gtg"
+    alpha: float = 0.6
+    temperature: float = 0.01
+    eps_between: float = 0.001
+    eps_within: float = 0.001
+    eps_d_start: float = 3.0
+    eps_d_end: float = 0.1
+    score_scale: float = 100.0
+    init_all: bool = True
+    coreset: bool = True
+
+    def validate(self) -> None:
+        _check_common(self.name, self.estimator, self.eps_between, self.eps_within)
+        if not 0 <= self.alpha < 1:
+            raise ValueError(f"method 'fedms': alpha must be in [0, 1) (got {self.alpha})")
+        if self.temperature <= 0:
+            raise ValueError(f"method 'fedms': temperature must be > 0 (got {self.temperature})")
+        if not 0 < self.eps_d_end <= self.eps_d_start:
+            raise ValueError(f"method 'fedms': need 0 < eps_d_end <= eps_d_start (got {self.eps_d_end}, "
+                             f"{self.eps_d_start})")
+        if self.score_scale <= 0:
+            raise ValueError(f"method 'fedms': score_scale must be > 0 (got {self.score_scale})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.S = torch.zeros(fed.n_clients, fed.n_classes, dtype=torch.float64)
+        self.S_hat = torch.zeros(fed.n_clients, dtype=torch.float64)
+        self.beta = torch.full((fed.n_classes,), 1.0 / fed.n_classes, dtype=torch.float64)
+
+    def eps_d(self, t: int) -> float:
+        """ε_d(t) = ε_start (ε_end / ε_start)^(t / (T - 1))  (exponential decay, §5.1)."""
+        span = max(self.fed.rounds - 1, 1)
+        return self.eps_d_start * (self.eps_d_end / self.eps_d_start) ** (t / span)
+
+    def select_clients(self, state: RoundState) -> np.ndarray:
+        n, k = self.fed.n_clients, self.fed.clients_per_round
+        if k >= n or (state.round == 0 and self.init_all):
+            return np.arange(n)
+        return _softmax_sample(state.rng, self.score_scale * self.S_hat.numpy(), k)  # Eq. 12
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        clients = torch.as_tensor(updates.clients, dtype=torch.long)
+        n = len(clients)
+        u = self.round_utility(state, updates)
+        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        if state.round == 0 and self.init_all:  # footnote 1: initial scores from the updates
+            singles = torch.eye(n, dtype=torch.bool)
+            every = torch.ones(1, n, dtype=torch.bool)
+            values = u(torch.cat([singles, every])).double()
+            self.S[clients] = values[:n]
+            self.beta = class_difficulty(values[n], self.temperature)
+            self.S_hat = self.S @ self.beta
+            self.last = {"beta": self.beta.tolist(), "coreset": updates.clients.tolist()}
+            return sizes / sizes.sum()
+        phi, among = _estimate(self.estimator, u, n, state.rng, self.eps_between, self.eps_within, self.beta)
+        members, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
+        v0 = u(torch.zeros(1, n, dtype=torch.bool))[0].double()
+        self.beta = class_difficulty(v_hat, self.temperature)  # Eq. 10 (Alg. 1 line 26)
+        self.S[clients] = self.alpha * self.S[clients] + (1 - self.alpha) * phi  # Eq. 8
+        self.S_hat = self.S @ self.beta  # Eq. 9
+        rewards = phi @ self.beta  # Eq. 13
+        d_hat = float(v_hat.sum() - v0.sum())
+        discarded = d_hat < 0 and abs(d_hat) > self.eps_d(state.round)  # §5.1 divergence guard
+        if not self.coreset:
+            members = torch.ones(n, dtype=torch.bool)
+        weights = sizes * members.float() * (not discarded)
+        self.last = {"rewards": rewards.tolist(), "beta": self.beta.tolist(),
+                     "coreset": updates.clients[members.numpy()].tolist() if not discarded else [],
+                     "d_hat": d_hat, "eps_d": self.eps_d(state.round), "evaluations": u.evaluations}
+        return weights / weights.sum() if weights.sum() > 0 else weights
+
+    def scores(self) -> np.ndarray:
+        return self.S_hat.numpy().copy()
+
+
+@register
+@dataclass
+class ShapleyRewards(_ShapleyMethod):
+    """FedAvg aggregation with Shapley rewards of every round's clients (FedMS Fig. 2).
+
+    Each round values the clients twice over one memo of coalition evaluations:
+    GTG with the plain validation accuracy (``rewards_gtg``) and MS-GTG, Σ_c β^c φ_i^c with
+    β from the coreset's class accuracies (Eq. 10, 13; ``rewards_ms``). Training is plain
+    FedAvg and does not depend on the values. ``excluded`` clients never take part (the
+    "without Mavericks" curve of Fig. 2).
+    """
+
+    name = "shapley_rewards"
+    estimator: str = "gtg"
+    temperature: float = 0.01
+    eps_between: float = 0.001
+    eps_within: float = 0.001
+    excluded: tuple = ()
+
+    def validate(self) -> None:
+        _check_common(self.name, self.estimator, self.eps_between, self.eps_within)
+        if self.temperature <= 0:
+            raise ValueError(f"method 'shapley_rewards': temperature must be > 0 (got {self.temperature})")
+        if not all(isinstance(i, int) and i >= 0 for i in self.excluded):
+            raise ValueError(f"method 'shapley_rewards': excluded must be client ids >= 0 (got {self.excluded})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        if any(i >= fed.n_clients for i in self.excluded):
+            raise ValueError(f"method 'shapley_rewards': excluded ids must be < {fed.n_clients}")
+        self.beta = torch.full((fed.n_classes,), 1.0 / fed.n_classes, dtype=torch.float64)
+
+    def select_clients(self, state: RoundState) -> np.ndarray:
+        pool = np.setdiff1d(np.arange(self.fed.n_clients), np.asarray(self.excluded, dtype=np.int64))
+        k = min(self.fed.clients_per_round, len(pool))
+        return pool if k >= len(pool) else np.sort(state.rng.choice(pool, size=k, replace=False))
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        n = len(updates.clients)
+        u = self.round_utility(state, updates)
+        plain, _ = _estimate(self.estimator, self.uniform_view(u), n, state.rng, self.eps_between,
+                             self.eps_within)
+        phi, among = _estimate(self.estimator, u, n, state.rng, self.eps_between, self.eps_within, self.beta)
+        members, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
+        self.beta = class_difficulty(v_hat, self.temperature)  # Eq. 10
+        self.last = {"rewards_gtg": plain.tolist(), "rewards_ms": (phi @ self.beta).tolist(),  # Eq. 13
+                     "class_values": phi.tolist(), "beta": self.beta.tolist()}
+        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        return sizes / sizes.sum()
+
+
+@register
+@dataclass
+class SFedAvg(_ShapleyMethod):
+    """S-FedAvg (Nagalapatti & Narayanam 2021, "Game of Gradients"), as FedMS §5.1 runs it.
+
+    Values v_i (0 at the start); each round draws K^t with P_i = softmax_i(v_i) (in
+    percentage points), values the selected clients with MR — the exact Shapley value of
+    the round's clients on reconstructed models with the plain validation accuracy, all
+    permutations, no Monte-Carlo (§5.1) — updates v_i = α v_i + (1 - α) φ_i for i ∈ K^t
+    (α = 0.7, §5.1), and aggregates the selected clients with FedAvg weights.
+    The Shapley reward of a selected client is its round value φ_i.
+    """
+
+    name = "s_fedavg"
+    alpha: float = 0.7
+    score_scale: float = 100.0
+
+    def validate(self) -> None:
+        if not 0 <= self.alpha < 1:
+            raise ValueError(f"method 's_fedavg': alpha must be in [0, 1) (got {self.alpha})")
+        if self.score_scale <= 0:
+            raise ValueError(f"method 's_fedavg': score_scale must be > 0 (got {self.score_scale})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.values = np.zeros(fed.n_clients)
+
+    def select_clients(self, state: RoundState) -> np.ndarray:
+        n, k = self.fed.n_clients, self.fed.clients_per_round
+        if k >= n:
+            return np.arange(n)
+        return _softmax_sample(state.rng, self.score_scale * self.values, k)
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        u = self.round_utility(state, updates)
+        phi = mr_shapley(self.uniform_view(u), len(updates.clients)).numpy()
+        c = updates.clients
+        self.values[c] = self.alpha * self.values[c] + (1 - self.alpha) * phi
+        self.last = {"rewards": phi.tolist()}
+        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        return sizes / sizes.sum()
+
+    def scores(self) -> np.ndarray:
+        return self.values.copy()
+
+
+@register
+@dataclass
+class GreedyFed(_ShapleyMethod):
+    """GreedyFed (Singhal et al. 2024): greedy selection by GTG-Shapley values.
+
+    Until every client has taken part once, rounds go round-robin through the clients not
+    seen yet (in id order); then the K clients with the highest value, plus an optional UCB
+    bonus ``ucb`` sqrt(log t / n_i) (n_i = rounds client i took part; 0 = greedy, the
+    paper's main variant). Values: GTG with the plain validation accuracy; the first value
+    of a client is its φ_i, later v_i = α v_i + (1 - α) φ_i (α = 0.7, FedMS §5.1).
+    FedAvg aggregation of the selected clients; the Shapley reward is φ_i.
+    """
+
+    name = "greedyfed"
+    alpha: float = 0.7
+    ucb: float = 0.0
+    eps_between: float = 0.001
+    eps_within: float = 0.001
+
+    def validate(self) -> None:
+        _check_common(self.name, "gtg", self.eps_between, self.eps_within)
+        if not 0 <= self.alpha < 1:
+            raise ValueError(f"method 'greedyfed': alpha must be in [0, 1) (got {self.alpha})")
+        if self.ucb < 0:
+            raise ValueError(f"method 'greedyfed': ucb must be >= 0 (got {self.ucb})")
+
+    def setup(self, fed: Federation) -> None:
+        super().setup(fed)
+        self.values = np.zeros(fed.n_clients)
+        self.taken = np.zeros(fed.n_clients)
+
+    def select_clients(self, state: RoundState) -> np.ndarray:
+        n, k = self.fed.n_clients, self.fed.clients_per_round
+        if k >= n:
+            return np.arange(n)
+        unseen = np.flatnonzero(self.taken == 0)
+        if len(unseen):  # round-robin initialisation
+            first = unseen[:k]
+            rest = np.setdiff1d(np.arange(n), first)
+            extra = state.rng.choice(rest, size=k - len(first), replace=False) if len(first) < k else []
+            return np.sort(np.concatenate([first, np.asarray(extra, dtype=np.int64)]))
+        bonus = self.ucb * np.sqrt(np.log(state.round + 1) / np.maximum(self.taken, 1))
+        return np.sort(np.argsort(-(self.values + bonus), kind="stable")[:k])
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        u = self.round_utility(state, updates)
+        phi = gtg_shapley(self.uniform_view(u), len(updates.clients), state.rng, eps_between=self.eps_between,
+                          eps_within=self.eps_within).numpy()
+        c = updates.clients
+        first = self.taken[c] == 0
+        self.values[c] = np.where(first, phi, self.alpha * self.values[c] + (1 - self.alpha) * phi)
+        self.taken[c] += 1
+        self.last = {"rewards": phi.tolist()}
+        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        return sizes / sizes.sum()
+
+    def scores(self) -> np.ndarray:
+        return self.values.copy()

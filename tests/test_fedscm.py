@@ -1,0 +1,148 @@
+"""The FedSCM pipeline (Algorithm 2): config validation, the federation and its target,
+batched client predictions against the per-client loop, a whole small pipeline with every
+baseline, the cache, and the chapter's experiment lists."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from fedlib import book
+from fedlib.cache import ResultCache
+from fedlib.chapters import fedscm as chapter
+from fedlib.config import ConfigError
+from fedlib.data import load_dataset
+from fedlib.methods import scm
+from fedlib.models import build_model
+from fedlib.population import ParamLayout
+from fedlib.scm_pipeline import (
+    build_federation,
+    client_probabilities,
+    client_probabilities_loop,
+    execute,
+    make_scm_config,
+    method_labels,
+    run_pipeline,
+)
+
+SHAPE = (1, 8, 8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_dataset("synthetic", num_classes=4, image_shape=SHAPE, n_train=1200, n_test=400, seed=0, noise=1.0)
+
+
+def _config(**overrides):
+    base = dict(dataset="synthetic", model="mlp", n_clients=12, alpha=0.5, server_samples=60, eval_samples=80,
+                local_epochs=1, batch_size=32, lr=0.05, post_rounds=2, post_lr=0.05, gammas=(0.67, 0.8),
+                solver="pgd", random_sizes=(3,), sdea_clients=3, fedavg_per_round=4, stability_runs=4,
+                expertise_repeats=2)
+    return make_scm_config({**base, **overrides})
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"colour": 1}, "unknown key 'colour'"),
+    ({"gammas": (1.0,)}, "gammas: each must be in [0, 1)"),
+    ({"gammas": (0.95,)}, "selects 20 clients, more than n_clients = 12"),
+    ({"methods": ("fedscm", "oracle")}, "unknown method 'oracle'"),
+    ({"random_sizes": (13,)}, "must be in [1, n_clients = 12]"),
+    ({"shift": "concept"}, "shift:"),
+    ({"alpha": 0}, "alpha:"),
+])
+def test_bad_configs_fail_with_one_line(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        _config(**overrides)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_key_ignores_where_and_how_but_not_what():
+    a = _config()
+    assert a.key() == _config(data_root="/elsewhere", client_chunk=3, predict_chunk=2).key()
+    assert a.key() != _config(alpha=0.1).key()
+    assert method_labels(a)[:2] == ["FedSCM (γ = 0.67)", "FedSCM (γ = 0.8)"]
+
+
+def test_label_shift_target_is_drawn_like_one_more_client(data):
+    fed = build_federation(_config(alpha=0.1), data)
+    assert len(fed["indices"]) == 12 and fed["counts"].shape == (12, 4)
+    assert (fed["sizes"] >= 2).all()  # the split's minimum size
+    p = np.asarray(fed["target_proportions"])
+    absent = np.flatnonzero(p == 0)
+    assert not np.isin(fed["y_server"].numpy(), absent).any()
+    assert not np.isin(fed["y_eval"].numpy(), absent).any()
+    assert len(fed["y_server"]) == 60 and len(fed["y_eval"]) == 80
+
+
+def test_covariate_shift_moves_clients_and_target_images(data):
+    fed = build_federation(_config(shift="covariate", sigma=0.05), data)
+    flat_pool = data.x_train.reshape(len(data.x_train), -1)
+    first = fed["x"][torch.as_tensor(fed["indices"][0][:5])].reshape(5, -1)
+    # every client image was mapped, so none equals its original training image exactly
+    assert not any(torch.equal(row, orig) for row in first for orig in flat_pool[:50])
+    assert fed["x_server"].shape[1:] == data.x_test.shape[1:]
+    np.testing.assert_allclose(fed["target_proportions"], np.bincount(data.y_test.numpy()) / len(data.y_test))
+
+
+@pytest.mark.parametrize("name,shape", [("mlp", SHAPE), ("resnet20", (3, 8, 8))])
+def test_batched_predictions_match_the_client_loop(name, shape):
+    torch.manual_seed(0)
+    models = [build_model(name, shape, 5) for _ in range(4)]
+    layout = ParamLayout(models[0])
+    flat = torch.stack([layout.flat_of(m) for m in models])
+    bufs = {k: torch.stack([layout.buffers_of(m)[k] for m in models]) for k in layout.buffer_names}
+    for k, v in bufs.items():  # non-trivial running statistics: eval mode must use them
+        if k.endswith("running_var"):
+            v.uniform_(0.5, 2.0)
+    x = torch.randn(37, *shape, generator=torch.Generator().manual_seed(1))
+    batched = client_probabilities(models[0], flat, bufs, x, model_chunk=3, batch_size=16)
+    looped = client_probabilities_loop(models[0], flat, bufs, x, batch_size=16)
+    torch.testing.assert_close(batched, looped, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batched.sum(-1), torch.ones(4, 37))
+
+
+def test_the_whole_pipeline_runs_every_method_and_caches(data, tmp_path):
+    cfg = _config()
+    store = ResultCache(tmp_path)
+    result = run_pipeline(cfg, cache=store, dataset=data)
+    json.dumps(result)  # JSON-ready
+    assert set(result["methods"]) == set(method_labels(cfg))
+    for g in cfg.gammas:
+        sel = result["selections"][f"{g:g}"]
+        assert scm.is_sparse_vertex(sel["weights"], g)
+        label = f"FedSCM (γ = {g:g})"
+        assert result["methods"][label]["clients"] == sel["selected"]
+    acc = np.asarray(result["clients"]["target_accuracy"])
+    assert result["methods"]["Best Source"]["clients"] == [int(acc.argmax())]
+    assert result["methods"]["FedAvg"]["clients"] == list(range(12))
+    assert not result["methods"]["Source Free"]["post_trained"]
+    assert len(result["clients"]["eta_hat"]) == 12
+    assert set(result["stability"]["FedSCM"]) == set(scm.STABILITY_METRICS)
+    assert all(0 <= m["accuracy"] <= 1 for m in result["methods"].values())
+    assert run_pipeline(cfg, cache=store, dataset=data) == result  # second call: the cache
+
+
+def test_source_free_is_fedscm_initial_model(data):
+    """With no post-training rounds, FedSCM (first γ) and Source Free are the same model."""
+    result = execute(_config(post_rounds=0, methods=("fedscm", "source_free"), stability_runs=0,
+                             expertise_repeats=0), data)
+    assert result["methods"]["FedSCM (γ = 0.67)"]["accuracy"] == result["methods"]["Source Free"]["accuracy"]
+
+
+def test_chapter_profiles_make_valid_configs():
+    for profile in book.PROFILES:
+        params = book.load_profile("fedscm", profile)
+        cfgs = chapter.configs(params)
+        assert len(cfgs) == len(params["alphas"]) * len(params["seeds"]) + len(params["seeds"])
+        assert sum(c.stability_runs > 0 for c in cfgs) == 1
+    paper = chapter.configs(book.load_profile("fedscm", "paper"))
+    assert all(c.n_clients == 500 and c.model == "vgg11" and c.post_rounds == 1000 for c in paper)

@@ -5,6 +5,7 @@ from . import fedavg  # noqa: F401  (registers fedavg, fedavg_uniform, fedprox)
 from . import gradient, fairness  # noqa: F401  (registers cgsv, shapfed, cffl)
 from . import celm  # noqa: F401
 from . import flce  # noqa: F401
+from . import scm  # noqa: F401  (FedSCM selection; its pipeline is fedlib.scm_pipeline)
 from . import shapley, selection  # noqa: F401  (fedms, shapley_rewards, s_fedavg, greedyfed, poc, fedemd)
 
 __all__ = ["METHODS", "ClientData", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]

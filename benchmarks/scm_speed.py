@@ -82,9 +82,9 @@ def main() -> None:
     for name in args.models:
         model, flat, bufs = population(name, k, device)
         x = torch.randn(n, 1, 28, 28, generator=torch.Generator().manual_seed(1)).to(device)
-        batched = timed(lambda: client_probabilities(model, flat, bufs, x, model_chunk=args.model_chunk),
+        batched = timed(lambda m=model, f=flat, b=bufs, xs=x: client_probabilities(m, f, b, xs, model_chunk=args.model_chunk),
                         args.repeats, device)
-        looped = timed(lambda: client_probabilities_loop(model, flat, bufs, x), args.repeats, device)
+        looped = timed(lambda m=model, f=flat, b=bufs, xs=x: client_probabilities_loop(m, f, b, xs), args.repeats, device)
         diff = (client_probabilities(model, flat, bufs, x, model_chunk=args.model_chunk)
                 - client_probabilities_loop(model, flat, bufs, x)).abs().max().item()
         print(f"predictions {name:4s} K={k} n={n}: batched {batched:7.3f} s, loop over clients {looped:7.3f} s, "

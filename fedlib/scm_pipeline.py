@@ -190,7 +190,7 @@ def build_federation(config: ScmConfig, dataset) -> dict[str, Any]:
     """Clients' index lists and pool, the server's unlabeled set and the labelled target set."""
     rng = np.random.default_rng(config.seed + 1234567)
     n_train = len(dataset.y_train)
-    keep = np.sort(rng.permutation(n_train)[: max(config.n_clients + 1, int(round(config.fraction * n_train)))])
+    keep = np.sort(rng.permutation(n_train)[: max(config.n_clients + 1, round(config.fraction * n_train))])
     x, y = dataset.x_train[keep], dataset.y_train[keep]
     labels = y.numpy()
     k, c = config.n_clients, dataset.num_classes
@@ -296,7 +296,7 @@ def _stability(probs: torch.Tensor, sizes: np.ndarray, config: ScmConfig) -> dic
     gamma = config.gammas[0]
     out = {"gamma": gamma, "runs": config.stability_runs}
     n = probs.shape[1]
-    take = max(1, int(round(config.stability_subsample * n)))
+    take = max(1, round(config.stability_subsample * n))
     for label, kappa in (("FedSCM", 0.0), ("FedSCM+SR", config.stability_kappa)):
         rng = np.random.default_rng(config.seed + 99)
         rows = []

@@ -43,10 +43,10 @@ def data():
 
 
 def _config(**overrides):
-    base = dict(dataset="synthetic", model="mlp", n_clients=12, alpha=0.5, server_samples=60, eval_samples=80,
-                local_epochs=1, batch_size=32, lr=0.05, post_rounds=2, post_lr=0.05, gammas=(0.67, 0.8),
-                solver="pgd", random_sizes=(3,), sdea_clients=3, fedavg_per_round=4, stability_runs=4,
-                expertise_repeats=2)
+    base = {"dataset": "synthetic", "model": "mlp", "n_clients": 12, "alpha": 0.5, "server_samples": 60,
+            "eval_samples": 80, "local_epochs": 1, "batch_size": 32, "lr": 0.05, "post_rounds": 2, "post_lr": 0.05,
+            "gammas": (0.67, 0.8), "solver": "pgd", "random_sizes": (3,), "sdea_clients": 3, "fedavg_per_round": 4,
+            "stability_runs": 4, "expertise_repeats": 2}
     return make_scm_config({**base, **overrides})
 
 

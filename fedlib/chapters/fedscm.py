@@ -53,7 +53,7 @@ def configs(params: dict[str, Any]) -> list[ScmConfig]:
 
 
 def _expert_sample(k, n, c, experts, seed, hard: bool, noise_alpha: float):
-    ranges = dict(expert_range=(0.5, 0.8), other_range=(0.0, 0.4)) if hard else {}
+    ranges = {"expert_range": (0.5, 0.8), "other_range": (0.0, 0.4)} if hard else {}
     eta = scm.expertise_levels(k, experts, seed=seed, **ranges)
     return scm.simulate_expertise(k, n, c, eta, noise_alpha=noise_alpha, seed=seed)
 
@@ -112,8 +112,8 @@ def optimum_table(gammas, k: int = 10, n: int = 60, c: int = 6, trials: int = 20
         for t in range(trials):
             s = _expert_sample(k, n, c, 3, seed + t, hard=False, noise_alpha=0.5)
             best = scm.exhaustive(s.probs, gamma).objective
-            for solver in gaps:
-                gaps[solver].append(scm.select(s.probs, gamma, solver).objective - best)
+            for solver, found in gaps.items():
+                found.append(scm.select(s.probs, gamma, solver).objective - best)
         for solver, g in gaps.items():
             g = np.asarray(g)
             rows.append({"γ": gamma, "solver": solver.upper(), "vertices searched": len(scm.all_vertices(k, gamma)),

@@ -83,7 +83,7 @@ def hessian(lam: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 def vertex_counts(gamma: float) -> tuple[int, float, int]:
     """(clients at s = 1 − γ, the remainder weight, ⌈1/s⌉ clients selected) for γ in [0, 1)."""
     s = 1.0 - gamma
-    full = int(math.floor(1.0 / s + TOL))
+    full = math.floor(1.0 / s + TOL)
     rest = 1.0 - full * s
     rest = rest if rest > TOL else 0.0
     return full, rest, full + (rest > 0)
@@ -348,7 +348,7 @@ def estimate_expertise(probs: torch.Tensor, labels: torch.Tensor, *, noise_alpha
     """η̂_k = argmin_η (1/n) Σ_X KL(h_k(X) ‖ η P(·|X) + (1 − η) Q_X)  (§6.3.5), averaged over
     ``repeats`` draws of Q_X ~ Dir(α). P(·|X) is the one-hot true label. The minimum is
     taken on a grid of η values, all clients at once (a loop over grid points only)."""
-    k, n, c = probs.shape
+    _, n, c = probs.shape
     probs = probs.double().clamp_min(EPS)
     onehot = torch.nn.functional.one_hot(labels.long(), c).double()  # [n, C]
     gen = torch.Generator().manual_seed(seed)
@@ -406,7 +406,10 @@ def stability(selections) -> dict[str, float]:
     union = size[:, None] + size[None, :] - inter
     xor = union - inter
     iu = torch.triu_indices(r, r, 1)
-    pick = lambda m: m[iu[0], iu[1]]  # noqa: E731
+
+    def pick(m):
+        return m[iu[0], iu[1]]
+
     freq = s.mean(0).clamp(1e-12, 1 - 1e-12)
     ent = -(freq * freq.log2() + (1 - freq) * (1 - freq).log2())
     ent = torch.where((s.mean(0) == 0) | (s.mean(0) == 1), torch.zeros_like(ent), ent)

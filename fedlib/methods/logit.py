@@ -214,10 +214,10 @@ def train_meta_model(logits: torch.Tensor, labels: torch.Tensor, n_classes: int,
         torch.manual_seed(seed)
         net = nn.Sequential(nn.Linear(n * c + n, hidden), nn.ReLU(), nn.Linear(hidden, n_classes)).to(logits.device)
     optimizer = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    first = torch.argmax(base, dim=0)
     for _ in range(steps):
         keep = (torch.rand(n, m, generator=generator) >= drop).to(base) * base
         none = keep.sum(0) == 0  # a sample left without clients keeps its first present one
-        first = torch.argmax(base, dim=0)
         keep[first[none], torch.nonzero(none).squeeze(1)] = 1.0
         optimizer.zero_grad()
         loss = F.cross_entropy(net(meta_features(logits, keep, mean, std)), labels)

@@ -1,0 +1,60 @@
+"""The logit-based FL chapter: its profiles make valid, distinct configs; the experiments hold
+the runs the page reads; the table helpers read results correctly."""
+
+import pytest
+import torch
+
+from fedlib import book
+from fedlib.chapters import logitfl as chapter
+from fedlib.config import RunConfig
+from fedlib.data import load_dataset
+from fedlib.logit_run import LogitConfig, run_logit
+
+
+@pytest.mark.parametrize("profile", book.PROFILES)
+def test_every_profile_makes_distinct_valid_configs(profile):
+    params = book.load_profile("logitfl", profile)
+    configs = chapter.configs(params)
+    assert len({c.key() for c in configs}) == len(configs)
+    logit = [c for c in configs if isinstance(c, LogitConfig)]
+    fedavg = [c for c in configs if isinstance(c, RunConfig)]
+    n_seeds, n_agg = len(params["seeds"]), len(params["aggregators"])
+    assert len(fedavg) == (len(params["ks"]) + len(params["cifar10_ks"])) * n_seeds
+    assert all(c.method.name == "fedavg" and c.server_val in (params["public_size"], params["cifar10_public_size"])
+               for c in fedavg)
+    expected = n_seeds * (n_agg * (len(params["ks"]) + len(params["cifar10_ks"]) + len(params["public_sizes_ablation"])
+                                   + len(params["dropouts"])) + len(params["uwa_taus"]))
+    assert len(logit) == expected
+    assert {c.k for c in logit} == set(params["ks"]) | set(params["cifar10_ks"])
+
+
+def test_paper_profile_follows_the_papers_setting():
+    params = book.load_profile("logitfl", "paper")
+    c = chapter.logit_config(params, "uwa", 2, 0)
+    assert (c.dataset, c.model, c.public_size, c.k, c.fraction) == ("mnist", "lenet5", 5000, 2, 1.0)
+    assert chapter.logit_config(params, "meta", 2, 0, cifar10=True).model == "resnet18"
+    with pytest.raises(ValueError, match="unknown experiment 'table9'"):
+        chapter.experiment_configs(params, "table9")
+
+
+def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
+    torch.set_num_threads(1)
+    ds = load_dataset("synthetic", num_classes=6, image_shape=(1, 8, 8), n_train=900, n_test=120, seed=0, noise=1.5)
+    params = dict(book.load_profile("logitfl", "smoke"), dataset="synthetic", n_clients=3, ks=[2], fraction=1.0,
+                  public_size=150, meta_labeled=100, test_samples=120, rounds=2, meta_steps=20)
+    results = {}
+    for a in params["aggregators"]:
+        c = chapter.logit_config(params, a, 2, 0)
+        results[c.key()] = run_logit(c, dataset=ds)
+    row = chapter.row(params, results, 2, with_fedavg=False)
+    assert set(row) == {"simple", "uwa", "meta"}
+    for a, (mean, _) in row.items():
+        assert mean == pytest.approx(100 * results[chapter.logit_config(params, a, 2, 0).key()].final["accuracy"])
+    res = results[chapter.logit_config(params, "simple", 2, 0).key()]
+    comm = chapter.communication(res)
+    assert comm["up"] == comm["down"] == 3 * 150 * 6
+    assert comm["fedavg"] == 2 * 3 * res.meta["model_parameters"]
+    assert comm["ratio"] == pytest.approx(comm["fedavg"] / comm["total"])
+    rounds, acc = chapter.curve(res)
+    assert rounds == [1, 2] and acc[-1] == pytest.approx(100 * res.final["accuracy"])

@@ -278,12 +278,13 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
     ctx_dim = None if context is None else 0
     steppers = {}
     flat, velocity = (None if shared else start), None
+    step_active = (mask.sum(2) > 0).to(mask.dtype)  # [steps, n]
+    live_steps = step_active.any(1).tolist()  # one host sync per round, not one per step
     with torch.no_grad():
         for s in range(index.shape[0]):
-            mb = mask[s]
-            active = (mb.sum(1) > 0).to(mb.dtype)
-            if not bool(active.any()):
+            if not live_steps[s]:
                 continue
+            mb, active = mask[s], step_active[s]
             xb, yb = x[index[s]], y[index[s]]
             dims = (None if shared else 0, 0, anchor_dim, 0, 0, 0, ctx_dim)
             if dims not in steppers:

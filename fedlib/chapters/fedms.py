@@ -1,0 +1,216 @@
+"""The FedMS chapter: Maverick-Shapley valuation and FedMS client selection.
+
+Experiments (FedMS §5), each a list of run configs sharing one protocol (the MLP on MNIST,
+batch 64, SGD lr 0.05, the server's validation set held out of the training set):
+  table1          accuracy of 7 methods, 50 clients (48 + 2 Mavericks), 10 % per round,
+                  Mavericks + Dir(10 / 1 / 0.1)                                  (Table 1)
+  table1_cifar10  the same on CIFAR-10 with the CNN, when the data root has it    (Table 1)
+  fig2            5 clients (4 IID + 1 Maverick, all take part): FedAvg with and without
+                  the Maverick, Shapley rewards by GTG and MS-GTG               (Fig. 2)
+  table2          58 clients with 2 label-flipping, 2 random-data, 2 random-update clients
+                  and 2 free-riders, Mavericks + Dir(0.1): participation rates  (Table 2)
+Figs. 3–5 (rewards of Mavericks vs non-Mavericks under FedMS, S-FedAvg and GreedyFed) are
+read from the Table 1 runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..config import RunConfig, make_config
+
+METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
+                 "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS"}
+REWARD_METHODS = ("fedms", "s_fedavg", "greedyfed")  # Figs. 3-5: MS-GTG, MR, GTG
+SPLITS = {"Dir(10)": 10.0, "Dir(1)": 1.0, "Dir(0.1)": 0.1}
+
+# §5.1 hyper-parameters; per-setting values where the paper tuned them per setting.
+PAPER_HPARAMS: dict[str, dict[str, dict[str, Any]]] = {
+    "fedprox": {"*": {"mu": 1.0}},
+    "poc": {"Dir(10)": {"decay": 1.0}, "*": {"decay": 0.9}},
+    "fedemd": {"Dir(10)": {"beta": 0.001}, "*": {"beta": 0.01}},
+    "s_fedavg": {"*": {"alpha": 0.7}},
+    "greedyfed": {"*": {"alpha": 0.7}},
+    "fedms": {"Dir(10)": {"alpha": 0.8}, "*": {"alpha": 0.6, "temperature": 0.01}},
+}
+ROLE_COLUMNS = {"label_flip": "Label-flipping", "random_data": "Data-poisoned", "random_update": "Update-poisoned",
+                "free_rider": "Free-riding", "maverick": "Mavericks"}
+
+
+def method_spec(method: str, split: str, dataset: str = "mnist", extra: dict | None = None) -> dict[str, Any]:
+    """The method with the paper's hyper-parameters for this setting (§5.1)."""
+    table = PAPER_HPARAMS.get(method, {})
+    spec = {"name": method, **table.get("*", {}), **table.get(split, {})}
+    if method == "fedms":
+        spec.setdefault("temperature", 0.01)
+        if split == "Dir(0.1)" and dataset == "mnist":
+            spec["eps_d_end"] = 0.2  # §5.1: the one exception
+    return {**spec, **(extra or {})}
+
+
+def _protocol(params: dict[str, Any], cifar10: bool) -> dict[str, Any]:
+    if cifar10:
+        return dict(dataset="cifar10", model="cnn", fraction=params["cifar10_fraction"],
+                    rounds=params["cifar10_rounds"], local_epochs=params["cifar10_local_epochs"])
+    return dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
+                rounds=params["rounds"], local_epochs=params["local_epochs"])
+
+
+def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
+    """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round."""
+    proto = _protocol(params, cifar10)
+    extra = params.get("method_params", {}).get(method, {})
+    return make_config(
+        **proto, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
+        lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
+        server_val=params["server_val"], seed=seed,
+        split={"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]},
+        method=method_spec(method, split, proto["dataset"], extra),
+    )
+
+
+def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunConfig:
+    """Fig. 2: 4 IID clients + 1 Maverick, all in every round, FedAvg with GTG / MS-GTG rewards."""
+    method = {"name": "shapley_rewards", "temperature": 0.01}
+    if not with_maverick:
+        method["excluded"] = [4]  # maverick_iid puts the Maverick last
+    return make_config(
+        dataset=params["dataset"], model=params["model"], fraction=params["fraction"], rounds=params["fig2_rounds"],
+        local_epochs=params["local_epochs"], n_clients=5, lr=params["lr"], batch_size=params["batch_size"],
+        test_samples=params["test_samples"], server_val=params["server_val"], seed=seed,
+        split={"name": "maverick_iid"}, method=method,
+    )
+
+
+def adversarial_config(params: dict[str, Any], method: str, seed: int) -> RunConfig:
+    """Table 2: 48 benign + 2 Mavericks + 2 label-flip + 2 random-data + 2 random-update + 2 free-riders,
+    Mavericks + Dir(0.1), 10 % of 58 rounded (6) per round."""
+    n = 58
+    return make_config(
+        dataset=params["dataset"], model=params["model"], fraction=params["fraction"], rounds=params["rounds"],
+        local_epochs=params["local_epochs"], n_clients=n, clients_per_round=params["adversarial_per_round"],
+        lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
+        server_val=params["server_val"], seed=seed, split={"name": "adversarial", "gamma": 0.1},
+        method=method_spec(method, "Dir(0.1)", params["dataset"], params.get("method_params", {}).get(method, {})),
+    )
+
+
+def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
+    seeds, methods = params["seeds"], params["methods"]
+    if experiment == "table1":
+        return [run_config(params, s, m, seed) for s in params["splits"] for m in methods for seed in seeds]
+    if experiment == "table1_cifar10":
+        return [run_config(params, s, m, seed, cifar10=True) for s in params["cifar10_splits"]
+                for m in params["cifar10_methods"] for seed in seeds]
+    if experiment == "fig2":
+        return [fig2_config(params, seed, w) for w in (True, False) for seed in seeds]
+    if experiment == "table2":
+        return [adversarial_config(params, m, seed) for m in methods for seed in seeds]
+    raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+def configs(params: dict[str, Any]) -> list[RunConfig]:
+    """Every run of the chapter, without duplicates."""
+    seen, out = set(), []
+    for experiment in params["experiments"]:
+        for config in experiment_configs(params, experiment):
+            if config.key() not in seen:
+                seen.add(config.key())
+                out.append(config)
+    return out
+
+
+# ----------------------------------------------------------------------------- reading runs
+
+
+def accuracy_row(results: dict, per_method: dict[str, list[RunConfig]]) -> dict[str, tuple[float, float]]:
+    """Final test accuracy (%) mean and std over seeds, per method (NaN where not run)."""
+    from ..book import mean_std
+
+    out = {}
+    for method, cfgs in per_method.items():
+        values = [100.0 * results[c.key()].final["accuracy"] for c in cfgs
+                  if c.key() in results and results[c.key()].final.get("accuracy") is not None]
+        out[method] = mean_std(values)
+    return out
+
+
+def participation(result) -> dict[str, float]:
+    """Participation rate (%) per role: the share of rounds in which a client of that role was
+    aggregated with a positive weight (FedMS: in the coreset), averaged over the role's clients."""
+    roles = np.asarray(result.meta["client_roles"])
+    rounds = len(result.history)
+    taken = np.zeros(len(roles))
+    for h in result.history:
+        used = np.asarray(h["aggregated"], dtype=np.int64)[np.asarray(h["weights"]) > 0]
+        taken[used] += 1
+    out = {}
+    for role in ROLE_COLUMNS:
+        mask = roles == role
+        out[role] = float(100.0 * taken[mask].mean() / rounds) if mask.any() else float("nan")
+    return out
+
+
+def reward_series(result, key: str = "rewards") -> dict[str, np.ndarray]:
+    """Per round, the mean Shapley reward of the Mavericks and of the other clients among the
+    round's valued clients (NaN when none of the group took part), and their cumulative sums
+    per client of the group."""
+    roles = np.asarray(result.meta["client_roles"])
+    mav = roles == "maverick"
+    rounds = len(result.history)
+    mean = {"maverick": np.full(rounds, np.nan), "other": np.full(rounds, np.nan)}
+    total = {"maverick": np.zeros(rounds), "other": np.zeros(rounds)}
+    for t, h in enumerate(result.history):
+        values = (h.get("diagnostics") or {}).get(key)
+        if values is None:
+            continue
+        clients = np.asarray(h["aggregated"], dtype=np.int64)
+        values = np.asarray(values, dtype=float)
+        for group, mask in (("maverick", mav[clients]), ("other", ~mav[clients])):
+            if mask.any():
+                mean[group][t] = values[mask].mean()
+                total[group][t] = values[mask].sum()
+    n_mav, n_other = max(int(mav.sum()), 1), max(int((~mav).sum()), 1)
+    return {"mean_maverick": mean["maverick"], "mean_other": mean["other"],
+            "cumulative_maverick": np.cumsum(total["maverick"]) / n_mav,
+            "cumulative_other": np.cumsum(total["other"]) / n_other}
+
+
+def accuracy_curve(result) -> tuple[list[int], list[float]]:
+    rounds, acc = result.series("accuracy")
+    return [r + 1 for r in rounds], [100.0 * a for a in acc]
+
+
+def comparison(rows: list[tuple[str, dict, dict]], digits: int = 2):
+    """Paper-vs-ours frame: per row label a 'paper' line and one line per source of ours."""
+    import pandas as pd
+
+    from ..book import pm
+
+    lines = []
+    for label, paper, ours in rows:
+        lines.append({"setting": label, "source": "paper",
+                      **{METHOD_LABELS[m]: pm(*v, digits) for m, v in paper.items()}})
+        for source, values in ours.items():
+            lines.append({"setting": label, "source": source,
+                          **{METHOD_LABELS[m]: pm(*v, digits) for m, v in values.items()}})
+    return pd.DataFrame(lines).set_index(["setting", "source"])
+
+
+def best_method(values: dict[str, tuple[float, float]]) -> str | None:
+    finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
+    return max(finite, key=finite.get) if finite else None
+
+
+def paper_values(reference, table: str, row: str, methods, column_of=None) -> dict[str, tuple[float, float]]:
+    from ..book import reference_value
+
+    out = {}
+    for m in methods:
+        try:
+            out[m] = reference_value(reference, table, row, column_of(m) if column_of else METHOD_LABELS[m])
+        except KeyError:
+            out[m] = (float("nan"), float("nan"))
+    return out

@@ -214,15 +214,16 @@ def main(argv=None):
     print(f"device: {device} ({device_name(device)}); " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     print(f"FedAvg, {ds.source} MLP, 1 local epoch, batch {BATCH}, lr {LR}, all clients, {len(y)} samples; "
           f"median of {args.rounds} rounds after a warm-up round")
-    rows = []
     central = None
     if "central" in args.engines:
         t, f = run_central(model, flat0, x, y, args.rounds, device)
         central = {"seconds": statistics.median(t), "accuracy": accuracy(model, f, ds.x_test, ds.y_test, 10)}
-    for n in args.clients:
-        indices = iid(y.cpu().numpy(), n, seed=0).indices
-        row: dict = {"N": n, "samples_per_client": len(y) // n}
-        for engine in ("vectorized", "loop", "flower"):
+    rows = [{"N": n, "samples_per_client": len(y) // n} for n in args.clients]
+    # fedlib's engines first for every N, Flower last: Ray's actor processes (and their CUDA
+    # contexts) may linger after a simulation and would slow whatever runs next
+    for engine in ("vectorized", "loop", "flower"):
+        for row in rows:
+            n = row["N"]
             if engine not in args.engines or (engine == "loop" and n > args.skip_loop_above) or \
                     (engine == "flower" and n > args.skip_flower_above):
                 continue
@@ -232,14 +233,15 @@ def main(argv=None):
                                            args.flower_cpus, gpus)
                 row["flower_startup_s"] = startup
             else:
+                indices = iid(y.cpu().numpy(), n, seed=0).indices
                 fn = train_clients if engine == "vectorized" else train_clients_loop
                 t, f = run_fedlib(fn, model, flat0, x, y, indices, args.rounds, device)
             row[f"{engine}_s"] = statistics.median(t)
             row[f"{engine}_accuracy"] = accuracy(model, f, ds.x_test, ds.y_test, 10)
+    for i, row in enumerate(rows):
         if central:
             row["central_s"], row["central_accuracy"] = central["seconds"], central["accuracy"]
-        rows.append(row)
-        print_row(row, first=len(rows) == 1)
+        print_row(row, first=i == 0)
     if args.json:
         out = {"device": str(device), "device_name": device_name(device), "versions": versions,
                "dataset": ds.source, "rounds": args.rounds, "rows": rows,

@@ -231,3 +231,14 @@ def test_client_dropout_rounds_run_with_every_aggregator(synthetic):
         present = np.asarray([h["present"] for h in result.history])
         assert present.sum(1).min() >= 1 and not present.all()
         assert all(np.isfinite(h["accuracy"]) for h in result.history)
+
+
+def test_local_validation_split_is_disjoint_and_sized():
+    from fedlib.logit_run import _split_validation
+
+    indices = [np.arange(0, 20), np.arange(20, 23), np.arange(23, 73)]
+    train, val_table, valid = _split_validation(indices, 0.1, seed=0)
+    assert valid.sum(1).tolist() == [2, 1, 5]  # ceil(0.1 n), at least one, at most n - 1
+    for i, ix in enumerate(indices):
+        val = val_table[i][valid[i]].numpy()
+        assert set(val) | set(train[i]) == set(ix) and not set(val) & set(train[i])

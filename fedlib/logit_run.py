@@ -104,11 +104,6 @@ class LogitConfig(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-    # duck-typing with RunConfig for progress lines
-    @property
-    def method(self):
-        return type("Spec", (), {"name": f"logit_{self.aggregator}"})()
-
 
 def run_config(cfg: LogitConfig, method: str = "fedavg") -> RunConfig:
     """The RunConfig with the same data, split and local training (``server_val`` = the public set).
@@ -266,6 +261,7 @@ def _execute(cfg: LogitConfig, dataset: Dataset | None, progress: bool):
                               momentum=cfg.momentum, chunk_size=cfg.client_chunk)
         batches = make_client_batches([ix if on else empty for ix, on in zip(train_idx, present_np)],
                                       cfg.batch_size, cfg.local_epochs, gen)
+        batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
         flat, bufs = train_clients(model, flat, bufs, p.x_pool, p.y_pool, batches, local)
         # 2. logits of every client on public, test and validation samples: one batched pass
         logits = predict(model, flat, bufs, x_all, batch_size=512)
@@ -321,6 +317,7 @@ def _execute(cfg: LogitConfig, dataset: Dataset | None, progress: bool):
             )
             batches = make_client_batches([pub_all if on else empty for on in present_np], cfg.batch_size,
                                           cfg.distill_epochs, gen)
+            batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
             flat, bufs = train_clients(model, flat, bufs, x_pub, targets, batches, refine)
             record["time_train"] += time.perf_counter() - t0
         history.append(record)

@@ -194,6 +194,12 @@ def test_a_flce_run_records_prototype_weights_and_contributions():
         assert sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
         assert len(h["diagnostics"]["x"]) == len(h["aggregated"]) and len(h["similarity"]) == 3
     assert sum(r.history[-1]["scores"]) == pytest.approx(1.0)
+    from fedlib.chapters.flce import contributions, flce_contributions, similarity_contributions
+
+    # the chapter rebuilds X from the history and gets the method's own final contributions
+    np.testing.assert_allclose(contributions(r), r.history[-1]["scores"], rtol=1e-6, atol=1e-9)
+    uncompleted = flce_contributions(r, complete=False)
+    assert uncompleted.sum() == pytest.approx(1.0) and similarity_contributions(r).sum() == pytest.approx(1.0)
     assert np.asarray(r.history[-1]["diagnostics"]["class_momentum_sum"]).shape == (5, len(r.final["per_class_accuracy"]))
 
 

@@ -87,7 +87,7 @@ class CoalitionUtility:
     """
 
     def __init__(self, model, flat, buffers, weights, x_val, y_val, n_classes, empty_flat,
-                 empty_buffers=None, classwise=True, chunk=256):
+                 empty_buffers=None, classwise=True, chunk=32):
         self.model, self.flat = model, flat
         self.buffers = buffers or {}
         self.n = flat.shape[0]

@@ -48,6 +48,7 @@ from .config import ConfigError
 from .methods import scm
 from .models import build_model
 from .population import (
+    ClientBatches,
     LocalTraining,
     ParamLayout,
     aggregate,
@@ -85,6 +86,7 @@ class ScmConfig(BaseModel):
     weight_decay: float = Field(5e-4, ge=0)
     post_rounds: int = Field(1000, ge=0, description="FedProx rounds after selection")
     post_epochs: int = Field(1, ge=1)
+    post_steps: int | None = Field(None, ge=1, description="local SGD steps per round at most (None = whole epochs)")
     post_lr: float = Field(0.01, gt=0)
     prox_mu: float = Field(0.01, ge=0)
     gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
@@ -278,6 +280,8 @@ def post_train(model, flat, buffers, clients: np.ndarray, weights: np.ndarray, f
         w = w / w.sum()
         batches = make_client_batches([fed["indices"][c] for c in clients[pick]], config.batch_size,
                                       config.post_epochs, _generator(config.seed, 1000 * salt + t + 1))
+        if config.post_steps:  # at most post_steps mini-batches per client and round
+            batches = ClientBatches(batches.index[: config.post_steps], batches.mask[: config.post_steps])
         batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
         local, local_bufs = train_clients(model, global_flat, {k: v.unsqueeze(0) for k, v in global_bufs.items()},
                                           x, y, batches, cfg)

@@ -22,7 +22,7 @@ from ..methods import scm
 from ..scm_pipeline import ScmConfig, make_scm_config, method_labels
 
 PIPELINE_KEYS = ("dataset", "model", "fraction", "n_clients", "sigma", "server_samples", "eval_samples",
-                 "local_epochs", "batch_size", "lr", "momentum", "post_rounds", "post_lr", "prox_mu", "gammas",
+                 "local_epochs", "batch_size", "lr", "momentum", "post_rounds", "post_steps", "post_lr", "prox_mu", "gammas",
                  "solver", "random_sizes", "sdea_clients", "fedavg_per_round")
 
 

@@ -87,14 +87,18 @@ def run_central(model, flat0, x, y, rounds, device):
 
 
 # -- Flower --------------------------------------------------------------------------------------
-def _actor_state(dataset: str, data_root, n: int, device: str):
+def _actor_state(dataset: str, data_root, n: int, device: str, fraction: float = 1.0):
     """Data, model and partition, built once per Ray actor process and kept in sys.modules."""
     import types
 
     cache = sys.modules.setdefault("_fedlib_peers_actor", types.ModuleType("_fedlib_peers_actor"))
-    key = (dataset, str(data_root), n, device)
+    key = (dataset, str(data_root), n, device, fraction)
     if getattr(cache, "key", None) != key:
         ds = load_dataset(dataset, root=data_root, device=device, download=False)
+        if fraction < 1:
+            keep = torch.randperm(len(ds.y_train), generator=torch.Generator().manual_seed(0))
+            keep = keep[: int(fraction * len(keep))].to(device)
+            ds.x_train, ds.y_train = ds.x_train[keep], ds.y_train[keep]
         torch.manual_seed(0)
         cache.model = build_model("mlp", ds.input_shape, ds.num_classes).to(device)
         cache.x, cache.y = ds.x_train, ds.y_train
@@ -103,7 +107,7 @@ def _actor_state(dataset: str, data_root, n: int, device: str):
     return cache
 
 
-def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gpus_per_client):
+def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gpus_per_client, fraction=1.0):
     """rounds + 1 Flower rounds; returns (round seconds, final flat, Ray start-up seconds)."""
     from flwr.client import ClientApp, NumPyClient
     from flwr.common import Context, ndarrays_to_parameters, parameters_to_ndarrays
@@ -115,7 +119,7 @@ def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gp
 
     class MLPClient(NumPyClient):
         def __init__(self, partition: int):
-            self.state = _actor_state(dataset, data_root, n, device_str)
+            self.state = _actor_state(dataset, data_root, n, device_str, fraction)
             self.partition = partition
 
         def fit(self, parameters, config):
@@ -179,6 +183,48 @@ def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gp
     return times[1:], flat, startup
 
 
+# -- valuation overhead ------------------------------------------------------------------------
+VALUATIONS = {  # label -> (method spec, which rounds carry the method's server work)
+    "CELM probing (warm-up rounds)": ({"name": "celm", "warmup_fraction": 0.5}, "warmup"),
+    "GTG-Shapley rewards": ({"name": "shapley_rewards", "estimator": "gtg"}, "all"),
+    "FedMS (MS-GTG)": ({"name": "fedms"}, "all"),
+    "exact class-wise Shapley": ({"name": "shapley_rewards", "estimator": "exact"}, "all"),
+    "FLCE": ({"name": "flce"}, "all"),
+}
+
+
+def valuation_overhead(n_clients: int, rounds: int, device: str, fraction: float) -> list[dict]:
+    """Server seconds per round of each valuation method over a FedAvg round (train + server),
+    measured by fedlib.run on one federation (Fashion-MNIST MLP, IID, all clients selected)."""
+    import fedlib
+    from fedlib.config import make_config
+    from fedlib.methods import scm
+
+    base = dict(dataset="fmnist", model="mlp", n_clients=n_clients, rounds=rounds, lr=0.1, batch_size=128,
+                local_epochs=1, fraction=fraction, test_samples=1000, device=device, seed=0)
+    fedavg = fedlib.run(make_config(base, method="fedavg"), cache=False, progress=False)
+    fedavg_round = statistics.median(h["time_train"] + h["time_server"] for h in fedavg.history[1:])
+    rows = [{"method": "FedAvg (one whole round)", "server_s": fedavg_round, "ratio": 1.0}]
+    for label, (spec, which) in VALUATIONS.items():
+        r = fedlib.run(make_config(base, method=spec), cache=False, progress=False)
+        hist = r.history[:max(1, round(0.5 * rounds))] if which == "warmup" else r.history[1:]
+        server = statistics.median(h["time_server"] for h in hist)
+        rows.append({"method": label, "server_s": server, "ratio": server / fedavg_round})
+    sample = scm.simulate_expertise(n_clients, 1000, 10, scm.expertise_levels(n_clients, 3), seed=0)
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        scm.select(sample.probs, 2 / 3, "pgd")
+        times.append(time.perf_counter() - t0)
+    rows.append({"method": f"FedSCM selection (PGD, K = {n_clients}, n = 1,000; once per run)",
+                 "server_s": statistics.median(times), "ratio": statistics.median(times) / fedavg_round})
+    print(f"\nServer overhead per round, {n_clients} clients, {fraction:.0%} of Fashion-MNIST, MLP "
+          f"(median over rounds; ratio to one whole FedAvg round)")
+    for row in rows:
+        print(f"  {row['method']:<60} {row['server_s']:>8.3f} s {row['ratio']:>8.2f}x")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", type=int, nargs="+", default=[5, 20, 100, 500])
@@ -186,6 +232,7 @@ def main(argv=None):
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dataset", default="fmnist", help="fmnist (default) or mnist: the same shapes and sizes")
     ap.add_argument("--data-root", default=None)
+    ap.add_argument("--fraction", type=float, default=1.0, help="use this share of the training set (smoke runs)")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--skip-loop-above", type=int, default=10**9)
     ap.add_argument("--skip-flower-above", type=int, default=10**9)
@@ -193,9 +240,19 @@ def main(argv=None):
     ap.add_argument("--flower-gpus", type=float, default=None,
                     help="Ray GPUs per Flower client on CUDA (default 1/min(N, cores))")
     ap.add_argument("--json", help="write the table and provenance here")
+    ap.add_argument("--valuation-clients", type=int, default=0,
+                    help="also time each valuation method's server work with this many clients (0: skip)")
+    ap.add_argument("--valuation-rounds", type=int, default=4)
+    ap.add_argument("--valuation-fraction", type=float, default=0.2)
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     ds = load_dataset(args.dataset, root=args.data_root, device=device, download=False)
+    if not 0 < args.fraction <= 1:
+        ap.error(f"--fraction must be in (0, 1] (got {args.fraction})")
+    if args.fraction < 1:  # a fixed random subset; Flower's actors take the same one
+        keep = torch.randperm(len(ds.y_train), generator=torch.Generator().manual_seed(0))
+        keep = keep[: int(args.fraction * len(keep))].to(device)
+        ds.x_train, ds.y_train = ds.x_train[keep], ds.y_train[keep]
     x, y = ds.x_train, ds.y_train
     torch.manual_seed(0)
     model = build_model("mlp", ds.input_shape, ds.num_classes).to(device)
@@ -230,7 +287,7 @@ def main(argv=None):
             if engine == "flower":
                 gpus = 0.0 if device.type != "cuda" else (args.flower_gpus or 1.0 / min(n, os.cpu_count() or 1))
                 t, f, startup = run_flower(args.dataset, args.data_root, flat0, n, args.rounds, device,
-                                           args.flower_cpus, gpus)
+                                           args.flower_cpus, gpus, args.fraction)
                 row["flower_startup_s"] = startup
             else:
                 indices = iid(y.cpu().numpy(), n, seed=0).indices
@@ -242,9 +299,12 @@ def main(argv=None):
         if central:
             row["central_s"], row["central_accuracy"] = central["seconds"], central["accuracy"]
         print_row(row, first=i == 0)
+    valuation = (valuation_overhead(args.valuation_clients, args.valuation_rounds, args.device,
+                                    args.valuation_fraction) if args.valuation_clients else [])
     if args.json:
         out = {"device": str(device), "device_name": device_name(device), "versions": versions,
-               "dataset": ds.source, "rounds": args.rounds, "rows": rows,
+               "dataset": ds.source, "fraction": args.fraction, "rounds": args.rounds, "rows": rows, "valuation": valuation,
+               "valuation_clients": args.valuation_clients,
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         Path(args.json).write_text(json.dumps(out, indent=1))
     return rows

@@ -58,3 +58,19 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
     assert comm["ratio"] == pytest.approx(comm["fedavg"] / comm["total"])
     rounds, acc = chapter.curve(res)
     assert rounds == [1, 2] and acc[-1] == pytest.approx(100 * res.final["accuracy"])
+
+
+def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
+    smoke = book.load_profile("logitfl", "smoke")
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))  # results/logitfl/ under tmp_path
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
+    torch.set_num_threads(1)
+    params = dict(smoke, dataset="synthetic", n_clients=5, ks=[2], fraction=1.0,
+                  public_size=300, meta_labeled=100, test_samples=100, rounds=1, meta_steps=10,
+                  experiments=["k_sweep"])
+    configs = chapter.configs(params)
+    written = chapter.store_results(configs, progress=False)
+    assert len(written) == 4 and chapter.store_results(configs, progress=False) == []  # resumes
+    results, provenance = chapter.stored(params)
+    assert set(results) == {c.key() for c in configs} and set(provenance) == set(results)
+    assert chapter.stored({**params, "rounds": 2}) == ({}, {})  # other protocol: nothing matches

@@ -119,3 +119,46 @@ def communication(result, fedavg_result=None) -> dict[str, float]:
 def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
     rounds = [h["round"] + 1 for h in result.history if h.get(key) is not None]
     return rounds, [100.0 * h[key] for h in result.history if h.get(key) is not None]
+
+
+# ----------------------------------------------------------------------------- stored runs
+
+
+def store_results(configs_: list, progress: bool = True) -> list:
+    """Run ``configs_`` (logit or FedAvg) and keep each result as ``results/logitfl/<key>.json``
+    (the payload format of ``fedlib.book.store_results``; files that exist are not recomputed)."""
+    from ..book import git_commit, results_dir
+    from ..cache import ResultCache
+
+    store = ResultCache(results_dir("logitfl"))
+    written = []
+    for i, config in enumerate(configs_):
+        if store.get(config.key()) is not None:
+            continue
+        if progress:
+            name = getattr(config, "aggregator", None) or config.method.name
+            print(f"[{i + 1}/{len(configs_)}] logitfl: {config.dataset} {name} seed {config.seed}", flush=True)
+        result = run_all([config])[config.key()]
+        written.append(store.put(config.key(), {
+            "config": config.to_dict(), "result": result.to_dict(), "commit": git_commit(),
+            "device": result.meta["device"], "date": result.meta["date"], "wall_time": result.meta["wall_time"]}))
+    return written
+
+
+def stored(params: dict[str, Any]) -> tuple[dict, dict]:
+    """The stored runs (``results/logitfl/``) of ``params``' configs whose config still matches:
+    ({config key: RunResult}, {config key: provenance})."""
+    from ..book import results_dir
+    from ..cache import ResultCache
+    from ..run import RunResult
+
+    store = ResultCache(results_dir("logitfl"))
+    results, provenance = {}, {}
+    if not store.root.is_dir():
+        return results, provenance
+    for config in configs(params):
+        payload = store.get(config.key())
+        if payload is not None and payload.get("config") == config.to_dict():
+            results[config.key()] = RunResult.from_dict(payload["result"])
+            provenance[config.key()] = {k: payload.get(k) for k in ("commit", "device", "date", "wall_time")}
+    return results, provenance

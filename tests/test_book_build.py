@@ -64,6 +64,9 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
         assert dom.count("<img") >= 4 and dom.count("<table") >= 6 and "Verdict (computed)" in dom
     if chapter == "status":
         assert "<table" in dom and "FedAvg (uniform) accuracy" in dom
+    if chapter == "performance":  # live run plot, the stored H200 run, valuation overhead
+        assert dom.count("<img") >= 3 and dom.count("<table") >= 3 and "NVIDIA H200" in dom
+        assert "Verdict (computed)" in dom
     if chapter == "explore":
         assert "widget-button" in dom  # the saved widget view was rendered by the widget JavaScript
         assert "<img" in dom

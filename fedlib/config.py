@@ -81,6 +81,8 @@ class RunConfig(BaseModel):
     update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
                                       "round's median distance from the global model (None: off)")
     client_chunk: int | None = Field(None, ge=1, description="clients trained together (memory)")
+    reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
+                                   "values of its clients on the server's validation set (final['reference'])")
 
     @field_validator("device")
     @classmethod
@@ -107,6 +109,8 @@ class RunConfig(BaseModel):
                 ok, text = _SPLIT_RANGES[key]
                 if not ok(value):
                     raise ValueError(f"split.{key}: must be {text} (got {value})")
+        if self.reference_values and self.per_round > 16:
+            raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
         from .methods import build_method  # registry lives with the methods
 
@@ -138,6 +142,8 @@ class RunConfig(BaseModel):
         """Hash of everything that changes results (not the data root or chunking)."""
         data = self.model_dump(mode="json", exclude={"data_root", "client_chunk"})
         data["_format"] = CACHE_FORMAT
+        if not self.reference_values:  # the default leaves earlier keys unchanged
+            data.pop("reference_values")
         if self.test_samples is not None:
             data["_test_subset"] = "random"  # earlier versions took the first n test samples
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))

@@ -212,7 +212,7 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     ds = dataset or _load(config)
     keep = _subsample(ds.y_train, config.fraction, config.seed)
     x, y = ds.x_train[keep], ds.y_train[keep]
-    n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation else 0)
+    n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation or config.reference_values else 0)
     if n_val >= len(y):
         raise ConfigError(f"config: server_val: must be < the {len(y)} training samples (got {n_val})")
     order = torch.from_numpy(np.random.default_rng(config.seed + 104729).permutation(len(y)))
@@ -308,6 +308,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         bar = tqdm(rounds, desc=f"{cfg.method.name} on {cfg.dataset}", leave=False)
         rounds = bar
     last_eval = None
+    reference = None
     for t in rounds:
         lr = cfg.lr_at(t)
         state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr)
@@ -347,6 +348,8 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         if keep_global:
             global_flat, global_buffers = state.global_flat, state.global_buffers
         t_server = time.perf_counter() - t0
+        if cfg.reference_values and t == cfg.rounds - 1:
+            reference = reference_values(p, state, updates)
         # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
         similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)
         record: dict[str, Any] = {
@@ -391,8 +394,32 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
+    if reference is not None:
+        final["reference"] = reference
     meta = _provenance(p, time.perf_counter() - t_start)
     return RunResult(config=cfg.to_dict(), history=history, final=final, meta=meta)
+
+
+def reference_values(p: Prepared, state: RoundState, updates: ClientUpdates) -> dict[str, Any]:
+    """Exact Shapley and leave-one-out values of one round's aggregated clients (``RunConfig.reference_values``).
+
+    The utility of a coalition Q is the validation accuracy of the sample-count average of its
+    members' uploads (the empty coalition: the round's incoming global model), all 2^n coalitions
+    evaluated in batches (``fedlib.methods.shapley``); not part of the round's server time."""
+    from .methods.shapley import coalition_utility, exact_shapley, leave_one_out
+
+    t0 = time.perf_counter()
+    sizes = np.maximum(updates.sizes, 1)
+    utility = coalition_utility(p.model, updates.flat, updates.buffers, torch.as_tensor(sizes, dtype=torch.float32),
+                                p.x_val, p.y_val, p.dataset.num_classes, state.global_flat, state.global_buffers,
+                                classwise=False)
+    n = len(updates.clients)
+    shapley, loo = exact_shapley(utility, n), leave_one_out(utility, n)
+    ends = utility(torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    return {"clients": updates.clients.tolist(), "shapley": shapley.tolist(), "loo": loo.tolist(),
+            "sizes": np.asarray(updates.sizes).tolist(), "utility_empty": float(ends[0]),
+            "utility_all": float(ends[1]), "coalitions": utility.evaluations,
+            "time": time.perf_counter() - t0}
 
 
 def _provenance(p: Prepared, wall: float) -> dict[str, Any]:

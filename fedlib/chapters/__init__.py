@@ -6,7 +6,7 @@ parameters (``params/<chapter>/<profile>.yaml``), plus the tables and figures it
 
 import importlib
 
-CHAPTER_MODULES = ("fedavg", "celm", "flce", "fedscm", "logitfl", "fedms")
+CHAPTER_MODULES = ("fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard")
 
 
 def chapter_module(name: str):

@@ -7,5 +7,6 @@ from . import celm  # noqa: F401
 from . import flce  # noqa: F401
 from . import scm  # noqa: F401  (FedSCM selection; its pipeline is fedlib.scm_pipeline)
 from . import shapley, selection  # noqa: F401  (fedms, shapley_rewards, s_fedavg, greedyfed, poc, fedemd)
+from . import scm_selection  # noqa: F401  (fedscm_select: FedSCM's weights each round, the leaderboard)
 
 __all__ = ["METHODS", "ClientData", "ClientUpdates", "Federation", "Method", "RoundState", "build_method", "register"]

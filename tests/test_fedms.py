@@ -105,7 +105,6 @@ def test_selection_follows_the_scores(world):
     assert m.select_clients(_state(start, t=0)).tolist() == list(range(20))  # round 0: everyone
 
 
-@register
 class _ZeroWeights(Method):
     name = "_zero_weights_test"
 
@@ -114,10 +113,13 @@ class _ZeroWeights(Method):
 
 
 def test_engine_keeps_the_global_model_when_all_weights_are_zero():
-    r = run(make_config(dataset="synthetic", n_clients=3, rounds=2, batch_size=32, method="_zero_weights_test"),
-            cache=False, progress=False)
+    register(_ZeroWeights)  # registered only inside this test: other tests iterate over METHODS
+    try:
+        r = run(make_config(dataset="synthetic", n_clients=3, rounds=2, batch_size=32, method="_zero_weights_test"),
+                cache=False, progress=False)
+    finally:
+        METHODS.pop("_zero_weights_test")
     assert r.history[0]["accuracy"] == r.history[1]["accuracy"]
-    METHODS.pop("_zero_weights_test")
 
 
 def test_fedms_runs_on_a_maverick_federation_and_records_rewards():

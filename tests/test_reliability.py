@@ -22,6 +22,7 @@ from fedlib.screening import screen_updates, stack_received
 ROOT = Path(__file__).resolve().parent.parent
 BASE = dict(dataset="synthetic", n_clients=6, rounds=2, batch_size=16, seed=1)
 SMALL_PARAMS = {"celm": {"lm_steps": 5, "warmup_fraction": 0.5}}
+REMAINDER_ON_GLOBAL = {"qfedavg"}  # q-FedAvg: w <- sum c_k w_k + (1 - sum c_k) w_global
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -37,11 +38,16 @@ def test_hostile_updates_never_corrupt_the_global_model(method):
         assert h["dropped"] == [{"client": nan_client, "reason": "non-finite values"}]
         assert h["clipped"] == [huge_client]
         weights = np.asarray(h["weights"])
-        assert np.isfinite(weights).all() and weights.min() >= 0 and weights.sum() == pytest.approx(1, abs=1e-5)
+        assert np.isfinite(weights).all() and weights.min() >= 0
+        if method in REMAINDER_ON_GLOBAL:  # 1 - sum(weights) stays on the previous global model
+            assert 0 < weights.sum() <= 1 + 1e-5
+        else:
+            assert weights.sum() == pytest.approx(1, abs=1e-5)
         if "scores" in h:
             assert np.isfinite(h["scores"]).all()
         assert np.isfinite(h["accuracy"])
-    assert r.final["accuracy"] > 0.2
+    clean = fedlib.run(make_config(cfg.to_dict(), split={"name": "iid"}), cache=False, progress=False)
+    assert r.final["accuracy"] >= clean.final["accuracy"] - 0.1  # no worse than without the hostile clients
 
 
 def test_screening_rules():

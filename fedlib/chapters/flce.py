@@ -134,7 +134,7 @@ def flce_contributions(result, upto: int | None = None, complete: bool = True) -
     x, observed = flce_matrix(result)
     x, observed = torch.from_numpy(x[:upto]), torch.from_numpy(observed[:upto])
     if complete and params.get("completion", True):
-        x = complete_matrix(x, observed, int(params.get("rank", 2)), int(params.get("completion_steps", 2000)),
+        x = complete_matrix(x, observed, int(params.get("rank", 1)), int(params.get("completion_steps", 2000)),
                             float(params.get("completion_lr", 0.05))).clamp(min=0)
     return final_contributions(x).numpy()
 

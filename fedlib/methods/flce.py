@@ -24,7 +24,8 @@ Where the paper is silent (stated on the chapter page): cosine similarity in L_C
 batch); prototypes use the model in eval mode (BatchNorm running statistics); negative
 cosines count as 0 in Eq. 6 and a class nobody holds gets no weight; the first round a
 class is seen (no g_c yet) its velocity is uniform over the clients holding it; completion
-rank 2, 2,000 Adam steps (lr 0.05) on X scaled to mean 1, completed entries clamped at 0.
+rank 1 (a round's scale times a client's share), 2,000 Adam steps (lr 0.05) on X scaled to
+mean 1, completed entries clamped at 0.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def aggregation_weights(q: torch.Tensor) -> torch.Tensor:
     return per_client / total if total > 0 else torch.full_like(per_client, 1.0 / len(per_client))
 
 
-def complete_matrix(x: torch.Tensor, observed: torch.Tensor, rank: int = 2, steps: int = 2000,
+def complete_matrix(x: torch.Tensor, observed: torch.Tensor, rank: int = 1, steps: int = 2000,
                     lr: float = 0.05, seed: int = 0) -> torch.Tensor:
     """Eq. 11: min_{U,V} Σ_observed (X - U V)², U [m, rank], V [rank, n], by gradient descent
     (Adam steps) from a seeded small random start. Returns U V with the observed entries
@@ -237,7 +238,7 @@ class FLCE(Method):
     velocity: bool = True
     momentum: bool = True
     completion: bool = True
-    rank: int = 2  # k of Eq. 11
+    rank: int = 1  # k of Eq. 11
     completion_steps: int = 2000
     completion_lr: float = 0.05
 

@@ -11,6 +11,15 @@ from fedlib.data import load_dataset
 from fedlib.logit_run import LogitConfig, run_logit
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: extra threads only add synchronisation on a busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("profile", book.PROFILES)
 def test_every_profile_makes_distinct_valid_configs(profile):
     params = book.load_profile("logitfl", profile)
@@ -39,7 +48,6 @@ def test_paper_profile_follows_the_papers_setting():
 
 def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
-    torch.set_num_threads(1)
     ds = load_dataset("synthetic", num_classes=6, image_shape=(1, 8, 8), n_train=900, n_test=120, seed=0, noise=1.5)
     params = dict(book.load_profile("logitfl", "smoke"), dataset="synthetic", n_clients=3, ks=[2], fraction=1.0,
                   public_size=150, meta_labeled=100, test_samples=120, rounds=2, meta_steps=20)
@@ -64,7 +72,6 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
     smoke = book.load_profile("logitfl", "smoke")
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))  # results/logitfl/ under tmp_path
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
-    torch.set_num_threads(1)
     params = dict(smoke, dataset="synthetic", n_clients=5, ks=[2], fraction=1.0,
                   public_size=300, meta_labeled=100, test_samples=100, rounds=1, meta_steps=10,
                   experiments=["k_sweep"])

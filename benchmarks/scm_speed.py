@@ -12,6 +12,9 @@ Every number is the median of ``--repeats`` runs after a warm-up, all measured i
 one invocation; ratios are computed from those medians.
 
     python benchmarks/scm_speed.py [--clients 500] [--samples 1000] [--models mlp cnn] [--device cpu]
+
+Memory: a batched pass holds ``model_chunk x batch_size`` samples' activations; for the CNN on
+a CPU use e.g. ``--model-chunk 10 --batch-size 250``.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def main() -> None:
     ap.add_argument("--classes", type=int, default=10)
     ap.add_argument("--models", nargs="+", default=["mlp"])
     ap.add_argument("--model-chunk", type=int, default=100, help="models per batched pass")
+    ap.add_argument("--batch-size", type=int, default=1000, help="server samples per batched pass")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
@@ -76,17 +80,21 @@ def main() -> None:
         ok = set(out.selected) == set(sample.experts)
         rows[solver] = timed(lambda s=solver: scm.select(sample.probs, 2 / 3, s), args.repeats, device)
         print(f"selection  K={k} n={n} C={c} {solver.upper():5s} {rows[solver]:8.3f} s  "
-              f"({out.iterations} iterations, experts recovered: {ok})")
+              f"({out.iterations} iterations, experts recovered: {ok})", flush=True)
     print(f"selection  ratio SLSQP / PGD: {rows['slsqp'] / rows['pgd']:.1f}x")
 
     for name in args.models:
         model, flat, bufs = population(name, k, device)
         x = torch.randn(n, 1, 28, 28, generator=torch.Generator().manual_seed(1)).to(device)
-        batched = timed(lambda m=model, f=flat, b=bufs, xs=x: client_probabilities(m, f, b, xs, model_chunk=args.model_chunk),
-                        args.repeats, device)
-        looped = timed(lambda m=model, f=flat, b=bufs, xs=x: client_probabilities_loop(m, f, b, xs), args.repeats, device)
-        diff = (client_probabilities(model, flat, bufs, x, model_chunk=args.model_chunk)
-                - client_probabilities_loop(model, flat, bufs, x)).abs().max().item()
+        def batched_pass(m=model, f=flat, b=bufs, xs=x):
+            return client_probabilities(m, f, b, xs, model_chunk=args.model_chunk, batch_size=args.batch_size)
+
+        def loop_pass(m=model, f=flat, b=bufs, xs=x):
+            return client_probabilities_loop(m, f, b, xs, batch_size=args.batch_size)
+
+        batched = timed(batched_pass, args.repeats, device)
+        looped = timed(loop_pass, args.repeats, device)
+        diff = (batched_pass() - loop_pass()).abs().max().item()
         print(f"predictions {name:4s} K={k} n={n}: batched {batched:7.3f} s, loop over clients {looped:7.3f} s, "
               f"ratio loop / batched {looped / batched:.2f}x (max |difference| {diff:.1e})")
 

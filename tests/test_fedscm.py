@@ -146,3 +146,20 @@ def test_chapter_profiles_make_valid_configs():
         assert sum(c.stability_runs > 0 for c in cfgs) == 1
     paper = chapter.configs(book.load_profile("fedscm", "paper"))
     assert all(c.n_clients == 500 and c.model == "vgg11" and c.post_rounds == 1000 for c in paper)
+
+
+def test_stored_results_round_trip(tmp_path, monkeypatch, data):
+    """store_results writes results/fedscm/<key>.json; stored_results reads back matching ones."""
+    import shutil
+
+    repo = tmp_path / "repo"
+    (repo / "params").mkdir(parents=True)
+    shutil.copytree(book.repo_root() / "params" / "fedscm", repo / "params" / "fedscm")
+    monkeypatch.setenv("FEDLIB_REPO", str(repo))
+    params = book.load_profile("fedscm", "smoke")
+    cfg = chapter.configs(params)[0]
+    store = ResultCache(book.results_dir("fedscm"))
+    result = execute(make_scm_config(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
+    store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
+    got = chapter.stored_results(params)
+    assert list(got) == [cfg.key()] and got[cfg.key()]["methods"] == result["methods"]

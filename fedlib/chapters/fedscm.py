@@ -202,3 +202,43 @@ def data_label(result: dict, model: str) -> str:
     if name == "cifar10":
         return f"CIFAR-10{' (JPEG copy)' if 'JPEG' in source or 'jpeg' in source else ''}, {model}"
     return {"fmnist": "Fashion-MNIST stand-in"}.get(name, name) + f", {model}"
+
+
+# ----------------------------------------------------------------------------- stored runs
+
+
+def store_results(profile: str = "paper", progress: bool = True) -> list:
+    """Run a profile's federations and keep each under ``results/fedscm/<key>.json`` with its
+    provenance (resumes: files that exist are not recomputed). The pipeline's counterpart of
+    ``fedlib.book.store_results``, which runs round-engine configs only."""
+    from ..book import git_commit, load_profile, results_dir
+    from ..cache import ResultCache
+    from ..scm_pipeline import run_pipeline
+
+    store = ResultCache(results_dir("fedscm"))
+    written = []
+    cfgs = configs(load_profile("fedscm", profile))
+    for i, config in enumerate(cfgs):
+        if store.get(config.key()) is not None:
+            continue
+        if progress:
+            print(f"[{i + 1}/{len(cfgs)}] fedscm: {config.shift} α={config.alpha} seed {config.seed}", flush=True)
+        result = run_pipeline(config, progress=progress)
+        written.append(store.put(config.key(), {"config": config.to_dict(), "result": result, "commit": git_commit(),
+                                                "device": result["meta"]["device"], "date": result["meta"]["date"],
+                                                "wall_time": result["meta"]["wall_time"]}))
+    return written
+
+
+def stored_results(params: dict[str, Any]) -> dict[str, dict]:
+    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``."""
+    from ..book import results_dir
+    from ..cache import ResultCache
+
+    store = ResultCache(results_dir("fedscm"))
+    out = {}
+    for config in configs(params):
+        payload = store.get(config.key())
+        if payload is not None:
+            out[config.key()] = payload["result"]
+    return out

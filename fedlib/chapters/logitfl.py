@@ -145,6 +145,16 @@ def store_results(configs_: list, progress: bool = True) -> list:
     return written
 
 
+def _key_of(config: dict | None) -> str | None:
+    """The key of a stored config as this version reads it (None if it no longer validates)."""
+    from ..config import make_config
+
+    try:
+        return (make_logit_config(config) if "aggregator" in config else make_config(config)).key()
+    except Exception:  # noqa: BLE001 - a config this version cannot read any more
+        return None
+
+
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
     """The stored runs (``results/logitfl/``) of ``params``' configs whose config still matches:
     ({config key: RunResult}, {config key: provenance})."""
@@ -158,7 +168,7 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
         return results, provenance
     for config in configs(params):
         payload = store.get(config.key())
-        if payload is not None and payload.get("config") == config.to_dict():
+        if payload is not None and _key_of(payload.get("config")) == config.key():
             results[config.key()] = RunResult.from_dict(payload["result"])
             provenance[config.key()] = {k: payload.get(k) for k in ("commit", "device", "date", "wall_time")}
     return results, provenance

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 
@@ -81,11 +82,18 @@ def _results(args) -> int:
     from .chapters import chapter_module
 
     try:
-        configs = chapter_module(args.chapter).configs(load_profile(args.chapter, args.profile))
+        module = chapter_module(args.chapter)
+        configs = module.configs(load_profile(args.chapter, args.profile))
     except (ValueError, FileNotFoundError) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
-    written = store_results(args.chapter, configs)
+    own = getattr(module, "store_results", None)  # chapters with their own protocol (logit FL, FedSCM)
+    if own is None:
+        written = store_results(args.chapter, configs)
+    elif "profile" in inspect.signature(own).parameters:
+        written = own(args.profile)
+    else:
+        written = own(configs)
     print(f"{len(written)} new result file(s) under results/{args.chapter}/ ({len(configs)} runs in the profile)")
     return 0
 

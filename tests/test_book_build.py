@@ -64,6 +64,13 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
         assert dom.count("<img") >= 4 and dom.count("<table") >= 6 and "Verdict (computed)" in dom
     if chapter == "status":
         assert "<table" in dom and "FedAvg (uniform) accuracy" in dom
+    if chapter == "logitfl":
+        assert dom.count("<img") >= 2 and dom.count("<table") >= 7 and "UWA weights on the public set" in dom
+        assert dom.count("Verdict (computed)") >= 5
+    if chapter == "leaderboard":
+        assert dom.count("<table") >= 6 and dom.count("<img") >= 1
+        for question in ("Which method values Mavericks?", "Which catches free-riders?", "Which costs least?"):
+            assert question in dom
     if chapter == "performance":  # live run plot, the stored H200 run, valuation overhead
         assert dom.count("<img") >= 3 and dom.count("<table") >= 3 and "NVIDIA H200" in dom
         assert "Verdict (computed)" in dom

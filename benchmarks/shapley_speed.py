@@ -19,7 +19,6 @@ import os
 import platform
 import time
 
-import numpy as np
 import torch
 
 from fedlib.data import DataNotFoundError, load_dataset

@@ -22,7 +22,7 @@ from fedlib.methods.shapley import (
     tmr_shapley,
 )
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, evaluate, make_client_batches, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 
 SHAPE = (1, 8, 8)
 

@@ -36,8 +36,8 @@ Estimators (all take a ``utility`` returning [M] or [M, C] and return φ [n] or 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -46,9 +46,17 @@ from ..population import aggregate, evaluate
 from .base import ClientUpdates, Federation, Method, RoundState, register
 
 __all__ = [
-    "CoalitionUtility", "coalition_utility", "all_coalitions", "exact_shapley", "leave_one_out",
-    "monte_carlo_shapley", "gtg_shapley", "mr_shapley", "tmr_shapley", "best_coalition",
+    "CoalitionUtility",
+    "all_coalitions",
+    "best_coalition",
     "class_difficulty",
+    "coalition_utility",
+    "exact_shapley",
+    "gtg_shapley",
+    "leave_one_out",
+    "monte_carlo_shapley",
+    "mr_shapley",
+    "tmr_shapley",
 ]
 
 MAX_MEMO_PLAYERS = 62  # coalitions are memoized by an int64 bitmask
@@ -606,7 +614,7 @@ class ShapleyRewards(_ShapleyMethod):
         plain, _ = _estimate(self.estimator, self.uniform_view(u), n, state.rng, self.eps_between,
                              self.eps_within)
         phi, among = _estimate(self.estimator, u, n, state.rng, self.eps_between, self.eps_within, self.beta)
-        members, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
+        _, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
         self.beta = class_difficulty(v_hat, self.temperature)  # Eq. 10
         self.last = {"rewards_gtg": plain.tolist(), "rewards_ms": (phi @ self.beta).tolist(),  # Eq. 13
                      "class_values": phi.tolist(), "beta": self.beta.tolist()}

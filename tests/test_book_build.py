@@ -64,6 +64,9 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
         assert dom.count("<img") >= 4 and dom.count("<table") >= 6 and "Verdict (computed)" in dom
     if chapter == "status":
         assert "<table" in dom and "FedAvg (uniform) accuracy" in dom
+    if chapter == "fedms":
+        assert dom.count("<img") >= 2 and dom.count("<table") >= 3
+        assert "Table 2: participation of adversaries, free-riders and Mavericks" in dom
     if chapter == "logitfl":
         assert dom.count("<img") >= 2 and dom.count("<table") >= 7 and "UWA weights on the public set" in dom
         assert dom.count("Verdict (computed)") >= 5

@@ -2,7 +2,7 @@
 
 Fashion-MNIST, the small CNN, N clients of 200 samples each: (1) Eq. 5 prototypes of all N
 client models in one batched pass vs one client at a time; (2) one server round of Eq. 6-10
-for N clients and 10 classes; (3) the completion of Eq. 11 on a 1,000 x 50 matrix with 20 %
+for N clients and 10 classes; (3) the rank-1 completion of Eq. 11 on a 1,000 x 50 matrix with 20 %
 observed (the paper's rounds x clients). Medians of a few repetitions in this one invocation.
 
     python benchmarks/flce_prototypes.py [--clients 5 10 20] [--repeat 3]
@@ -65,7 +65,7 @@ def main() -> None:
     observed = torch.rand(1000, 50) < 0.2
     completion = median_time(lambda: complete_matrix(torch.where(observed, x, torch.zeros_like(x)), observed),
                              args.repeat)
-    print(f"completion of a 1000 x 50 matrix (20 % observed, rank 2, 2,000 steps): {completion:.2f} s")
+    print(f"completion of a 1000 x 50 matrix (20 % observed, rank 1, 2,000 steps): {completion:.2f} s")
 
 
 if __name__ == "__main__":

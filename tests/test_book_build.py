@@ -67,6 +67,9 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
     if chapter == "fedms":
         assert dom.count("<img") >= 2 and dom.count("<table") >= 3
         assert "Table 2: participation of adversaries, free-riders and Mavericks" in dom
+    if chapter == "flce":
+        assert dom.count("<img") >= 5 and dom.count("<table") >= 6 and "Table 4: communication cost" in dom
+        assert "272,474" in dom and "278,324" in dom
     if chapter == "fedscm":
         assert dom.count("<img") >= 3 and dom.count("<table") >= 6
         assert "Theorem 3: exact sparsity for several" in dom and dom.count("Verdict (computed)") >= 6

@@ -119,6 +119,7 @@ def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gp
 
     class MLPClient(NumPyClient):
         def __init__(self, partition: int):
+            torch.set_num_threads(max(1, int(cpus_per_client)))  # one thread per Ray CPU, whatever the env says
             self.state = _actor_state(dataset, data_root, n, device_str, fraction)
             self.partition = partition
 

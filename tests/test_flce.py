@@ -26,12 +26,7 @@ from fedlib.models import build_model
 from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients, train_clients_loop
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_contrastive_loss_equals_the_loop_and_ignores_padding():

@@ -22,12 +22,7 @@ SYNTH = dict(dataset="synthetic", model="mlp", n_clients=4, rounds=2, batch_size
              test_samples=100, seed=3)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- engine hook

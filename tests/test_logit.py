@@ -21,12 +21,7 @@ from fedlib.population import LocalTraining, ParamLayout, make_client_batches, p
 SHAPE = (1, 8, 8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def test_simple_average_by_hand_with_an_absent_client():

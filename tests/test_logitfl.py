@@ -2,7 +2,6 @@
 the runs the page reads; the table helpers read results correctly."""
 
 import pytest
-import torch
 
 from fedlib import book
 from fedlib.chapters import logitfl as chapter
@@ -11,13 +10,7 @@ from fedlib.data import load_dataset
 from fedlib.logit_run import LogitConfig, run_logit
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: extra threads only add synchronisation on a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.parametrize("profile", book.PROFILES)

@@ -11,12 +11,7 @@ import torch
 from fedlib.methods import scm
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _sample(k=12, n=40, c=5, experts=3, seed=0, noise_alpha=1.0):

@@ -27,12 +27,7 @@ from fedlib.population import LocalTraining, ParamLayout, make_client_batches, t
 SHAPE = (1, 8, 8)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # ----------------------------------------------------------------------------- toy games

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from . import unique_configs
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -90,13 +91,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
 
 def configs(params: dict[str, Any]) -> list[RunConfig]:
     """Every run of the chapter, without duplicates (e.g. Table 8's 5 % is Table 1's CELM)."""
-    seen, out = set(), []
-    for experiment in params["experiments"]:
-        for config in experiment_configs(params, experiment):
-            if config.key() not in seen:
-                seen.add(config.key())
-                out.append(config)
-    return out
+    return unique_configs(experiment_configs, params)
 
 
 # ----------------------------------------------------------------------------- reading runs

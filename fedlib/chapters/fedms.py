@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from . import unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS"}
@@ -113,13 +114,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
 
 def configs(params: dict[str, Any]) -> list[RunConfig]:
     """Every run of the chapter, without duplicates."""
-    seen, out = set(), []
-    for experiment in params["experiments"]:
-        for config in experiment_configs(params, experiment):
-            if config.key() not in seen:
-                seen.add(config.key())
-                out.append(config)
-    return out
+    return unique_configs(experiment_configs, params)
 
 
 # ----------------------------------------------------------------------------- reading runs

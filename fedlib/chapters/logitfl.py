@@ -19,6 +19,7 @@ import numpy as np
 
 from ..config import RunConfig
 from ..logit_run import LogitConfig, fedavg_config, make_logit_config
+from . import unique_configs
 
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
@@ -67,13 +68,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[LogitCon
 
 def configs(params: dict[str, Any], experiments=None) -> list[LogitConfig | RunConfig]:
     """Every run of the chapter (or of ``experiments``), without duplicates."""
-    seen, out = set(), []
-    for experiment in experiments or params["experiments"]:
-        for config in experiment_configs(params, experiment):
-            if config.key() not in seen:
-                seen.add(config.key())
-                out.append(config)
-    return out
+    return unique_configs(experiment_configs, params, experiments)
 
 
 def run_all(configs_: list, progress: bool = False) -> dict[str, Any]:

@@ -107,7 +107,7 @@ _SPLITS = ("train", "test")
 _IMAGE_SUFFIXES = {
     ".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp",
 }
-_CACHE_FORMAT = 1
+_CACHE_FORMAT = 2  # 2: the npz records its source's content fingerprint and its arrays' hash
 _ARRAY_FIELDS = ("x_train", "y_train", "x_test", "y_test")
 
 
@@ -142,6 +142,7 @@ class Dataset:
     source: str
     channel_mean: tuple[float, ...] = ()  # training statistics used to normalize, in [0, 1] units
     channel_std: tuple[float, ...] = ()
+    fingerprint: dict | None = field(default=None, repr=False)  # data_fingerprint() of the files read
 
     @property
     def num_classes(self) -> int:
@@ -225,7 +226,9 @@ def load_dataset(
     else:
         data_root = Path(root).expanduser().absolute() if root is not None else default_data_root()
         arrays = _READERS[name](data_root, _download_allowed(download), cache_dir)
-    return _to_dataset(name, arrays, device)
+    dataset = _to_dataset(name, arrays, device)
+    dataset.fingerprint = data_fingerprint(name, root)  # after reading: a download is included
+    return dataset
 
 
 def _check_known(name: str) -> None:
@@ -283,6 +286,14 @@ def _check_arrays(arrays: _ImageArrays) -> None:
             raise DataCorruptError(
                 f"inconsistent images/labels read from {arrays.source}: images {x.dtype} "
                 f"{x.shape}, labels {y.dtype} {y.shape}, {len(arrays.classes)} classes"
+            )
+    for split, y in (("train", arrays.y_train), ("test", arrays.y_test)):
+        counts = np.bincount(y, minlength=len(arrays.classes))
+        if len(y) == 0 or not counts.all():
+            missing = [arrays.classes[c] for c in np.flatnonzero(counts == 0)][:5]
+            raise DataCorruptError(
+                f"incomplete data read from {arrays.source}: the {split} split has {len(y)} images and "
+                f"no image of class(es) {missing} (truncated or partial copy?)"
             )
 
 
@@ -438,7 +449,7 @@ def _read_eurosat(root: Path, download: bool, cache_dir) -> _ImageArrays:
     dataset = _open_torchvision("eurosat", root, looked, download)
     split = [EUROSAT_TEST_FRACTION, EUROSAT_SPLIT_SEED]
     cache_file = _cache_file(cache_dir, "eurosat", looked[0], split)
-    return _cached(cache_file, lambda: _split_eurosat(dataset, looked[0]))
+    return _cached(cache_file, lambda: _split_eurosat(dataset, looked[0]), _content_fingerprint(looked[0])["sha256"])
 
 
 def _split_eurosat(dataset, folder: Path) -> _ImageArrays:
@@ -537,7 +548,7 @@ def _read_imagefolder(path_text: str, cache_dir) -> _ImageArrays:
 
 def _load_image_tree(path: Path, label: str, source: str, cache_dir) -> _ImageArrays:
     cache_file = _cache_file(cache_dir, label, path)
-    return _cached(cache_file, lambda: _read_image_tree(path, label, source))
+    return _cached(cache_file, lambda: _read_image_tree(path, label, source), _content_fingerprint(path)["sha256"])
 
 
 def _read_image_tree(path: Path, label: str, source: str) -> _ImageArrays:
@@ -579,8 +590,19 @@ def _tree_files(path: Path) -> Iterator[tuple[str, bytes]]:
             for member in archive:
                 if member.isfile() and _is_image_name(member.name):
                     yield member.name, archive.extractfile(member).read()
+            _check_archive_end(archive, path)
     except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
         raise DataCorruptError(f"cannot read archive {path}: {error}") from None
+
+
+def _check_archive_end(archive: tarfile.TarFile, path: Path) -> None:
+    """A complete tar ends with a zero block after its last member (a cut at a member boundary
+    does not); reading a compressed stream to its end checks its CRC (gzip) or checksum."""
+    archive.fileobj.seek(archive.offset)
+    if archive.fileobj.read(tarfile.BLOCKSIZE) != bytes(tarfile.BLOCKSIZE):
+        raise DataCorruptError(f"truncated archive {path}: no end-of-archive block after its last member")
+    while archive.fileobj.read(1 << 20):
+        pass
 
 
 def _is_image_name(relative: str) -> bool:
@@ -656,31 +678,48 @@ def _fingerprint(source: Path) -> list:
     return entries
 
 
-def _cached(cache_file: Path, build: Callable[[], _ImageArrays]) -> _ImageArrays:
-    """Arrays from ``cache_file``; if it is missing or unreadable, build them and write it."""
+def _cached(cache_file: Path, build: Callable[[], _ImageArrays], source_sha256: str) -> _ImageArrays:
+    """Arrays from ``cache_file`` if it records ``source_sha256`` (the content fingerprint of the
+    files it was decoded from) and its arrays still hash to the value it records; otherwise
+    (missing, unreadable, another source, altered arrays) build them and write it anew."""
     if cache_file.exists():
         try:
-            return _read_cache(cache_file)
+            return _read_cache(cache_file, source_sha256)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
-            warnings.warn(f"rebuilding unreadable dataset cache {cache_file}: {error}")
-            cache_file.unlink(missing_ok=True)
+            warnings.warn(f"rebuilding dataset cache {cache_file}: {_one_line(error)}")
     arrays = build()
-    _write_cache(cache_file, arrays)
+    _write_cache(cache_file, arrays, source_sha256)
     return arrays
 
 
-def _read_cache(cache_file: Path) -> _ImageArrays:
+def _arrays_sha256(arrays: _ImageArrays) -> str:
+    digest = hashlib.sha256()
+    for key in _ARRAY_FIELDS:
+        value = np.ascontiguousarray(getattr(arrays, key))
+        digest.update(f"{key}{value.dtype}{value.shape}".encode())
+        digest.update(value.tobytes())
+    digest.update(json.dumps([list(arrays.classes), arrays.source]).encode())
+    return digest.hexdigest()
+
+
+def _read_cache(cache_file: Path, source_sha256: str) -> _ImageArrays:
     with np.load(cache_file, allow_pickle=False) as npz:
         arrays = _ImageArrays(
             **{key: npz[key] for key in _ARRAY_FIELDS},
             classes=npz["classes"].tolist(),
             source=str(npz["source"]),
         )
+        recorded_source = str(npz["source_sha256"]) if "source_sha256" in npz else None
+        recorded_arrays = str(npz["arrays_sha256"]) if "arrays_sha256" in npz else None
+    if recorded_source != source_sha256:
+        raise ValueError("it was decoded from other source files (or records no source fingerprint)")
+    if recorded_arrays != _arrays_sha256(arrays):
+        raise ValueError("its arrays do not match the hash it records")
     _check_arrays(arrays)
     return arrays
 
 
-def _write_cache(cache_file: Path, arrays: _ImageArrays) -> None:
+def _write_cache(cache_file: Path, arrays: _ImageArrays, source_sha256: str) -> None:
     """Write atomically (a temporary file in the same folder, then os.replace); warn on failure."""
     temporary = None
     try:
@@ -693,6 +732,8 @@ def _write_cache(cache_file: Path, arrays: _ImageArrays) -> None:
                 **{key: getattr(arrays, key) for key in _ARRAY_FIELDS},
                 classes=np.array(arrays.classes, dtype=str),
                 source=np.array(arrays.source, dtype=str),
+                source_sha256=np.array(source_sha256, dtype=str),
+                arrays_sha256=np.array(_arrays_sha256(arrays), dtype=str),
             )
         os.chmod(temporary, 0o644)  # NamedTemporaryFile makes it private
         os.replace(temporary, cache_file)
@@ -700,6 +741,125 @@ def _write_cache(cache_file: Path, arrays: _ImageArrays) -> None:
         if temporary is not None:
             temporary.unlink(missing_ok=True)
         warnings.warn(f"could not write dataset cache {cache_file}: {error}")
+
+
+# ----------------------------------------------------------------------------- fingerprints
+
+SYNTHETIC_GENERATOR = "1"  # bump when _make_synthetic changes the tensors it makes
+_FINGERPRINT_MEMO: dict[str, dict] = {}
+
+
+def data_fingerprint(name: str, root: str | os.PathLike | None = None) -> dict:
+    """What loading ``name`` reads, without decoding it: ``{"source", "files": [[name, size], ...],
+    "sha256"}``; ``sha256`` hashes the file names (relative to the source), sizes and contents, so
+    the same files under another root give the same value. Content hashes are computed once per
+    source and kept under ``$FEDLIB_CACHE/fingerprints`` (keyed by path, size and mtime).
+    Files not found (yet): ``{"source": None, "missing": [paths looked at], "sha256": None}``."""
+    if name == "synthetic":
+        options = SyntheticOptions()
+        text = json.dumps([SYNTHETIC_GENERATOR, repr(options)])
+        return {"source": f"synthetic (seed={options.seed}, noise={options.noise})", "files": [],
+                "sha256": hashlib.sha256(text.encode()).hexdigest()}
+    _check_known(name)
+    if name.startswith(IMAGEFOLDER_PREFIX):
+        path = Path(name[len(IMAGEFOLDER_PREFIX):]).expanduser().absolute()
+        located = (path, f"image folder {path}") if path.exists() else None
+        looked = [path]
+    else:
+        data_root = Path(root).expanduser().absolute() if root is not None else default_data_root()
+        located, looked = _locate(name, data_root)
+    if located is None:
+        return {"source": None, "missing": [str(p) for p in looked], "sha256": None}
+    base, source, *only = located
+    return {"source": source, **_content_fingerprint(base, *only)}
+
+
+def _locate(name: str, root: Path) -> tuple[tuple[Path, str] | None, list[Path]]:
+    """((file or folder the reader takes, its ``source`` text) or None, paths looked at); the
+    same order of places as the readers."""
+    if name in _IDX_FOLDERS:
+        looked = [*([DEBIAN_FASHION_MNIST] if name == "fmnist" else []), root / _IDX_FOLDERS[name],
+                  _torchvision_paths(name, root)[0]]
+        files = next(filter(None, map(_find_idx_files, looked)), None)
+        if files is None:
+            return None, looked
+        folder = files["x_train"].parent
+        return (folder, f"{name} idx files from {folder}", sorted(p.name for p in files.values())), looked
+    looked = _torchvision_paths(name, root)
+    if name == "cifar10":
+        jpeg_copy = root / CIFAR10_JPEG
+        if not looked[0].exists() and jpeg_copy.is_file():
+            return (jpeg_copy, f"CIFAR-10 (JPEG copy) from {jpeg_copy}"), [*looked, jpeg_copy]
+        looked = [*looked, jpeg_copy]
+    if name == "svhn":
+        ok = all(p.is_file() for p in looked)
+        return ((root, f"svhn (torchvision files) from {root}") if ok else None), looked
+    texts = {"cifar10": "cifar10 (torchvision files) from {}", "cifar100": "cifar100 (torchvision files) from {}",
+             "emnist": "emnist balanced (torchvision files) from {}", "eurosat": "eurosat from {}"}
+    return ((looked[0], texts[name].format(looked[0])) if looked[0].exists() else None), looked
+
+
+def _source_files(base: Path, only: list[str] | None = None) -> list[tuple[str, Path]]:
+    if only is not None:
+        return [(n, base / n) for n in only]
+    if base.is_file():
+        return [(base.name, base)]
+    names = ("train_32x32.mat", "test_32x32.mat") if (base / "train_32x32.mat").is_file() else None
+    if names:  # svhn: the two files at the root, not everything below it
+        return [(n, base / n) for n in names]
+    return [(f.relative_to(base).as_posix(), f) for f in sorted(base.rglob("*")) if f.is_file()]
+
+
+def _content_fingerprint(base: Path, only: list[str] | None = None) -> dict:
+    files = _source_files(base, only)
+    stats = [(rel, f.stat()) for rel, f in files]
+    stamp = json.dumps([str(base.resolve()), [[rel, st.st_size, st.st_mtime_ns] for rel, st in stats]])
+    stamp_digest = hashlib.sha256(stamp.encode()).hexdigest()[:32]
+    if stamp_digest in _FINGERPRINT_MEMO:
+        return _FINGERPRINT_MEMO[stamp_digest]
+    fedlib_cache = os.environ.get("FEDLIB_CACHE") or Path.home() / ".cache" / "fedlib"
+    stored = Path(fedlib_cache) / "fingerprints" / f"{stamp_digest}.json"
+    result = None
+    try:
+        candidate = json.loads(stored.read_text())
+        if candidate.get("stamp") == stamp:
+            result = candidate["fingerprint"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        result = None
+    if result is None:
+        rows = [[rel, st.st_size, _file_sha256(f)] for (rel, f), (_, st) in zip(files, stats)]
+        digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+        result = {"files": [[rel, size] for rel, size, _ in rows], "sha256": digest}
+        try:
+            from .cache import atomic_write_text
+
+            atomic_write_text(stored, json.dumps({"stamp": stamp, "fingerprint": result}))
+        except OSError as error:
+            warnings.warn(f"could not keep the data fingerprint in {stored}: {error}")
+    if len(result["files"]) > 50:  # provenance stays small: the count, not every name
+        result = {"files": [[f"{len(result['files'])} files", sum(s for _, s in result["files"])]],
+                  "sha256": result["sha256"]}
+    _FINGERPRINT_MEMO[stamp_digest] = result
+    return result
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tensor_fingerprint(dataset: Dataset) -> dict:
+    """The fingerprint of a Dataset built in memory (no files): a hash of its tensors and classes."""
+    digest = hashlib.sha256()
+    for t in (dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test):
+        t = t.detach().cpu().contiguous()
+        digest.update(str((t.dtype, tuple(t.shape))).encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    digest.update(json.dumps(list(dataset.classes)).encode())
+    return {"source": f"in-memory dataset ({dataset.source})", "files": [], "sha256": digest.hexdigest()}
 
 
 _READERS = {

@@ -2,8 +2,12 @@
 
 One file per key: ``{"sha256": <hex of the payload's canonical JSON>, "payload": {...}}``.
 Writes go to a temporary file in the same folder and are renamed into place, so a killed
-process never leaves a half-written entry; an entry whose checksum does not match (a
-corrupted or hand-edited file) is reported as missing and recomputed by the caller.
+process never leaves a half-written entry. Reading never deletes anything: an entry that is
+unreadable, fails its checksum or fails the caller's check (``get(key, check=...)``: another
+config's numbers, a wrong schema, NaN scores) is reported once by a warning and treated as
+missing; in an ordinary cache it is set aside as ``<key>.json.invalid-<n>`` (kept for
+inspection), in a protected store (``protect=True``, the committed ``results/``) a reader
+leaves it where it is.
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import hashlib
 import json
 import os
 import tempfile
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+_REPORTED: set[tuple[str, str]] = set()  # (path, problem) already warned about in this process
 
 
 def default_cache_root() -> Path:
@@ -42,11 +49,21 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-class ResultCache:
-    """Checksummed JSON entries under ``root`` (default: ``<cache root>/runs``)."""
+def _report(path: Path, problem: str, action: str) -> None:
+    if (str(path), problem) not in _REPORTED:
+        _REPORTED.add((str(path), problem))
+        warnings.warn(f"result entry {path}: {problem}; {action}", RuntimeWarning, stacklevel=4)
 
-    def __init__(self, root: str | Path | None = None):
+
+class ResultCache:
+    """Checksummed JSON entries under ``root`` (default: ``<cache root>/runs``).
+
+    ``protect=True`` (the committed ``results/`` store): a reader never renames or deletes an
+    entry; only a writer replacing an invalid entry first moves it aside."""
+
+    def __init__(self, root: str | Path | None = None, *, protect: bool = False):
         self.root = Path(root) if root is not None else default_cache_root() / "runs"
+        self.protect = protect
         self._remove_stale_temporaries()
 
     def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
@@ -67,25 +84,62 @@ class ResultCache:
     def path(self, key: str) -> Path:
         return self.root / f"{key}.json"
 
-    def get(self, key: str) -> dict | None:
-        """The stored payload, or None when absent or corrupted (the bad file is removed)."""
+    def read(self, key: str) -> tuple[dict | None, str | None]:
+        """(payload, None) for a readable entry with a matching checksum, else (None, problem);
+        (None, None) when there is no entry. Nothing is reported or moved."""
         path = self.path(key)
+        if not path.exists() and not path.is_symlink():
+            return None, None
         if not path.is_file():
-            return None
+            return None, "not a regular file"
         try:
             entry = json.loads(path.read_text())
             payload = entry["payload"]
             if entry["sha256"] != _digest(payload):
-                raise ValueError("checksum mismatch")
-        except (ValueError, KeyError, TypeError, OSError):
-            path.unlink(missing_ok=True)
-            return None
-        return payload
+                return None, "checksum mismatch (edited or damaged)"
+        except (ValueError, KeyError, TypeError, OSError, RecursionError) as err:
+            return None, f"unreadable ({type(err).__name__})"
+        if not isinstance(payload, dict):
+            return None, "payload is not a mapping"
+        return payload, None
+
+    def get(self, key: str, check: Callable[[dict], str | None] | None = None) -> dict | None:
+        """The stored payload, or None when absent or invalid. ``check(payload)`` returns a problem
+        (text) or None. An invalid entry is reported once; in an unprotected cache it is set aside."""
+        payload, problem = self.read(key)
+        if problem is None and payload is not None and check is not None:
+            try:
+                problem = check(payload)
+            except Exception as err:  # noqa: BLE001 - a malformed payload must not crash the lookup
+                problem = f"invalid content ({type(err).__name__}: {str(err)[:120]})"
+        if problem is None:
+            return payload
+        if self.protect:
+            _report(self.path(key), problem, "skipped (a stored result is never moved by reading it)")
+        else:
+            aside = self.set_aside(key)
+            _report(self.path(key), problem, f"set aside as {aside.name}, recomputing" if aside else "ignored")
+        return None
+
+    def set_aside(self, key: str) -> Path | None:
+        """Rename the entry to ``<key>.json.invalid-<n>`` (the first free n); never deletes."""
+        path = self.path(key)
+        for n in range(1, 10_000):
+            target = path.with_name(f"{path.name}.invalid-{n}")
+            if not target.exists():
+                try:
+                    os.replace(path, target)
+                    return target
+                except OSError:
+                    return None
+        return None
 
     def put(self, key: str, payload: dict) -> Path:
         path = self.path(key)
+        if path.exists() and self.read(key)[1] is not None:  # never overwrite an invalid entry: keep it aside
+            self.set_aside(key)
         atomic_write_text(path, json.dumps({"sha256": _digest(payload), "payload": payload}, indent=1))
         return path
 
     def __contains__(self, key: str) -> bool:
-        return self.get(key) is not None
+        return self.read(key)[0] is not None

@@ -9,17 +9,69 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-CACHE_FORMAT = 1  # bump when a change makes old cached results invalid
+CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + data fingerprint
+# The engine's rule version: local training, screening, aggregation and evaluation in
+# ``fedlib.run``. Bump it (a string) with any change there that changes numbers; every key changes.
+ENGINE_VERSION = "1"
+
+# Hard limits on config input (a config is small: these stop memory and time blow-ups early).
+MAX_CONFIG_BYTES = 256_000  # a YAML config file
+MAX_STRING = 4096  # characters of any string value
+MAX_LIST = 1000  # items of any list value
+MAX_SPEC_VALUES = 1000  # values inside a split or method spec, nested ones included
+MAX_COUNT = 100_000  # clients, rounds, evaluation period, chunk size
+MAX_SAMPLES = 10_000_000  # test_samples, server_val
+MAX_BATCH = 65_536
+MAX_EPOCHS = 1000
+MAX_SEED = 2**31 - 1
+SHOWN_CHARS = 60  # an echoed bad value is cut to this many characters
 
 
 class ConfigError(ValueError):
     """A bad configuration value; the message is one line naming the field."""
+
+
+def shown(value: Any) -> str:
+    """A short ``repr`` of a bad value: errors never echo a huge (or self-expanding) input whole."""
+    import reprlib
+
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = short.maxlong = SHOWN_CHARS
+    short.maxlist = short.maxtuple = 6
+    short.maxdict, short.maxlevel = 4, 2
+    text = short.repr(value)
+    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > SHOWN_CHARS:
+        text += f" (length {len(value)})"
+    return text
+
+
+def _check_plain(value: Any, field: str, budget: list[int]) -> None:
+    """Spec values are plain data: finite numbers, short strings and lists, bounded in total
+    (a shared or self-referencing structure cannot expand past the budget)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError(f"{field}: more than {MAX_SPEC_VALUES} values")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{field}: must be a finite number (got {value})")
+    if isinstance(value, str) and len(value) > MAX_STRING:
+        raise ValueError(f"{field}: string too long ({len(value)} characters; at most {MAX_STRING})")
+    if isinstance(value, (list, tuple)):
+        if len(value) > MAX_LIST:
+            raise ValueError(f"{field}: list too long ({len(value)} items; at most {MAX_LIST})")
+        for item in value:
+            _check_plain(item, field, budget)
+    elif isinstance(value, dict):
+        for k, item in value.items():
+            _check_plain(item, f"{field}.{k}", budget)
+    elif value is not None and not isinstance(value, (bool, int, float, str)):
+        raise ValueError(f"{field}: must be plain data (got {type(value).__name__})")
 
 
 class Spec(BaseModel):
@@ -35,54 +87,103 @@ class Spec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _from_string(cls, value):
-        return {"name": value} if isinstance(value, str) else value
+        value = {"name": value} if isinstance(value, str) else value
+        if isinstance(value, dict):
+            budget = [MAX_SPEC_VALUES]
+            for key, item in value.items():
+                _check_plain(item, str(key), budget)
+        return value
 
 
 _SPLIT_RANGES = {  # parameter -> (test, allowed range text)
     "alpha": (lambda v: v > 0, "> 0"),
     "gamma": (lambda v: v > 0, "> 0"),
-    "k": (lambda v: v >= 1, ">= 1"),
-    "min_size": (lambda v: v >= 0, ">= 0"),
-    "n_mavericks": (lambda v: v >= 0, ">= 0"),
-    "n_free_riders": (lambda v: v >= 0, ">= 0"),
+    "k": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]"),
+    "min_size": (lambda v: 0 <= v <= MAX_SAMPLES, f"in [0, {MAX_SAMPLES}]"),
+    "n_mavericks": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
+    "n_free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
+    "free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
+    "nan_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
+    "huge_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
     "sigma": (lambda v: v >= 0, ">= 0"),
+    "covariate_shift": (lambda v: v >= 0, ">= 0"),
     "rate": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "label_noise": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "std": (lambda v: v >= 0, ">= 0"),
+    "feature_noise": (lambda v: v >= 0, ">= 0"),
 }
+_SPLIT_INTEGERS = {"k", "min_size", "n_mavericks", "n_free_riders", "free_riders", "nan_updates", "huge_updates"}
+_BOOL_FIELDS = {"reference_values"}
 
 
 class RunConfig(BaseModel):
     """One federated run. Defaults: CELM's Fashion-MNIST protocol, FedAvg, 5 IID clients."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=MAX_STRING)
 
     dataset: str = "fmnist"
     data_root: str | None = None
     fraction: float = Field(1.0, gt=0, le=1, description="share of the training set used")
-    test_samples: int | None = Field(None, ge=1, description="evaluate on a fixed random subset of n test samples")
-    server_val: int | None = Field(None, ge=1, description="training samples held out as the server's "
+    test_samples: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="evaluate on a fixed random subset of n test samples")
+    server_val: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="training samples held out as the server's "
                                    "validation set (default 1000 for methods that need one)")
     model: str = "mlp"
     split: Spec = Spec(name="iid")
-    n_clients: int = Field(5, ge=1)
-    clients_per_round: int | None = Field(None, ge=1, description="None = all clients")
-    rounds: int = Field(20, ge=1)
-    local_epochs: int = Field(1, ge=1)
-    batch_size: int = Field(128, ge=1)
+    n_clients: int = Field(5, ge=1, le=MAX_COUNT)
+    clients_per_round: int | None = Field(None, ge=1, le=MAX_COUNT, description="None = all clients")
+    rounds: int = Field(20, ge=1, le=MAX_COUNT)
+    local_epochs: int = Field(1, ge=1, le=MAX_EPOCHS)
+    batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     lr: float = Field(0.1, gt=0)
-    lr_milestones: tuple[int, ...] = Field((), description="rounds after which lr *= lr_gamma")
+    lr_milestones: tuple[int, ...] = Field((), max_length=MAX_LIST, description="rounds after which lr *= lr_gamma")
     lr_gamma: float = Field(0.1, gt=0, le=1)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     method: Spec = Spec(name="fedavg")
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     device: str = "cpu"
-    eval_every: int = Field(1, ge=1)
+    eval_every: int = Field(1, ge=1, le=MAX_COUNT)
     update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
                                       "round's median distance from the global model (None: off)")
-    client_chunk: int | None = Field(None, ge=1, description="clients trained together (memory)")
+    client_chunk: int | None = Field(None, ge=1, le=MAX_COUNT, description="clients trained together (memory)")
     reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
                                    "values of its clients on the server's validation set (final['reference'])")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _plain_values(cls, v, info):
+        if isinstance(v, bool) and info.field_name not in _BOOL_FIELDS:
+            raise ValueError(f"must be a number or text, not {str(v).lower()}")
+        if isinstance(v, (list, tuple)) and len(v) > MAX_LIST:
+            raise ValueError(f"list too long ({len(v)} items; at most {MAX_LIST})")
+        if isinstance(v, str) and len(v) > MAX_STRING:
+            raise ValueError(f"string too long ({len(v)} characters; at most {MAX_STRING})")
+        return v
+
+    @field_validator("lr_milestones", mode="before")
+    @classmethod
+    def _milestone_items(cls, v):
+        if isinstance(v, (list, tuple)) and any(isinstance(m, bool) for m in v):
+            raise ValueError("milestones must be rounds (numbers), not true/false")
+        return v
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, v: str) -> str:
+        from .models import MODELS
+
+        if v not in MODELS:
+            raise ValueError(f"unknown model {shown(v)}; known: {', '.join(MODELS)}")
+        return v
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+        from .data import _check_known
+
+        if v != "synthetic":
+            _check_known(v)
+        return v
 
     @field_validator("device")
     @classmethod
@@ -94,8 +195,8 @@ class RunConfig(BaseModel):
     @field_validator("lr_milestones")
     @classmethod
     def _milestones(cls, v):
-        if any(m < 1 for m in v):
-            raise ValueError("milestones must be rounds >= 1")
+        if any(m < 1 or m > MAX_COUNT for m in v):
+            raise ValueError(f"milestones must be rounds in [1, {MAX_COUNT}]")
         return tuple(sorted(v))
 
     @model_validator(mode="after")
@@ -105,10 +206,14 @@ class RunConfig(BaseModel):
                 f"clients_per_round: must be <= n_clients = {self.n_clients} (got {self.clients_per_round})"
             )
         for key, value in self.split.params.items():
-            if key in _SPLIT_RANGES and isinstance(value, (int, float)):
-                ok, text = _SPLIT_RANGES[key]
-                if not ok(value):
-                    raise ValueError(f"split.{key}: must be {text} (got {value})")
+            if key not in _SPLIT_RANGES or value is None:
+                continue
+            integer = key in _SPLIT_INTEGERS
+            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+                raise ValueError(f"split.{key}: must be {'an integer' if integer else 'a number'} (got {shown(value)})")
+            ok, text = _SPLIT_RANGES[key]
+            if not ok(value):
+                raise ValueError(f"split.{key}: must be {text} (got {value})")
         if self.reference_values and self.per_round > 16:
             raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
@@ -138,19 +243,75 @@ class RunConfig(BaseModel):
         passed = sum(round_index >= m for m in self.lr_milestones)
         return self.lr * self.lr_gamma**passed
 
-    def key(self) -> str:
-        """Hash of everything that changes results (not the data root or chunking)."""
-        data = self.model_dump(mode="json", exclude={"data_root", "client_chunk"})
-        data["_format"] = CACHE_FORMAT
-        if not self.reference_values:  # the default leaves earlier keys unchanged
-            data.pop("reference_values")
-        if self.test_samples is not None:
-            data["_test_subset"] = "random"  # earlier versions took the first n test samples
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    # -- what produced a result: the resolved config, the rule versions, the data -----------
+    def resolved(self) -> dict[str, Any]:
+        """The config as it runs: every method hyper-parameter and split parameter with its default
+        filled in, and engine defaults that change numbers (``server_val``); no ``data_root``
+        (the data is identified by :meth:`data_fingerprint`)."""
+        from .methods import build_method
+
+        data = self.model_dump(mode="json", exclude={"data_root"})
+        method = build_method(self.method.name, self.method.params)
+        data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
+        data["split"] = {"name": self.split.name, **_split_defaults(self.split.name), **self.split.params}
+        if self.server_val is None:
+            from .run import DEFAULT_SERVER_VAL
+
+            data["server_val"] = DEFAULT_SERVER_VAL if method.needs_validation or self.reference_values else 0
+        return _plain(data)
+
+    def rule_versions(self) -> dict[str, str]:
+        """``{"engine": ENGINE_VERSION, <method>: its rule_version}``."""
+        from .methods import METHODS
+
+        return {"engine": ENGINE_VERSION, self.method.name: str(METHODS[self.method.name].rule_version)}
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        """The files this config's dataset reads (``fedlib.data.data_fingerprint``), without loading them."""
+        from .data import data_fingerprint
+
+        return data_fingerprint(self.dataset, self.data_root)
+
+    def config_key(self) -> str:
+        """Hash of the resolved config and the rule versions (not the data)."""
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "_format": CACHE_FORMAT})
+
+    def key(self, fingerprint: dict[str, Any] | None = None) -> str:
+        """The cache key: hash of the resolved config, the rule versions and the data's content
+        fingerprint (``fingerprint``, default: that of the files the config would read now).
+        Where the data, a default, a rule or an option that changes numbers differs, so does the key;
+        the data root does not enter (the same files elsewhere give the same key)."""
+        fingerprint = self.data_fingerprint() if fingerprint is None else fingerprint
+        data = fingerprint.get("sha256") or {"missing": self.dataset}
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "data": data,
+                      "_format": CACHE_FORMAT})
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _hash(data: Any) -> str:
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _plain(data: Any) -> Any:
+    """JSON-ready copy (tuples become lists; other objects their repr)."""
+    return json.loads(json.dumps(data, default=repr))
+
+
+def _split_defaults(name: str) -> dict[str, Any]:
+    """The defaults of a split function's parameters (those a config may set)."""
+    import inspect
+
+    from . import partition
+
+    fn = getattr(partition, name, None)
+    if not callable(fn):
+        return {}
+    fixed = {"labels", "n_clients", "seed", "n_classes", "x", "y"}
+    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
+            if p.name not in fixed and p.default is not inspect.Parameter.empty}
 
 
 def _one_line(err: ValidationError, source: str) -> ConfigError:
@@ -161,38 +322,76 @@ def _one_line(err: ValidationError, source: str) -> ConfigError:
         allowed = ", ".join(RunConfig.model_fields)
         return ConfigError(f"{source}: unknown key {field!r}; allowed keys: {allowed}")
     got = first.get("input")
-    shown = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {got!r})"
-    prefix = f"{field}: " if first["loc"] else ""
-    return ConfigError(f"{source}: {prefix}{msg}{shown}".replace("\n", " "))
+    echo = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {shown(got)})"
+    prefix = f"{field}: " if first["loc"] and not msg.startswith(f"{field}:") else ""
+    return ConfigError(f"{source}: {prefix}{msg}{echo}".replace("\n", " "))
 
 
 def make_config(data: dict[str, Any] | RunConfig | None = None, source: str = "config", **overrides) -> RunConfig:
     """Validate a dict (plus keyword overrides) into a RunConfig, with one-line errors."""
     if isinstance(data, RunConfig):
         data = data.to_dict()
+    if data is not None and not isinstance(data, dict):
+        hint = "; to run a YAML file, pass fedlib.load_config(path)" if isinstance(data, (str, Path)) else ""
+        raise ConfigError(f"{source}: expected a RunConfig or a mapping of config keys, got "
+                          f"{type(data).__name__} {shown(data)}{hint}")
     merged = {**(data or {}), **overrides}
+    bad_key = next((k for k in merged if not isinstance(k, str)), None)
+    if bad_key is not None:
+        raise ConfigError(f"{source}: config keys must be text (got {shown(bad_key)})")
     try:
         return RunConfig(**merged)
     except ValidationError as err:
         raise _one_line(err, source) from None
-    except ValueError as err:  # raised by nested validators (method registry, data specs)
-        raise ConfigError(f"{source}: {str(err).splitlines()[0]}") from None
+    except (ValueError, TypeError, OverflowError, RecursionError) as err:  # nested validators
+        text = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"{source}: {text[:300]}") from None
 
 
-def load_config(path: str | Path, **overrides) -> RunConfig:
-    """Read a YAML file with safe loading and validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
+class _NoAliasLoader(yaml.SafeLoader):
+    """Safe YAML without aliases: ``*name`` references (the "billion laughs" expansion) are refused."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.constructor.ConstructorError(None, None, "YAML aliases (*name) are not allowed in configs",
+                                                    mark)
+        return super().compose_node(parent, index)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """Safe YAML without aliases, within the size limit; errors are one ConfigError line."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{source}: too large ({len(text)} characters; at most {MAX_CONFIG_BYTES})")
+    loader = _NoAliasLoader(text)
     try:
-        data = yaml.safe_load(path.read_text())
+        return loader.get_single_data()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or "invalid YAML"
-        raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+        raise ConfigError(f"{source}: malformed YAML{where}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: YAML nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def load_config(path: str | Path, **overrides) -> RunConfig:
+    """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such config file")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: config file too large ({size} bytes; at most {MAX_CONFIG_BYTES})")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+    data = parse_yaml(text, str(path))
     if data is None:
-        data = {}
+        raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
     return make_config(data, source=str(path), **overrides)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import inspect
+import math
 import threading
 import os
 import warnings
@@ -23,7 +24,7 @@ import torch
 
 from . import partition as partition_module
 from .cache import ResultCache
-from .config import ConfigError, RunConfig, make_config
+from .config import ENGINE_VERSION, ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import ClientData, ClientUpdates, Federation, RoundState, build_method
 from .models import build_model
@@ -37,7 +38,8 @@ from .population import (
     train_clients,
 )
 
-__all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS"]
+__all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
+           "result_check", "exit_with_parent"]
 
 
 DEFAULT_SERVER_VAL = 1000
@@ -270,17 +272,121 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
         dataset: Dataset | None = None, on_round: Callable[[dict], None] | None = None) -> RunResult:
     """Run (or fetch from the cache) one federated experiment.
 
-    ``on_round(record)`` is called after every round of a fresh run (not for cached results)."""
-    config = make_config(config) if not isinstance(config, RunConfig) else config
+    The cache key is ``config.key(fingerprint)``: the resolved config, the rule versions and the
+    content fingerprint of the data (of ``dataset`` when given). A cached entry is returned only
+    if its config, versions and data match the request and its numbers are valid
+    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run."""
+    config = _as_config(config)
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
-    key = config.key()
-    if store is not None and (hit := store.get(key)) is not None:
+    fingerprint = _fingerprint_of(config, dataset)
+    if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
+        dataset = _load(config)
+        fingerprint = _fingerprint_of(config, dataset)
+    key = config.key(fingerprint)
+    check = result_check(config, fingerprint)
+    if store is not None and (hit := store.get(key, check)) is not None:
         return RunResult.from_dict(hit)
     fresh = _execute(prepare(config, dataset), progress, on_round)
-    result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict())))
+    fresh.meta.update(_key_provenance(config, fingerprint, key))
+    result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
     if store is not None:
         store.put(key, result.to_dict())
     return result
+
+
+def _as_config(config) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
+    return make_config(config)  # a path, list, number, ... gives a one-line ConfigError
+
+
+def _fingerprint_of(config: RunConfig, dataset: Dataset | None) -> dict:
+    """The data fingerprint: of the given Dataset (its files', else its tensors'), else of the files
+    the config reads."""
+    if dataset is None:
+        return config.data_fingerprint()
+    if dataset.fingerprint is None:
+        from .data import tensor_fingerprint
+
+        dataset.fingerprint = tensor_fingerprint(dataset)
+    return dataset.fingerprint
+
+
+def _key_provenance(config: RunConfig, fingerprint: dict, key: str) -> dict[str, Any]:
+    """What produced a result: the key, the resolved hyper-parameters, the rule versions and the data."""
+    return {"config_key": key, "resolved": config.resolved(), "rule_versions": config.rule_versions(),
+            "data": {k: fingerprint.get(k) for k in ("source", "files", "sha256")}}
+
+
+def result_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:
+    """A check for ``ResultCache.get``: None when a stored run payload answers ``config`` on the data
+    ``fingerprint`` describes (same resolved config, rule versions and data; a valid result),
+    else what is wrong."""
+
+    def check(payload: dict) -> str | None:
+        problem = check_result(payload)
+        if problem:
+            return problem
+        meta = payload["meta"]
+        if meta.get("resolved") != config.resolved():
+            return "its config is not the requested one"
+        if meta.get("rule_versions") != config.rule_versions():
+            return f"computed with rule versions {meta.get('rule_versions')}, now {config.rule_versions()}"
+        if (meta.get("data") or {}).get("sha256") != fingerprint.get("sha256"):
+            return "computed on other data"
+        return None
+
+    return check
+
+
+def _score(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value) and 0.0 <= value <= 1.0)
+
+
+def check_result(payload: Any) -> str | None:
+    """None when ``payload`` has the schema of ``RunResult.to_dict()`` with valid values (scores
+    null or finite in [0, 1]), else the first problem found."""
+    if not isinstance(payload, dict) or not all(isinstance(payload.get(k), t) for k, t in
+                                                (("config", dict), ("history", list), ("final", dict),
+                                                 ("meta", dict))):
+        return "not a run result (needs config, history, final, meta)"
+    final = payload["final"]
+    for name in ("accuracy", "balanced_accuracy", "f1"):
+        if not _score(final.get(name)):
+            return f"final.{name} is not a score in [0, 1] (got {str(final.get(name))[:40]})"
+    per_class = final.get("per_class_accuracy", [])
+    if not isinstance(per_class, list) or not all(_score(v) for v in per_class):
+        return "final.per_class_accuracy is not a list of scores"
+    rounds = final.get("rounds_completed")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds != len(payload["history"]):
+        return "final.rounds_completed does not match the history"
+    for record in payload["history"]:
+        if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+            return "a history record has no round"
+        if not all(_score(record.get(k)) for k in ("accuracy", "balanced_accuracy")):
+            return f"round {record['round']}: accuracy is not a score in [0, 1]"
+    return None
+
+
+def _strict(record: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats become null; their places are listed in ``record["non_finite"]`` (strict JSON)."""
+    found: list[str] = []
+
+    def clean(value, where):
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(where)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{where}.{k}" if where else k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(record, "")
+    if found:
+        out["non_finite"] = found[:20] + ([f"... {len(found) - 20} more"] if len(found) > 20 else [])
+    return out
 
 
 def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None) -> RunResult:
@@ -338,8 +444,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                                 extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
                                         for k, v in (uploads or {}).items()})
         if len(updates.clients) == 0:
-            stopped = (f"round {t + 1}: every update was non-finite, so training diverged; the history of the "
-                       f"{t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
+            stopped = _stop_message(t, lr, screened, everything_dropped=True)
             break
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
         keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
@@ -364,10 +469,11 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         extras = method.diagnostics()
         if extras:
             record["diagnostics"] = extras
+        if screened.notes:
+            record["screening"] = screened.notes
         if not torch.isfinite(global_flat).all():
-            history.append(record)
-            stopped = (f"round {t + 1}: the global model became non-finite, so training diverged; the history of "
-                       f"the {t} earlier round(s) is kept. Try a smaller lr (now {lr:g}).")
+            history.append(_strict(record))
+            stopped = _stop_message(t, lr, screened, everything_dropped=False)
             break
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             t0 = time.perf_counter()
@@ -380,6 +486,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                           time_eval=time.perf_counter() - t0)
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
+        record = _strict(record)
         history.append(record)
         if on_round is not None:
             on_round(record)
@@ -397,7 +504,25 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     if reference is not None:
         final["reference"] = reference
     meta = _provenance(p, time.perf_counter() - t_start)
-    return RunResult(config=cfg.to_dict(), history=history, final=final, meta=meta)
+    return RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
+
+
+def _stop_message(t: int, lr: float, screened, everything_dropped: bool) -> str:
+    """Why training stopped, naming the updates the screening could not judge before blaming the lr."""
+    kept = f"the history of the {t} earlier round(s) is kept"
+    if everything_dropped:
+        dropped = [d["client"] for d in screened.dropped]
+        return (f"round {t + 1}: every update was dropped ({len(dropped)} non-finite or malformed, clients "
+                f"{dropped[:10]}), so the round has nothing to aggregate; {kept}. If honest clients' local "
+                f"training diverged, try a smaller lr (now {lr:g}); if these clients are faulty or hostile, "
+                f"exclude them.")
+    if screened.suspects:
+        return (f"round {t + 1}: the global model became non-finite after aggregating the update(s) of client(s) "
+                f"{screened.suspects[:10]}, far larger than the others' and not clipped "
+                f"({'; '.join(screened.notes)}); a faulty or poisoned update, not the lr, is the likely cause. "
+                f"{kept[0].upper() + kept[1:]}.")
+    return (f"round {t + 1}: the global model became non-finite, so training diverged; {kept}. "
+            f"Try a smaller lr (now {lr:g}).")
 
 
 def reference_values(p: Prepared, state: RoundState, updates: ClientUpdates) -> dict[str, Any]:
@@ -435,7 +560,7 @@ def _provenance(p: Prepared, wall: float) -> dict[str, Any]:
     return {
         "config_key": p.config.key(), "fedlib_version": __version__, "torch": torch.__version__,
         "torchvision": torchvision.__version__, "numpy": np.__version__, "python": platform.python_version(),
-        "device": device, "dataset_source": p.dataset.source, "wall_time": wall,
+        "device": device, "dataset_source": p.dataset.source, "engine_version": ENGINE_VERSION, "wall_time": wall,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
         "client_class_counts": np.asarray(p.partition.counts).tolist(),
@@ -453,14 +578,19 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     (``mp_context=multiprocessing.get_context("spawn")``): forked children of a process whose
     OpenMP threads have run can hang. Across machines, pass a Dask ``distributed.Client``:
     its workers need fedlib installed and the data root, and send results back here."""
-    configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
+    if isinstance(configs, (str, bytes, dict, RunConfig)) or not hasattr(configs, "__iter__"):
+        raise ConfigError(f"run_many: expected a list of configs, got {type(configs).__name__}")
+    configs = [_as_config(c) for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
     results: dict[int, RunResult] = {}
     pending = {}
+    keys: dict[int, str] = {}
     for i, c in enumerate(configs):
-        hit = store.get(c.key()) if store is not None else None
+        fingerprint = c.data_fingerprint()
+        keys[i] = c.key(fingerprint)
+        hit = store.get(keys[i], result_check(c, fingerprint)) if store is not None else None
         if hit is not None:
             results[i] = RunResult.from_dict(hit)
         else:
@@ -473,8 +603,8 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
             continue
         for i in done:
             payload = pending.pop(i).result()  # a worker's exception is raised here
-            if store is not None:
-                store.put(configs[i].key(), payload)
+            if store is not None:  # under the key of the data the worker read (its own files)
+                store.put(payload["meta"].get("config_key", keys[i]), payload)
             results[i] = RunResult.from_dict(payload)
             bar.update(1)
     bar.close()
@@ -488,5 +618,30 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def _run_in_worker(config: dict) -> dict:
-    """Executed by a worker: one uncached run, returned as JSON-ready data."""
+    """Executed by a worker: one uncached run, returned as JSON-ready data. The worker exits
+    when the process that started it dies (:func:`exit_with_parent`)."""
+    exit_with_parent()
     return run(make_config(config), cache=False, progress=False).to_dict()
+
+
+_WATCHDOG: list[int] = []  # the parent pid watched in this process
+
+
+def exit_with_parent(poll_s: float = 1.0) -> None:
+    """Make this (worker) process exit when its parent dies, even by ``kill -9``: a daemon thread
+    polls the parent pid and calls ``os._exit`` once it changes (the orphan is re-parented).
+    ``run_many`` calls it in every worker; pass it as ``initializer=fedlib.run.exit_with_parent``
+    to a pool you create so that idle workers exit too. Idempotent; a no-op in the main process."""
+    import multiprocessing
+
+    if _WATCHDOG or multiprocessing.parent_process() is None:
+        return
+    parent = os.getppid()
+    _WATCHDOG.append(parent)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="fedlib-exit-with-parent", daemon=True).start()

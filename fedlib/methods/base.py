@@ -79,6 +79,10 @@ class ClientData:
 class Method:
     name: ClassVar[str] = ""
     needs_validation: ClassVar[bool] = False  # the server holds a labelled validation set
+    # The method's rule version, part of every cache key and stored result: change it (a short
+    # string) whenever the method's update rule changes in a way its hyper-parameters do not show,
+    # then regenerate its golden value (``python tests/golden_methods.py --regenerate <name>``).
+    rule_version: ClassVar[str] = "1"
 
     def validate(self) -> None:
         """Raise ValueError (one line, naming the field and its range) for bad values."""
@@ -128,6 +132,12 @@ class Method:
     def diagnostics(self) -> dict[str, Any] | None:
         """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix)."""
         return None
+
+    def resolved_hyperparameters(self) -> dict[str, Any]:
+        """Every hyper-parameter of this instance, defaults filled in (part of the cache key)."""
+        if not dataclasses.is_dataclass(self):
+            return {}
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
     @classmethod
     def hyperparameters(cls) -> dict[str, Any]:

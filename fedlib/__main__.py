@@ -11,12 +11,23 @@ import yaml
 
 
 def _overrides(pairs: list[str]) -> dict:
-    out = {}
+    """``key=value`` (or ``split.alpha=0.5``) tokens as a nested dict; values are YAML scalars or
+    flow collections (safe, no aliases). A malformed token raises a one-line ConfigError."""
+    from .config import ConfigError, parse_yaml, shown
+
+    out: dict = {}
     for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"fedlib: override {pair!r} must look like key=value")
-        key, value = pair.split("=", 1)
-        out[key] = yaml.safe_load(value)
+        key, sep, value = pair.partition("=")
+        path = key.strip().split(".")
+        if not sep or not all(part.strip() for part in path):
+            raise ConfigError(f"override {shown(pair)}: must look like key=value (e.g. rounds=5, split.alpha=0.5)")
+        parsed = parse_yaml(value, f"override {key.strip()}")
+        node = out
+        for part in path[:-1]:
+            node = node.setdefault(part.strip(), {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {shown(pair)}: {part!r} is set twice")
+        node[path[-1].strip()] = parsed
     return out
 
 
@@ -36,7 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     p_res = sub.add_parser("results", help="run a chapter's profile and store each run under results/<chapter>/")
     p_res.add_argument("--chapter", required=True)
     p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
-    args = parser.parse_args(argv)
+    p_mig = sub.add_parser("migrate-results", help="re-key stored runs under results/ to the current keys "
+                           "(where provably the same run); report the stale ones")
+    p_mig.add_argument("--dry-run", action="store_true", help="report only; change nothing")
+    p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "migrate-results":
+        from .migrate import format_report, migrate_results
+
+        print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
+        return 0
+    if extra and (args.command != "run" or any(token.startswith("-") for token in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "run":  # key=value overrides may come before or after the flags
+        args.overrides = [*args.overrides, *extra]
     if args.command == "book":
         return _book(args)
     if args.command == "results":
@@ -47,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     from .run import run
 
     try:
-        config = load_config(args.config, **_overrides(args.overrides))
+        config = load_config(args.config, **_overrides(args.overrides))  # nested keys merge into the file's
         result = run(config, cache=not args.no_cache)
     except (ConfigError, DataNotFoundError, DataCorruptError) as err:
         print(f"fedlib: {err}", file=sys.stderr)

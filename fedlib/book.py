@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -182,22 +182,37 @@ def bold_best(frame, columns: list[str], higher_is_better: bool = True):
 
 @dataclass
 class Stored:
-    """Stored full-protocol runs that match the configs a chapter would run now."""
+    """Stored full-protocol runs of the configs a chapter would run now: ``results`` are current
+    (same resolved config, rule versions and data), ``stale`` ones were computed by another
+    variant (each says what changed) and are never shown as current."""
 
     results: dict[str, Any]  # config key -> RunResult
-    provenance: dict[str, dict]  # config key -> {commit, device, date, wall_time}
-    skipped: list[str]  # files whose config no longer matches
+    provenance: dict[str, dict]  # config key -> {commit, device, date, wall_time, resolved, rule_versions, data}
+    skipped: list[str]  # files of other configs, or unreadable ones (with why)
+    stale: dict[str, dict] = field(default_factory=dict)  # file name -> {"config", "changed", "result"}
 
     def describe(self) -> str:
-        if not self.results and not self.skipped:
+        if not self.results and not self.skipped and not self.stale:
             return "No stored paper-profile results for this chapter yet."
-        devices = sorted({p["device"] for p in self.provenance.values()})
+        devices = sorted({p["device"] for p in self.provenance.values() if p.get("device")})
         commits = sorted({(p.get("commit") or "?")[:10] for p in self.provenance.values()})
         text = (f"{len(self.results)} stored paper-profile run(s) shown (device: {', '.join(devices) or '—'}; "
                 f"fedlib commit: {', '.join(commits) or '—'}).")
+        variants = sorted({json.dumps(p.get("rule_versions"), sort_keys=True) for p in self.provenance.values()
+                           if p.get("rule_versions")})
+        if variants:
+            text += f" Rule versions: {'; '.join(variants)}."
+        unverified = [k for k, p in self.provenance.items() if p.get("data_unverified")]
+        if unverified:
+            text += (f" {len(unverified)} of them could not be checked against local data (files not here); "
+                     "they are shown with the data source they record.")
+        if self.stale:
+            text += f"\nStale (not shown): {len(self.stale)} stored run(s) of these configs made by another variant:"
+            for name, info in self.stale.items():
+                text += f"\n- {name}: {'; '.join(info['changed'])}"
         if self.skipped:
-            text += f" Skipped {len(self.skipped)} stored file(s) whose config no longer matches: " + ", ".join(
-                self.skipped)
+            text += (f"\nSkipped {len(self.skipped)} stored file(s) whose config no longer matches (or unreadable): "
+                     + ", ".join(self.skipped))
         return text
 
 
@@ -205,32 +220,98 @@ def results_dir(chapter: str) -> Path:
     return repo_root() / "results" / chapter
 
 
-def stored_results(chapter: str, configs) -> Stored:
-    """Load ``results/<chapter>/*.json`` and keep those whose config is one of ``configs``."""
-    from .cache import ResultCache
-    from .config import make_config
-    from .run import RunResult
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        out: dict[str, Any] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): data}
 
-    wanted = {c.key() for c in configs}
-    store = ResultCache(results_dir(chapter))
-    results, provenance, skipped = {}, {}, []
+
+def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
+    """How a stored run's recorded variant differs from what ``config`` means now, one item each."""
+    if "rule_versions" not in meta:
+        return ["recorded before rule versions and data fingerprints, and not re-keyed "
+                "(python -m fedlib migrate-results)"]
+    changes = []
+    old, new = _flat(meta.get("resolved") or {}), _flat(config.resolved())
+    for k in sorted(set(old) | set(new)):
+        if old.get(k, "—") != new.get(k, "—"):
+            changes.append(f"{k}: {_short(old.get(k, '—'))} -> {_short(new.get(k, '—'))}")
+    old_rules, new_rules = meta.get("rule_versions") or {}, config.rule_versions()
+    for k in sorted(set(old_rules) | set(new_rules)):
+        if old_rules.get(k) != new_rules.get(k):
+            changes.append(f"{k} rule version {old_rules.get(k, '—')} -> {new_rules.get(k, '—')}")
+    old_data = meta.get("data") or {}
+    if fingerprint.get("sha256") and old_data.get("sha256") != fingerprint.get("sha256"):
+        changes.append(f"data: {old_data.get('source')} ({str(old_data.get('sha256'))[:10]}) -> "
+                       f"{fingerprint.get('source')} ({fingerprint['sha256'][:10]})")
+    return changes or ["stored under another key"]
+
+
+def _parse_config(raw: Any):
+    """A stored config (RunConfig or logit protocol) as this version reads it, or None."""
+    from .config import make_config
+    from .logit_run import make_logit_config
+
+    try:
+        return make_logit_config(raw) if "aggregator" in raw else make_config(raw)
+    except Exception:  # noqa: BLE001 - a config this version cannot read any more
+        return None
+
+
+def stored_results(chapter: str, configs) -> Stored:
+    """Load ``results/<chapter>/*.json`` (never moving or deleting one) and sort them: current runs
+    of ``configs`` (key = resolved config + rule versions + data fingerprint, and the file's own
+    record agreeing), stale runs of the same configs made by another variant, and the rest."""
+    from .cache import ResultCache
+    from .run import RunResult, check_result, result_check
+
+    wanted = {}  # key -> (config, fingerprint)
+    for c in configs:
+        fingerprint = c.data_fingerprint()
+        wanted[c.key(fingerprint)] = (c, fingerprint)
+    as_written = {json.dumps(c.to_dict(), sort_keys=True): k for k, (c, _) in wanted.items()}
+    unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
+    store = ResultCache(results_dir(chapter), protect=True)
+    out = Stored({}, {}, [])
     if not store.root.is_dir():
-        return Stored(results, provenance, skipped)
+        return out
     for path in sorted(store.root.glob("*.json")):
-        payload = store.get(path.stem)
-        if payload is None:
-            skipped.append(f"{path.name} (unreadable or checksum mismatch)")
+        payload, problem = store.read(path.stem)
+        result = payload.get("result") if payload else None
+        problem = problem or check_result(result)
+        if problem:
+            out.skipped.append(f"{path.name} ({problem})")
             continue
-        try:
-            key = make_config(payload["result"]["config"]).key()
-        except Exception:  # noqa: BLE001 - a config this version cannot read any more
-            key = None
-        if key != path.stem or key not in wanted:
-            skipped.append(path.name)
+        meta = result["meta"]
+        key = path.stem if path.stem in wanted else unverified.get(meta.get("config_key_without_data"))
+        if key is not None and meta.get("config_key") == path.stem:
+            config, fingerprint = wanted[key]
+            check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
+            if check(result) is None:
+                out.results[key] = RunResult.from_dict(result)
+                out.provenance[key] = {**{k: payload.get(k) for k in ("commit", "device", "date", "wall_time")},
+                                       **{k: meta.get(k) for k in ("resolved", "rule_versions", "data", "rekeyed")},
+                                       "data_unverified": fingerprint.get("sha256") is None}
+                continue
+        parsed = _parse_config(payload.get("config"))
+        same = as_written.get(json.dumps(parsed.to_dict(), sort_keys=True)) if parsed is not None else None
+        if same is None:
+            out.skipped.append(path.name)
             continue
-        results[key] = RunResult.from_dict(payload["result"])
-        provenance[key] = {k: payload.get(k) for k in ("commit", "device", "date", "wall_time")}
-    return Stored(results, provenance, skipped)
+        config, fingerprint = wanted[same]
+        out.stale[path.name] = {"config": payload.get("config"), "changed": what_changed(meta, config, fingerprint),
+                                "result": RunResult.from_dict(result)}
+    return out
+
+
+def current_and_stale(chapter: str, configs) -> tuple[dict[str, Any], dict[str, dict]]:
+    """({key: RunResult} of current stored runs, {file name: {"config", "changed", "result"}} of stale
+    ones): pages show the first as results and may list the second, with what changed."""
+    stored = stored_results(chapter, configs)
+    return stored.results, stored.stale
 
 
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
@@ -239,11 +320,15 @@ def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     from .cache import ResultCache
     from .run import run
 
-    store = ResultCache(results_dir(chapter))
+    from .run import result_check
+
+    store = ResultCache(results_dir(chapter), protect=True)
     written = []
     for i, config in enumerate(configs):
-        key = config.key()
-        if store.get(key) is not None:
+        fingerprint = config.data_fingerprint()
+        key = config.key(fingerprint)
+        stored = store.get(key)
+        if stored is not None and result_check(config, fingerprint)(stored.get("result") or {}) is None:
             continue
         if progress:
             print(f"[{i + 1}/{len(configs)}] {chapter}: {config.method.name} {config.split.name} seed {config.seed}",

@@ -394,4 +394,8 @@ def load_config(path: str | Path, **overrides) -> RunConfig:
         raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
-    return make_config(data, source=str(path), **overrides)
+    for key, value in overrides.items():  # {"split": {"alpha": 0.5}} changes one parameter of the file's split
+        base = data.get(key)
+        base = {"name": base} if isinstance(base, str) and key in ("split", "method") else base
+        data[key] = {**base, **value} if isinstance(value, dict) and isinstance(base, dict) else value
+    return make_config(data, source=str(path))

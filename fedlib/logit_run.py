@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .cache import ResultCache
-from .config import CACHE_FORMAT, ConfigError, RunConfig, make_config
+from .config import CACHE_FORMAT, ENGINE_VERSION, ConfigError, RunConfig, _hash, make_config
 from .data import Dataset
 from .methods import logit as agg
 from .population import LocalTraining, ParamLayout, make_client_batches, padded_indices, predict, train_clients
@@ -46,6 +46,7 @@ from .population import LocalTraining, ParamLayout, make_client_batches, padded_
 __all__ = ["LogitConfig", "make_logit_config", "run_logit", "run_logit_many", "fedavg_config"]
 
 AGGREGATORS = ("simple", "uwa", "meta")
+RULE_VERSION = "1"  # the logit protocol's rule version (distillation, GMM, UWA, meta-model): bump with any change
 
 
 class LogitConfig(BaseModel):
@@ -93,13 +94,24 @@ class LogitConfig(BaseModel):
         run_config(self)  # the dataset, model, split and device checks of RunConfig
         return self
 
-    def key(self) -> str:
-        """Hash of everything that changes results (not the data root or chunking)."""
-        data = self.model_dump(mode="json", exclude={"data_root", "client_chunk"})
-        data["_format"] = CACHE_FORMAT
-        data["_protocol"] = "logit"
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+    # the key interface of RunConfig (fedlib.config): resolved config, rule versions, data fingerprint
+    def resolved(self) -> dict[str, Any]:
+        return {**self.model_dump(mode="json", exclude={"data_root"}), "_protocol": "logit"}
+
+    def rule_versions(self) -> dict[str, str]:
+        return {"engine": ENGINE_VERSION, "logit": RULE_VERSION}
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        return run_config(self).data_fingerprint()
+
+    def config_key(self) -> str:
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "_format": CACHE_FORMAT})
+
+    def key(self, fingerprint: dict[str, Any] | None = None) -> str:
+        """Hash of the resolved config, the rule versions and the data's content fingerprint."""
+        fingerprint = self.data_fingerprint() if fingerprint is None else fingerprint
+        data = fingerprint.get("sha256") or {"missing": self.dataset}
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "data": data, "_format": CACHE_FORMAT})
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -199,12 +211,21 @@ def run_logit(config: LogitConfig | dict, *, cache: bool | ResultCache = True, p
     """Run (or fetch from the cache) one logit-based federation; returns a ``RunResult``."""
     from .run import RunResult
 
+    from .run import _fingerprint_of, _key_provenance, result_check
+
     cfg = make_logit_config(config) if not isinstance(config, LogitConfig) else config
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
-    key = cfg.key()
-    if store is not None and (hit := store.get(key)) is not None:
+    fingerprint = _fingerprint_of(run_config(cfg), dataset)
+    if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
+        from .run import _load
+
+        dataset = _load(run_config(cfg))
+        fingerprint = _fingerprint_of(run_config(cfg), dataset)
+    key = cfg.key(fingerprint)
+    if store is not None and (hit := store.get(key, result_check(cfg, fingerprint))) is not None:
         return RunResult.from_dict(hit)
     fresh = _execute(cfg, dataset, progress)
+    fresh.meta.update(_key_provenance(cfg, fingerprint, key))
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict())))
     if store is not None:
         store.put(key, result.to_dict())

@@ -314,7 +314,8 @@ def _fingerprint_of(config: RunConfig, dataset: Dataset | None) -> dict:
 
 def _key_provenance(config: RunConfig, fingerprint: dict, key: str) -> dict[str, Any]:
     """What produced a result: the key, the resolved hyper-parameters, the rule versions and the data."""
-    return {"config_key": key, "resolved": config.resolved(), "rule_versions": config.rule_versions(),
+    return {"config_key": key, "config_key_without_data": config.config_key(), "resolved": config.resolved(),
+            "rule_versions": config.rule_versions(),
             "data": {k: fingerprint.get(k) for k in ("source", "files", "sha256")}}
 
 

@@ -125,7 +125,7 @@ def store_results(configs_: list, progress: bool = True) -> list:
     from ..book import git_commit, results_dir
     from ..cache import ResultCache
 
-    store = ResultCache(results_dir("logitfl"))
+    store = ResultCache(results_dir("logitfl"), protect=True)
     written = []
     for i, config in enumerate(configs_):
         if store.get(config.key()) is not None:
@@ -151,19 +151,9 @@ def _key_of(config: dict | None) -> str | None:
 
 
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
-    """The stored runs (``results/logitfl/``) of ``params``' configs whose config still matches:
-    ({config key: RunResult}, {config key: provenance})."""
-    from ..book import results_dir
-    from ..cache import ResultCache
-    from ..run import RunResult
+    """The current stored runs (``results/logitfl/``) of ``params``' configs: ({config key: RunResult},
+    {config key: provenance}); stale ones (another variant) are left out (``fedlib.book.stored_results``)."""
+    from ..book import stored_results
 
-    store = ResultCache(results_dir("logitfl"))
-    results, provenance = {}, {}
-    if not store.root.is_dir():
-        return results, provenance
-    for config in configs(params):
-        payload = store.get(config.key())
-        if payload is not None and _key_of(payload.get("config")) == config.key():
-            results[config.key()] = RunResult.from_dict(payload["result"])
-            provenance[config.key()] = {k: payload.get(k) for k in ("commit", "device", "date", "wall_time")}
-    return results, provenance
+    found = stored_results("logitfl", configs(params))
+    return found.results, found.provenance

@@ -1,0 +1,165 @@
+"""Re-key stored runs (``results/<chapter>/*.json``) to the current cache key.
+
+A stored run is re-keyed (its file renamed to the current key, its history and numbers
+unchanged, its provenance completed and noted) only where it provably answers the current key:
+
+- a run recorded before keys held rule versions (``meta`` without ``rule_versions``) must be
+  named by the old key formula (:func:`legacy_key`, so its config was not edited), have been
+  computed with the method defaults and rules of commit f5ecf2b (``legacy_rules.json``: every
+  rule version then was "1"; today's method, engine and config fields must still resolve it the
+  same way), and record a ``dataset_source`` equal to the source of the data found now;
+- a run that records rule versions must match today's resolved config, versions and data.
+
+Everything else is left as it is and reported as stale; chapters list stale runs with what
+changed (``fedlib.book.stored_results``) and never show them as current. Run it after merging
+anything that changes a method's defaults, a rule version or the engine:
+``python -m fedlib migrate-results [--dry-run]``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from .cache import ResultCache
+
+LEGACY_FORMAT = 1  # CACHE_FORMAT of the old keys
+
+
+@lru_cache(maxsize=1)
+def legacy_rules() -> dict[str, Any]:
+    """Method defaults, split defaults and config fields of commit f5ecf2b (all rule versions "1")."""
+    return json.loads((Path(__file__).with_name("legacy_rules.json")).read_text())
+
+
+def legacy_key(raw: dict[str, Any]) -> str | None:
+    """The key the old formula gave a stored config (as written), or None if it cannot be read."""
+    from .book import _parse_config
+    from .logit_run import LogitConfig
+
+    config = _parse_config(raw)
+    if config is None:
+        return None
+    data = config.model_dump(mode="json", exclude={"data_root", "client_chunk"})
+    data["_format"] = LEGACY_FORMAT
+    if isinstance(config, LogitConfig):
+        data["_protocol"] = "logit"
+    else:
+        if not config.reference_values:
+            data.pop("reference_values")
+        if config.test_samples is not None:
+            data["_test_subset"] = "random"
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def legacy_resolved(config) -> dict[str, Any] | None:
+    """``config.resolved()`` as the code of f5ecf2b would have resolved it (None: not expressible)."""
+    from .logit_run import LogitConfig
+
+    rules = legacy_rules()
+    if isinstance(config, LogitConfig):
+        if sorted(type(config).model_fields) != rules["logit_fields"]:
+            return None
+        return {**config.model_dump(mode="json", exclude={"data_root"}), "_protocol": "logit"}
+    if sorted(type(config).model_fields) != rules["run_fields"] or config.method.name not in rules["methods"]:
+        return None
+    method = rules["methods"][config.method.name]
+    data = json.loads(json.dumps(config.model_dump(mode="json", exclude={"data_root"})))
+    data["method"] = {"name": config.method.name, **method["defaults"], **config.method.params}
+    data["split"] = {"name": config.split.name, **rules["splits"].get(config.split.name, {}), **config.split.params}
+    if config.server_val is None:
+        needs = method["needs_validation"] or config.reference_values
+        data["server_val"] = rules["server_val_default"] if needs else 0
+    return json.loads(json.dumps(data))
+
+
+def _legacy_problem(stem: str, payload: dict, config, fingerprint: dict) -> str | None:
+    raw, meta = payload.get("config"), payload["result"]["meta"]
+    if legacy_key(raw) != stem:
+        return "its file name is not the old key of its config (edited or renamed)"
+    if any(v != "1" for v in config.rule_versions().values()):
+        return f"rule versions are now {config.rule_versions()} (it was computed with version 1)"
+    before = legacy_resolved(config)
+    if before is None or before != config.resolved():
+        from .book import _flat
+
+        old, new = _flat(before or {}), _flat(config.resolved())
+        diff = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        return f"its resolved config changed since it was computed ({', '.join(diff[:5]) or 'config fields'})"
+    if fingerprint.get("sha256") is None:
+        return "its data files are not here to fingerprint"
+    if meta.get("dataset_source") != fingerprint.get("source"):
+        return f"it records data {meta.get('dataset_source')!r}, the files here are {fingerprint.get('source')!r}"
+    return None
+
+
+def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
+                    today: str | None = None) -> dict[str, list]:
+    """Re-key the stored runs under ``root`` (default ``results/``), per chapter folder.
+
+    Returns ``{"rekeyed": [(chapter, old, new)], "current": [(chapter, key)], "stale": [(chapter, file,
+    why)]}``. A re-keyed file is written under the new key (atomically) before the old name is
+    removed; nothing else is touched."""
+    from .book import _parse_config, repo_root, what_changed
+    from .run import _key_provenance, check_result, result_check
+
+    root = Path(root) if root is not None else repo_root() / "results"
+    today = today or _dt.date.today().isoformat()
+    report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
+        store = ResultCache(folder, protect=True)
+        for path in sorted(folder.glob("*.json")):
+            chapter, stem = folder.name, path.stem
+            payload, problem = store.read(stem)
+            result = (payload or {}).get("result")
+            problem = problem or check_result(result)
+            config = _parse_config(payload.get("config")) if not problem else None
+            if problem or config is None:
+                report["stale"].append((chapter, path.name, problem or "its config is not valid any more"))
+                continue
+            fingerprint = config.data_fingerprint()
+            meta = result["meta"]
+            if "rule_versions" in meta:  # already keyed by resolved config, versions and data
+                if fingerprint.get("sha256") and result_check(config, fingerprint)(result) is None:
+                    new = config.key(fingerprint)
+                    if new == stem:
+                        report["current"].append((chapter, stem))
+                        continue
+                    why = "records the current variant"
+                else:
+                    report["stale"].append((chapter, path.name, "; ".join(what_changed(meta, config, fingerprint))))
+                    continue
+            else:
+                problem = _legacy_problem(stem, payload, config, fingerprint)
+                if problem:
+                    report["stale"].append((chapter, path.name, problem))
+                    continue
+                new = config.key(fingerprint)
+                why = "resolved config and data fingerprint identical"
+            report["rekeyed"].append((chapter, stem, new))
+            if dry_run:
+                continue
+            meta = {**meta, **_key_provenance(config, fingerprint, new)}
+            meta["rekeyed"] = f"re-keyed from {stem} on {today}: {why}"
+            target = store.path(new)
+            if target.exists():
+                report["stale"].append((chapter, path.name, f"{target.name} exists already; left both as they are"))
+                report["rekeyed"].pop()
+                continue
+            store.put(new, {**payload, "result": {**result, "meta": meta}})
+            os.unlink(path)
+    return report
+
+
+def format_report(report: dict[str, list]) -> str:
+    lines = [f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
+             f"left stale {len(report['stale'])}"]
+    lines += [f"  re-keyed {c}/{old}.json -> {new}.json" for c, old, new in report["rekeyed"]]
+    lines += [f"  stale {c}/{name}: {why}" for c, name, why in report["stale"]]
+    return "\n".join(lines)

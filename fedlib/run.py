@@ -416,6 +416,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         rounds = bar
     last_eval = None
     reference = None
+    suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
     for t in rounds:
         lr = cfg.lr_at(t)
         state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr)
@@ -444,8 +445,10 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                                 sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
                                 extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
                                         for k, v in (uploads or {}).items()})
+        if screened.suspects:
+            suspect_log.append((t, screened.suspects))
         if len(updates.clients) == 0:
-            stopped = _stop_message(t, lr, screened, everything_dropped=True)
+            stopped = _stop_message(t, lr, screened, True, suspect_log)
             break
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
         keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
@@ -474,7 +477,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
             record["screening"] = screened.notes
         if not torch.isfinite(global_flat).all():
             history.append(_strict(record))
-            stopped = _stop_message(t, lr, screened, everything_dropped=False)
+            stopped = _stop_message(t, lr, screened, False, suspect_log)
             break
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             t0 = time.perf_counter()
@@ -508,22 +511,22 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     return RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
 
 
-def _stop_message(t: int, lr: float, screened, everything_dropped: bool) -> str:
-    """Why training stopped, naming the updates the screening could not judge before blaming the lr."""
+def _stop_message(t: int, lr: float, screened, everything_dropped: bool,
+                  suspect_log: list[tuple[int, list[int]]]) -> str:
+    """Why training stopped. Outsized updates the screening could not clip (fewer than 3 updates)
+    are named as the likely cause; the lr is suggested only when no update looked poisoned."""
     kept = f"the history of the {t} earlier round(s) is kept"
+    what = (f"every update was dropped as non-finite or malformed (clients {[d['client'] for d in screened.dropped][:10]})"
+            if everything_dropped else "the global model became non-finite")
+    if suspect_log:
+        where = ", ".join(f"round {r + 1}: client(s) {c[:10]}" for r, c in suspect_log[:5])
+        return (f"round {t + 1}: {what} after unclipped updates far larger than the others' ({where}; clipping "
+                f"needs >= 3 updates per round); a faulty or poisoned update, not the learning rate, is the likely "
+                f"cause; {kept}. Exclude those clients or take part with more clients per round.")
     if everything_dropped:
-        dropped = [d["client"] for d in screened.dropped]
-        return (f"round {t + 1}: every update was dropped ({len(dropped)} non-finite or malformed, clients "
-                f"{dropped[:10]}), so the round has nothing to aggregate; {kept}. If honest clients' local "
-                f"training diverged, try a smaller lr (now {lr:g}); if these clients are faulty or hostile, "
-                f"exclude them.")
-    if screened.suspects:
-        return (f"round {t + 1}: the global model became non-finite after aggregating the update(s) of client(s) "
-                f"{screened.suspects[:10]}, far larger than the others' and not clipped "
-                f"({'; '.join(screened.notes)}); a faulty or poisoned update, not the lr, is the likely cause. "
-                f"{kept[0].upper() + kept[1:]}.")
-    return (f"round {t + 1}: the global model became non-finite, so training diverged; {kept}. "
-            f"Try a smaller lr (now {lr:g}).")
+        return (f"round {t + 1}: {what}, so the round has nothing to aggregate; {kept}. If these clients are faulty "
+                f"or hostile, exclude them; if their local training diverged, try a smaller lr (now {lr:g}).")
+    return f"round {t + 1}: {what}, so training diverged; {kept}. Try a smaller lr (now {lr:g})."
 
 
 def reference_values(p: Prepared, state: RoundState, updates: ClientUpdates) -> dict[str, Any]:

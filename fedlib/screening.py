@@ -65,8 +65,9 @@ def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, t
         if far.any():
             suspects = kept_clients[far].astype(int).tolist()
             ratio = float(dist.max()) / max(nearest, 1e-30)
-            notes.append(f"client(s) {suspects} sent an update {ratio:.3g} times farther from the global model "
-                         f"than the other; with two updates it cannot be told which is faulty")
+            how_far = f"{ratio:.3g} times farther" if np.isfinite(ratio) else "so much farther (its norm overflows)"
+            notes.append(f"client(s) {suspects} sent an update {how_far} from the global model than the other; "
+                         f"with two updates it cannot be told which is faulty")
     if clip_factor is not None and flat.shape[0] >= 3:
         delta = flat - global_flat
         dist = delta.norm(dim=1)

@@ -131,3 +131,451 @@ def test_nothing_loads_unsafely():
         for call in re.findall(r"torch\.load\([^)]*\)", text):
             assert "weights_only=True" in call, f"{path}: {call}"
         assert not re.search(r"(?<![\w.])(eval|exec)\(", text), f"{path}: eval/exec"
+
+
+# ============================================================================= issue 15
+# A hostile-but-fair probe found twelve holes; each has a test below, named by its number.
+# BAD_INPUTS lists every bad config input tried (file, override and API paths): each must give
+# one ConfigError line naming the field, echoing at most a short piece of the value.
+
+import gzip  # noqa: E402
+import io  # noqa: E402
+import tarfile  # noqa: E402
+
+from PIL import Image  # noqa: E402
+
+from fedlib import book  # noqa: E402
+from fedlib.config import ConfigError, load_config  # noqa: E402
+from fedlib.data import DataCorruptError, load_dataset  # noqa: E402
+
+TINY = dict(BASE, rounds=1, n_clients=3, batch_size=32, fraction=0.1, test_samples=100)
+
+
+def _tiny_mnist(folder: Path, shift: int) -> None:
+    """A 40/20-image MNIST-format set (every class present); ``shift`` changes the pixels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, count in (("train", 40), ("t10k", 20)):
+        labels = np.arange(count) % 10
+        images = (np.repeat(labels[:, None, None] * 20 + shift, 28 * 28).reshape(count, 28, 28)) % 256
+        for stem, array in ((f"{split}-images-idx3-ubyte", images), (f"{split}-labels-idx1-ubyte", labels)):
+            header = bytes([0, 0, 0x08, array.ndim]) + b"".join(n.to_bytes(4, "big") for n in array.shape)
+            (folder / f"{stem}.gz").write_bytes(gzip.compress(header + array.astype(np.uint8).tobytes()))
+
+
+def test_15_1_the_cache_key_follows_the_data_read(tmp_path):
+    """Same config, another data root with other MNIST files: never the first run's numbers."""
+    _tiny_mnist(tmp_path / "fake" / "mnist", shift=0)
+    _tiny_mnist(tmp_path / "real" / "mnist", shift=7)
+    _tiny_mnist(tmp_path / "copy" / "mnist", shift=0)  # the fake files again, elsewhere
+    store = ResultCache(tmp_path / "cache")
+    cfg = dict(TINY, dataset="mnist", fraction=1.0, test_samples=None)
+    fake = fedlib.run(make_config(cfg, data_root=str(tmp_path / "fake")), cache=store, progress=False)
+    real = fedlib.run(make_config(cfg, data_root=str(tmp_path / "real")), cache=store, progress=False)
+    assert str(tmp_path / "real") in real.meta["dataset_source"]
+    assert real.meta["data"]["sha256"] != fake.meta["data"]["sha256"]
+    assert len(list((tmp_path / "cache").glob("*.json"))) == 2
+    copy = make_config(cfg, data_root=str(tmp_path / "copy"))
+    assert copy.key() == make_config(cfg, data_root=str(tmp_path / "fake")).key()  # same files: same key
+    assert fedlib.run(copy, cache=store, progress=False).final == fake.final
+
+
+def test_15_2_reading_stored_results_never_deletes_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    folder = tmp_path / "results" / "fedavg"
+    store = ResultCache(folder)
+    cfg = make_config(TINY)
+    result = fedlib.run(cfg, cache=False, progress=False)
+    path = store.put(cfg.key(), {"config": cfg.to_dict(), "result": result.to_dict()})
+    path.write_text(path.read_text().replace('"rounds": 1', '"rounds": 3', 1))  # hand-edited
+    (folder / "conflict.json").write_text("<<<<<<< HEAD\n{}\n=======\n")  # merge conflict
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for _ in range(2):
+        stored = book.stored_results("fedavg", [cfg])
+        assert not stored.results and len(stored.skipped) == 2
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def _laughs(levels: int = 6) -> str:
+    lines = ['a0: &a0 "lol"']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines)
+
+
+def test_15_3_yaml_aliases_and_self_expanding_values_are_refused(tmp_path):
+    path = tmp_path / "laughs.yaml"
+    path.write_text("split:\n  name: iid\n  extra:\n" + "\n".join("    " + line for line in _laughs().splitlines())
+                    + "\n")
+    with pytest.raises(ConfigError, match="alias") as info:
+        load_config(path)
+    assert "\n" not in str(info.value) and len(str(info.value)) < 300
+    shared = ["lol"] * 9
+    for _ in range(6):
+        shared = [shared] * 9  # 9^7 values if expanded
+    with pytest.raises(ConfigError, match="more than 1000 values"):
+        make_config(split={"name": "iid", "extra": shared})
+
+
+def test_15_4_a_cache_entry_must_answer_the_request(tmp_path):
+    store = ResultCache(tmp_path)
+    cfg, other = make_config(TINY), make_config(TINY, lr=0.3)
+    theirs = fedlib.run(other, cache=False, progress=False)
+    store.put(cfg.key(), theirs.to_dict())  # another config's numbers, valid checksum
+    mine = fedlib.run(cfg, cache=store, progress=False)
+    assert mine.config == cfg.to_dict() and mine.history[0]["lr"] == 0.1
+    assert (tmp_path / f"{cfg.key()}.json.invalid-1").is_file()  # set aside, not deleted
+    for bad in ({"foo": 1}, {**mine.to_dict(), "final": {**mine.final, "accuracy": float("nan")}},
+                {**mine.to_dict(), "final": {**mine.final, "accuracy": "0.99"}}):
+        store.put(cfg.key(), bad)
+        again = fedlib.run(cfg, cache=store, progress=False)
+        assert again.final == mine.final  # recomputed, identical
+    store.path(cfg.key()).unlink()
+    store.path(cfg.key()).mkdir()  # a directory at the entry path
+    assert fedlib.run(cfg, cache=store, progress=False).final == mine.final
+    assert len(list(tmp_path.glob("*.invalid-*"))) == 5
+
+
+def test_15_5_screening_with_two_updates_explains_itself_and_never_blames_the_lr(monkeypatch):
+    engine = sys.modules["fedlib.run"]  # the module (fedlib.run is also the function)
+
+    original = engine._apply_roles
+
+    def harsher(flat, clients, roles, global_flat, generator):  # a 1e30-sized poisoned update
+        out = original(flat, clients, roles, global_flat, generator)
+        huge = torch.from_numpy(np.asarray(roles)[clients] == "huge_update")
+        out[huge] = global_flat + 1e24 * (out[huge] - global_flat)
+        return out
+
+    monkeypatch.setattr(engine, "_apply_roles", harsher)
+    cfg = make_config(TINY, n_clients=2, rounds=2, split={"name": "iid", "huge_updates": 1})
+    with warnings_allowed():
+        r = fedlib.run(cfg, cache=False, progress=False)
+    first = r.history[0]
+    assert any("not clipped" in note and ">= 3" in note for note in first["screening"])
+    huge_client = r.meta["client_roles"].index("huge_update")
+    assert any(f"[{huge_client}]" in note for note in first["screening"])
+    if r.final["stopped"]:  # the poisoned update is named, the lr is not blamed
+        assert f"[{huge_client}]" in r.final["stopped"] and "poisoned" in r.final["stopped"]
+        assert "smaller lr" not in r.final["stopped"]
+    json.dumps(r.to_dict(), allow_nan=False)  # strict JSON
+    flagged = [h for h in r.history if h.get("non_finite")]
+    assert all(h[k] is None for h in flagged for k in h["non_finite"] if "." not in k and "[" not in k)
+
+
+class warnings_allowed:
+    def __enter__(self):
+        import warnings
+
+        self._ctx = warnings.catch_warnings()
+        self._ctx.__enter__()
+        warnings.simplefilter("ignore")
+
+    def __exit__(self, *exc):
+        self._ctx.__exit__(*exc)
+
+
+def _png(value: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (8, 8), value).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _image_tar(path: Path, compress: bool) -> list[tuple[str, bytes]]:
+    members = [(f"{split}/{cls}/{i}.png", _png(40 * i + (100 if cls == "b" else 0)))
+               for split in ("train", "test") for cls in ("a", "b") for i in range(4)]
+    with tarfile.open(path, "w:gz" if compress else "w") as archive:
+        for name, content in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    return members
+
+
+def test_15_6_truncated_archives_and_bad_gzip_crc_are_detected(tmp_path):
+    whole = tmp_path / "whole.tar"
+    _image_tar(whole, compress=False)
+    assert len(load_dataset(f"imagefolder:{whole}", cache_dir=tmp_path / "c").y_test) == 8
+    cut = tmp_path / "cut.tar"  # cut at a member boundary: the test set keeps 2 images of class a
+    with tarfile.open(whole) as archive:
+        tenth = [m for m in archive.getmembers()][10]
+    cut.write_bytes(whole.read_bytes()[:tenth.offset])
+    with pytest.raises(DataCorruptError, match="truncated|no image of class"):
+        load_dataset(f"imagefolder:{cut}", cache_dir=tmp_path / "c")
+    gz = tmp_path / "data.tar.gz"
+    _image_tar(gz, compress=True)
+    damaged = bytearray(gz.read_bytes())
+    damaged[-8] ^= 0xFF  # the gzip trailer's CRC32
+    bad = tmp_path / "crc.tar.gz"
+    bad.write_bytes(bytes(damaged))
+    with pytest.raises(DataCorruptError, match="CRC"):
+        load_dataset(f"imagefolder:{bad}", cache_dir=tmp_path / "c")
+
+
+def test_15_7_client_chunk_is_part_of_the_key(tmp_path):
+    store = ResultCache(tmp_path)
+    whole = fedlib.run(make_config(TINY), cache=store, progress=False)
+    chunked = fedlib.run(make_config(TINY, client_chunk=1), cache=store, progress=False)
+    assert chunked.config["client_chunk"] == 1 and whole.config["client_chunk"] is None
+    assert make_config(TINY).key() != make_config(TINY, client_chunk=1).key()
+
+
+BAD_INPUTS = [  # (config data, field named in the one-line error)
+    ({"model": "resnet9000"}, "model"),
+    ({"split": {"name": "dirichlet", "alpha": "abc"}}, "split.alpha"),
+    ({"seed": 1e23}, "seed"),
+    ({"rounds": 1e30}, "rounds"),
+    ({"dataset": "imagefolder:"}, "dataset"),
+    ({"batch_size": 1e10}, "batch_size"),
+    ({"lr": float("inf")}, "lr"),
+    ({"lr": float("nan")}, "lr"),
+    ({"rounds": True}, "rounds"),
+    ({"n_clients": False}, "n_clients"),
+    ({"split": {"name": "iid", "nan_updates": -1}}, "split.nan_updates"),
+    ({"split": {"name": "iid", "huge_updates": -2}}, "split.huge_updates"),
+    ({"split": {"name": "iid", "huge_updates": 1.5}}, "split.huge_updates"),
+    ({"seed": -1}, "seed"),
+    ({"seed": 2**40}, "seed"),
+    ({"n_clients": 10**9}, "n_clients"),
+    ({"local_epochs": 10**6}, "local_epochs"),
+    ({"lr_milestones": [True]}, "lr_milestones"),
+    ({"lr_milestones": list(range(1, 5000))}, "lr_milestones"),
+    ({"device": "x" * 50_000_000}, "device"),
+    ({"data_root": "y" * 50_000_000}, "data_root"),
+    ({"method": {"name": "fedprox", "mu": float("inf")}}, "mu"),
+    ({"split": {"name": "dirichlet", "alpha": float("nan")}}, "alpha"),
+    ({"split": {"name": "iid", "extra": list(range(5000))}}, "extra"),
+    ({"test_samples": 10**12}, "test_samples"),
+]
+
+
+@pytest.mark.parametrize("data,field", BAD_INPUTS, ids=[f"{i}-{f}" for i, (_, f) in enumerate(BAD_INPUTS)])
+def test_15_8_and_9_bad_values_give_one_short_line_naming_the_field(data, field):
+    with pytest.raises(ConfigError) as info:
+        make_config(data)
+    message = str(info.value)
+    assert "\n" not in message and field in message and len(message) < 400
+
+
+@pytest.mark.parametrize("value", ["file.yaml", Path("file.yaml"), ["rounds", 2], 5, b"rounds: 2"])
+def test_15_8_the_api_takes_configs_only_and_says_so_in_one_line(value):
+    with pytest.raises(ConfigError, match="expected a RunConfig or a mapping") as info:
+        fedlib.run(value, cache=False, progress=False)
+    assert "\n" not in str(info.value)
+
+
+BAD_FILES = [  # (file content, text in the error)
+    (b"rounds: 3\nlr: \xff\xfe\n", "not UTF-8"),
+    (b"", "empty config file"),
+    (b"# only a comment\n", "empty config file"),
+    (b"lr_milestones: [" + b"1, " * 150_000 + b"1]\n", "too large"),
+    (b"rounds: &r 3\nlocal_epochs: *r\n", "alias"),
+    (b"split: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply|too large|malformed"),
+    (b"rounds: [3\n", "malformed YAML"),
+    (b"- rounds\n", "expected a mapping"),
+]
+
+
+@pytest.mark.parametrize("content,text", BAD_FILES, ids=[f"file-{i}" for i in range(len(BAD_FILES))])
+def test_15_8_and_9_bad_config_files_give_one_line(tmp_path, content, text):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=text) as info:
+        load_config(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    assert time.perf_counter() - t0 < 5
+
+
+BAD_OVERRIDES = [["rounds=[1"], ["=3"], ["rounds"], ["split.=2"], ["rounds=*a"], ["lr=.inf"], ["rounds=true"],
+                 ["model=nope"]]
+
+
+@pytest.mark.parametrize("tokens", BAD_OVERRIDES, ids=[t[0] for t in BAD_OVERRIDES])
+def test_15_8_malformed_overrides_give_one_line_and_status_2(tmp_path, capsys, tokens):
+    from fedlib.__main__ import main
+
+    path = tmp_path / "base.yaml"
+    path.write_text("dataset: synthetic\nrounds: 1\n")
+    assert main(["run", str(path), *tokens]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedlib: ") and "\n" not in err and "Traceback" not in err
+
+
+def test_15_10_the_npz_dataset_cache_is_checked_against_its_source(tmp_path):
+    tree = tmp_path / "tree"
+    for split in ("train", "test"):
+        for cls, value in (("a", 10), ("b", 200)):
+            (tree / split / cls).mkdir(parents=True)
+            for i in range(3):
+                Image.new("L", (8, 8), value + i).save(tree / split / cls / f"{i}.png")
+    name = f"imagefolder:{tree}"
+    first = load_dataset(name, cache_dir=tmp_path / "cache")
+    (cache_file,) = (tmp_path / "cache").glob("*.npz")
+    with np.load(cache_file, allow_pickle=False) as npz:
+        fields = {k: npz[k] for k in npz.files}
+    fields["y_train"] = 1 - fields["y_train"]  # self-consistent but wrong labels, every other field kept
+    with open(cache_file, "wb") as fh:
+        np.savez(fh, **fields)
+    with warnings_allowed():
+        again = load_dataset(name, cache_dir=tmp_path / "cache")
+    assert torch.equal(again.y_train, first.y_train) and torch.equal(again.x_train, first.x_train)
+
+
+ORPHAN = """
+import multiprocessing, sys, time
+from concurrent.futures import ProcessPoolExecutor
+import fedlib
+from fedlib.config import make_config
+pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+cfg = make_config(dataset="synthetic", n_clients=3, rounds=100000, batch_size=16, eval_every=1000, seed=5)
+def report():
+    while not pool._processes:
+        time.sleep(0.05)
+    print(*pool._processes, flush=True)
+import threading
+threading.Thread(target=report, daemon=True).start()
+fedlib.run_many([cfg], executor=pool, cache=False, progress=False)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_15_11_pool_workers_exit_when_the_sweep_is_killed(tmp_path):
+    env = {**os.environ, "FEDLIB_CACHE": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN], env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    workers = [int(pid) for pid in proc.stdout.readline().split()]
+    assert workers
+    time.sleep(12)  # the worker has imported fedlib and is training
+    assert all(_alive(pid) for pid in workers)
+    proc.kill()
+    proc.wait()
+    deadline = time.time() + 20
+    while time.time() < deadline and any(_alive(pid) for pid in workers):
+        time.sleep(0.2)
+    left = [pid for pid in workers if _alive(pid)]
+    for pid in left:  # do not leave them behind if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "pool workers outlived their parent"
+
+
+def test_15_12_overrides_may_follow_flags(tmp_path):
+    from fedlib.__main__ import main
+
+    path = tmp_path / "base.yaml"
+    path.write_text("dataset: synthetic\nn_clients: 3\nrounds: 4\nbatch_size: 32\nfraction: 0.1\n"
+                    "split: {name: dirichlet, alpha: 0.5}\n")
+    out = tmp_path / "r.json"
+    assert main(["run", str(path), "--no-cache", "rounds=1", "--json", str(out), "split.alpha=0.3"]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["rounds"] == 1 and result["config"]["split"] == {"name": "dirichlet", "alpha": 0.3}
+
+
+# ============================================================================= issue 23
+# A cached or stored run never outlives the rule that produced it.
+
+
+def test_23_a_method_default_or_rule_version_change_changes_the_key(monkeypatch):
+    from dataclasses import dataclass
+
+    from fedlib.methods.gradient import ShapFed
+
+    cfg = make_config(TINY, method={"name": "shapfed"})
+    key, config_key = cfg.key(), cfg.config_key()
+    assert cfg.resolved()["method"] == {"name": "shapfed", "mu": ShapFed.mu}
+
+    @dataclass
+    class ShapFedOtherMu(ShapFed):
+        mu: float = 0.25
+
+    monkeypatch.setitem(METHODS, "shapfed", ShapFedOtherMu)
+    assert cfg.key() != key and cfg.config_key() != config_key
+    monkeypatch.setitem(METHODS, "shapfed", ShapFed)
+    assert cfg.key() == key
+    monkeypatch.setattr(ShapFed, "rule_version", "2")
+    assert cfg.key() != key
+    monkeypatch.setattr(fedlib.config, "ENGINE_VERSION", "2")
+    monkeypatch.setattr(ShapFed, "rule_version", "1")
+    assert cfg.key() != key
+
+
+def test_23_results_record_what_produced_them():
+    r = fedlib.run(make_config(TINY, method={"name": "fedprox"}), cache=False, progress=False)
+    meta = r.meta
+    assert meta["resolved"]["method"] == {"name": "fedprox", "mu": 0.01}
+    assert meta["rule_versions"] == {"engine": fedlib.config.ENGINE_VERSION, "fedprox": "1"}
+    assert meta["data"]["source"].startswith("synthetic") and len(meta["data"]["sha256"]) == 64
+    assert meta["config_key"] == make_config(TINY, method={"name": "fedprox"}).key()
+
+
+def test_23_a_stored_run_of_an_older_rule_is_listed_stale_not_current(tmp_path, monkeypatch):
+    from fedlib.methods.gradient import ShapFed
+
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
+    cfg = make_config(TINY, method={"name": "shapfed"})
+    written = book.store_results("demo", [cfg], progress=False)
+    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
+    monkeypatch.setattr(ShapFed, "rule_version", "2")
+    current, stale = book.current_and_stale("demo", [cfg])
+    assert current == {} and list(stale) == [written[0].name]
+    assert stale[written[0].name]["changed"] == ["shapfed rule version 1 -> 2"]
+    assert "shapfed rule version 1 -> 2" in book.stored_results("demo", [cfg]).describe()
+    assert fedlib.run(cfg, cache=ResultCache(tmp_path / "cache" / "runs"), progress=False).meta["rule_versions"][
+        "shapfed"] == "2"  # the cache does not answer with the old rule's numbers either
+
+
+def _legacy_entry(folder: Path, cfg, result) -> Path:
+    """A stored run as f5ecf2b wrote it: old key, no rule versions or data fingerprint."""
+    from fedlib.migrate import legacy_key
+
+    meta = {k: v for k, v in result.meta.items()
+            if k not in ("resolved", "rule_versions", "data", "config_key_without_data", "engine_version")}
+    payload = {"config": cfg.to_dict(), "result": {**result.to_dict(), "meta": meta}, "commit": "f5ecf2b",
+               "device": "cpu", "date": "2026-11-26", "wall_time": 1.0}
+    return ResultCache(folder).put(legacy_key(cfg.to_dict()), payload)
+
+
+def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
+    from dataclasses import dataclass
+
+    from fedlib.methods.gradient import ShapFed
+    from fedlib.migrate import migrate_results
+
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    folder = tmp_path / "results" / "demo"
+    same = make_config(TINY, method={"name": "fedprox"})
+    changed = make_config(TINY, method={"name": "shapfed"})
+    runs = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
+    old_same, old_changed = _legacy_entry(folder, same, runs["fedprox"]), _legacy_entry(folder, changed, runs["shapfed"])
+    history_text = json.dumps(json.loads(old_same.read_text())["payload"]["result"]["history"], indent=1)
+
+    @dataclass
+    class ShapFedOtherMu(ShapFed):  # shapfed's default changed since the legacy run
+        mu: float = 0.25
+
+    monkeypatch.setitem(METHODS, "shapfed", ShapFedOtherMu)
+    report = migrate_results(tmp_path / "results", today="2026-11-26")
+    assert [(c, old) for c, old, _ in report["rekeyed"]] == [("demo", old_same.stem)]
+    assert [(c, name) for c, name, _ in report["stale"]] == [("demo", old_changed.name)]
+    assert "method.mu" in report["stale"][0][2]
+    new = ResultCache(folder).get(same.key())
+    assert new is not None and not old_same.exists() and old_changed.exists()
+    assert json.dumps(new["result"]["history"], indent=1) == history_text and new["config"] == same.to_dict()
+    assert new["result"]["meta"]["rekeyed"] == (f"re-keyed from {old_same.stem} on 2026-11-26: resolved config "
+                                                "and data fingerprint identical")
+    stored = book.stored_results("demo", [same, changed])
+    assert list(stored.results) == [same.key()] and list(stored.stale) == [old_changed.name]
+    assert migrate_results(tmp_path / "results")["current"] == [("demo", same.key())]  # idempotent
+
+
+def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
+    from fedlib.migrate import migrate_results
+
+    report = migrate_results(ROOT / "results", dry_run=True)
+    assert not report["rekeyed"], "run: python -m fedlib migrate-results"
+    assert len(report["current"]) + len(report["stale"]) == len(list((ROOT / "results").glob("*/*.json")))

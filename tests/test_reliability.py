@@ -371,6 +371,14 @@ BAD_FILES = [  # (file content, text in the error)
     (b"split: " + b"[" * 5000 + b"]" * 5000 + b"\n", "nested too deeply|too large|malformed"),
     (b"rounds: [3\n", "malformed YAML"),
     (b"- rounds\n", "expected a mapping"),
+    (b"seed: 1.0e+23\n", "seed"),
+    (b"rounds: 1.0e+30\n", "rounds"),
+    (b"batch_size: 1.0e+10\n", "batch_size"),
+    (b"split: {name: dirichlet, alpha: abc}\n", "split.alpha"),
+    (b"dataset: 'imagefolder:'\n", "dataset"),
+    (b"model: nope\n", "model"),
+    (b"lr: .inf\n", "lr"),
+    (b"rounds: true\n", "rounds"),
 ]
 
 

@@ -634,7 +634,7 @@ _WATCHDOG: list[int] = []  # the parent pid watched in this process
 def exit_with_parent(poll_s: float = 1.0) -> None:
     """Make this (worker) process exit when its parent dies, even by ``kill -9``: a daemon thread
     polls the parent pid and calls ``os._exit`` once it changes (the orphan is re-parented).
-    ``run_many`` calls it in every worker; pass it as ``initializer=fedlib.run.exit_with_parent``
+    ``run_many`` calls it in every worker; pass it as ``initializer=exit_with_parent`` (from ``fedlib.run``)
     to a pool you create so that idle workers exit too. Idempotent; a no-op in the main process."""
     import multiprocessing
 

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from fedlib.cache import ResultCache
 
 
@@ -13,10 +15,38 @@ def test_roundtrip_and_corruption_is_detected(tmp_path):
     entry = json.loads(path.read_text())
     entry["payload"]["accuracy"] = 0.99  # tampered: checksum no longer matches
     path.write_text(json.dumps(entry))
-    assert cache.get("abc") is None and not path.exists()
+    with pytest.warns(RuntimeWarning, match="checksum mismatch.*set aside as abc.json.invalid-1"):
+        assert cache.get("abc") is None and not path.exists()
+    assert json.loads((tmp_path / "abc.json.invalid-1").read_text()) == entry  # kept, not deleted
     path.write_text('{"sha256": "0", "payload": {"trunc')  # half-written file
-    assert cache.get("abc") is None
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        assert cache.get("abc") is None
     assert cache.get("never") is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["abc.json.invalid-1", "abc.json.invalid-2"]
+
+
+def test_a_protected_store_is_never_changed_by_reading(tmp_path):
+    store = ResultCache(tmp_path, protect=True)
+    path = store.put("k", {"x": 1})
+    path.write_text(path.read_text().replace('"x": 1', '"x": 2'))
+    before = path.read_bytes()
+    with pytest.warns(RuntimeWarning, match="never moved by reading"):
+        assert store.get("k") is None
+    assert store.get("k") is None  # reported once, still skipped
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["k.json"]
+    store.put("k", {"x": 3})  # a writer keeps the invalid entry aside instead of overwriting it
+    assert store.get("k") == {"x": 3} and (tmp_path / "k.json.invalid-1").read_bytes() == before
+
+
+def test_a_check_sets_aside_entries_that_do_not_answer(tmp_path):
+    cache = ResultCache(tmp_path)
+    cache.put("k", {"config": "other"})
+    with pytest.warns(RuntimeWarning, match="wrong config"):
+        assert cache.get("k", check=lambda p: None if p["config"] == "mine" else "wrong config") is None
+    assert (tmp_path / "k.json.invalid-1").is_file()
+    cache.put("k", {"no": "config"})
+    with pytest.warns(RuntimeWarning, match="invalid content \\(KeyError"):  # a crashing check is a problem
+        assert cache.get("k", check=lambda p: p["config"]) is None
 
 
 def test_no_temporary_files_left_behind(tmp_path):

@@ -443,3 +443,22 @@ def test_every_known_name_has_a_spec():
     assert all(dataset_spec(name) is not None for name in data.DATASETS)
     with pytest.raises(ValueError):
         dataset_spec("imagenet")
+
+
+def test_fingerprint_names_the_files_read_and_is_cheap(tmp_path, monkeypatch):
+    """The data fingerprint hashes the files a load reads (not where they are); it is kept on disk
+    by path, size and mtime, so the key needs no decoding."""
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
+    write_tiny_mnist(tmp_path / "a" / "mnist")
+    write_tiny_mnist(tmp_path / "b" / "MNIST" / "raw")  # same files, torchvision layout
+    a = data.data_fingerprint("mnist", tmp_path / "a")
+    assert a["source"] == f"mnist idx files from {tmp_path / 'a' / 'mnist'}"
+    assert [name for name, _ in a["files"]][0] == "t10k-images-idx3-ubyte.gz" and len(a["files"]) == 4
+    assert data.data_fingerprint("mnist", tmp_path / "b")["sha256"] == a["sha256"]
+    assert load_dataset("mnist", root=tmp_path / "a").fingerprint == a
+    assert len(list((tmp_path / "cache" / "fingerprints").glob("*.json"))) == 2
+    (tmp_path / "b" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte.gz").write_bytes(
+        gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 10]) + bytes(range(9, -1, -1))))
+    assert data.data_fingerprint("mnist", tmp_path / "b")["sha256"] != a["sha256"]
+    missing = data.data_fingerprint("mnist", tmp_path / "none")
+    assert missing["sha256"] is None and str(tmp_path / "none" / "mnist") in missing["missing"]

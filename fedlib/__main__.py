@@ -7,8 +7,6 @@ import inspect
 import json
 import sys
 
-import yaml
-
 
 def _overrides(pairs: list[str]) -> dict:
     """``key=value`` (or ``split.alpha=0.5``) tokens as a nested dict; values are YAML scalars or

@@ -124,7 +124,8 @@ class RunConfig(BaseModel):
     dataset: str = "fmnist"
     data_root: str | None = None
     fraction: float = Field(1.0, gt=0, le=1, description="share of the training set used")
-    test_samples: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="evaluate on a fixed random subset of n test samples")
+    test_samples: int | None = Field(None, ge=1, le=MAX_SAMPLES,
+                                     description="evaluate on a fixed random subset of n test samples")
     server_val: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="training samples held out as the server's "
                                    "validation set (default 1000 for methods that need one)")
     model: str = "mlp"

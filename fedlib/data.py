@@ -449,7 +449,8 @@ def _read_eurosat(root: Path, download: bool, cache_dir) -> _ImageArrays:
     dataset = _open_torchvision("eurosat", root, looked, download)
     split = [EUROSAT_TEST_FRACTION, EUROSAT_SPLIT_SEED]
     cache_file = _cache_file(cache_dir, "eurosat", looked[0], split)
-    return _cached(cache_file, lambda: _split_eurosat(dataset, looked[0]), _content_fingerprint(looked[0])["sha256"])
+    source_sha256 = _content_fingerprint(looked[0])["sha256"]
+    return _cached(cache_file, lambda: _split_eurosat(dataset, looked[0]), source_sha256)
 
 
 def _split_eurosat(dataset, folder: Path) -> _ImageArrays:
@@ -548,7 +549,8 @@ def _read_imagefolder(path_text: str, cache_dir) -> _ImageArrays:
 
 def _load_image_tree(path: Path, label: str, source: str, cache_dir) -> _ImageArrays:
     cache_file = _cache_file(cache_dir, label, path)
-    return _cached(cache_file, lambda: _read_image_tree(path, label, source), _content_fingerprint(path)["sha256"])
+    source_sha256 = _content_fingerprint(path)["sha256"]
+    return _cached(cache_file, lambda: _read_image_tree(path, label, source), source_sha256)
 
 
 def _read_image_tree(path: Path, label: str, source: str) -> _ImageArrays:

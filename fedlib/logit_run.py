@@ -25,7 +25,6 @@ differ only in the aggregation rule.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import math
 import platform

@@ -516,7 +516,8 @@ def _stop_message(t: int, lr: float, screened, everything_dropped: bool,
     """Why training stopped. Outsized updates the screening could not clip (fewer than 3 updates)
     are named as the likely cause; the lr is suggested only when no update looked poisoned."""
     kept = f"the history of the {t} earlier round(s) is kept"
-    what = (f"every update was dropped as non-finite or malformed (clients {[d['client'] for d in screened.dropped][:10]})"
+    dropped = [d["client"] for d in screened.dropped][:10]
+    what = (f"every update was dropped as non-finite or malformed (clients {dropped})"
             if everything_dropped else "the global model became non-finite")
     if suspect_log:
         where = ", ".join(f"round {r + 1}: client(s) {c[:10]}" for r, c in suspect_log[:5])

@@ -559,7 +559,8 @@ def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(t
     same = make_config(TINY, method={"name": "fedprox"})
     changed = make_config(TINY, method={"name": "shapfed"})
     runs = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
-    old_same, old_changed = _legacy_entry(folder, same, runs["fedprox"]), _legacy_entry(folder, changed, runs["shapfed"])
+    old_same = _legacy_entry(folder, same, runs["fedprox"])
+    old_changed = _legacy_entry(folder, changed, runs["shapfed"])
     history_text = json.dumps(json.loads(old_same.read_text())["payload"]["result"]["history"], indent=1)
 
     @dataclass

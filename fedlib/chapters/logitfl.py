@@ -140,16 +140,6 @@ def store_results(configs_: list, progress: bool = True) -> list:
     return written
 
 
-def _key_of(config: dict | None) -> str | None:
-    """The key of a stored config as this version reads it (None if it no longer validates)."""
-    from ..config import make_config
-
-    try:
-        return (make_logit_config(config) if "aggregator" in config else make_config(config)).key()
-    except Exception:  # noqa: BLE001 - a config this version cannot read any more
-        return None
-
-
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
     """The current stored runs (``results/logitfl/``) of ``params``' configs: ({config key: RunResult},
     {config key: provenance}); stale ones (another variant) are left out (``fedlib.book.stored_results``)."""

@@ -338,6 +338,7 @@ def _make_synthetic(options: SyntheticOptions, device) -> Dataset:
         source=f"synthetic (seed={options.seed}, noise={options.noise})",
         channel_mean=mean,
         channel_std=std,
+        fingerprint=_synthetic_fingerprint(options),
     )
 
 
@@ -758,10 +759,7 @@ def data_fingerprint(name: str, root: str | os.PathLike | None = None) -> dict:
     source and kept under ``$FEDLIB_CACHE/fingerprints`` (keyed by path, size and mtime).
     Files not found (yet): ``{"source": None, "missing": [paths looked at], "sha256": None}``."""
     if name == "synthetic":
-        options = SyntheticOptions()
-        text = json.dumps([SYNTHETIC_GENERATOR, repr(options)])
-        return {"source": f"synthetic (seed={options.seed}, noise={options.noise})", "files": [],
-                "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        return _synthetic_fingerprint(SyntheticOptions())
     _check_known(name)
     if name.startswith(IMAGEFOLDER_PREFIX):
         path = Path(name[len(IMAGEFOLDER_PREFIX):]).expanduser().absolute()
@@ -774,6 +772,12 @@ def data_fingerprint(name: str, root: str | os.PathLike | None = None) -> dict:
         return {"source": None, "missing": [str(p) for p in looked], "sha256": None}
     base, source, *only = located
     return {"source": source, **_content_fingerprint(base, *only)}
+
+
+def _synthetic_fingerprint(options: SyntheticOptions) -> dict:
+    text = json.dumps([SYNTHETIC_GENERATOR, repr(options)])
+    return {"source": f"synthetic (seed={options.seed}, noise={options.noise})", "files": [],
+            "sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def _locate(name: str, root: Path) -> tuple[tuple[Path, str] | None, list[Path]]:

@@ -199,7 +199,8 @@ _LOADED: dict[tuple, Dataset] = {}  # the last datasets loaded in this process (
 
 
 def _load(config: RunConfig) -> Dataset:
-    key = (config.dataset, config.data_root, os.environ.get("FEDLIB_DATA"))
+    # the files' fingerprint too: files changed on disk are read again, so tensors and key agree
+    key = (config.dataset, config.data_root, os.environ.get("FEDLIB_DATA"), config.data_fingerprint().get("sha256"))
     if key not in _LOADED:
         if len(_LOADED) >= 2:
             _LOADED.pop(next(iter(_LOADED)))

@@ -154,7 +154,7 @@ class RunConfig(BaseModel):
     @classmethod
     def _plain_values(cls, v, info):
         if isinstance(v, bool) and info.field_name not in _BOOL_FIELDS:
-            raise ValueError(f"must be a number or text, not {str(v).lower()}")
+            raise ValueError("true/false is not a valid value here")
         if isinstance(v, (list, tuple)) and len(v) > MAX_LIST:
             raise ValueError(f"list too long ({len(v)} items; at most {MAX_LIST})")
         if isinstance(v, str) and len(v) > MAX_STRING:
@@ -174,7 +174,7 @@ class RunConfig(BaseModel):
         from .models import MODELS
 
         if v not in MODELS:
-            raise ValueError(f"unknown model {shown(v)}; known: {', '.join(MODELS)}")
+            raise ValueError(f"unknown model; known: {', '.join(MODELS)}")
         return v
 
     @field_validator("dataset")
@@ -183,7 +183,12 @@ class RunConfig(BaseModel):
         from .data import _check_known
 
         if v != "synthetic":
-            _check_known(v)
+            try:
+                _check_known(v)
+            except ValueError:
+                from .data import DATASETS
+
+                raise ValueError(f"unknown dataset; known: {', '.join(DATASETS)}, or imagefolder:<path>") from None
         return v
 
     @field_validator("device")

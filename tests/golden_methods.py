@@ -6,7 +6,9 @@ global model, test loss and accuracy; the final per-class accuracy). ``test_gold
 fails when a method's numbers change while its ``rule_version`` did not (a silent rule change),
 and when its version changed but its golden value was not regenerated.
 
-After changing a method's rule: bump its ``rule_version`` and regenerate its golden value only:
+After changing a method's rule: bump its ``rule_version`` and regenerate its golden value only
+(a changed default shows in the key already; regenerate that method too). After an engine change
+that changes numbers, bump ``fedlib.config.ENGINE_VERSION`` and regenerate every method:
 
     python tests/golden_methods.py --regenerate shapfed [cgsv ...]
     python tests/golden_methods.py --regenerate-changed   # every method whose version changed
@@ -26,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fedlib.config import make_config  # noqa: E402
+from fedlib.config import ENGINE_VERSION, make_config  # noqa: E402
 from fedlib.methods import METHODS  # noqa: E402
 from fedlib.run import run  # noqa: E402
 
@@ -88,7 +90,8 @@ def regenerate(names: list[str]) -> None:
     for name in names:
         if name not in METHODS:
             raise SystemExit(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
-        golden[name] = {"rule_version": METHODS[name].rule_version, "values": values_of(name)}
+        golden[name] = {"rule_version": METHODS[name].rule_version, "engine_version": ENGINE_VERSION,
+                        "values": values_of(name)}
         print(f"{name}: regenerated (rule version {METHODS[name].rule_version})")
     GOLDEN.write_text(json.dumps(dict(sorted(golden.items())), indent=1) + "\n")
 
@@ -104,7 +107,8 @@ def main(argv=None) -> int:
     if args.regenerate:
         regenerate(args.regenerate)
     if args.regenerate_changed:
-        changed = [n for n in sorted(METHODS) if golden.get(n, {}).get("rule_version") != METHODS[n].rule_version]
+        changed = [n for n in sorted(METHODS) if (golden.get(n, {}).get("rule_version"), golden.get(n, {}).get(
+            "engine_version")) != (METHODS[n].rule_version, ENGINE_VERSION)]
         regenerate(changed) if changed else print("no rule version changed")
     if args.check:
         for name in sorted(METHODS):

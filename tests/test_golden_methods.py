@@ -6,6 +6,7 @@ Golden values live in ``tests/golden_methods.json``; regenerate one method after
 import pytest
 
 import golden_methods as golden
+from fedlib.config import ENGINE_VERSION
 from fedlib.methods import METHODS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -20,10 +21,13 @@ def test_method_output_changes_only_with_its_rule_version(name):
     assert stored["rule_version"] == METHODS[name].rule_version, (
         f"{name}: rule_version is {METHODS[name].rule_version!r} but the golden value is of "
         f"{stored['rule_version']!r}; run {regen}")
+    assert stored["engine_version"] == ENGINE_VERSION, (
+        f"{name}: ENGINE_VERSION is {ENGINE_VERSION!r}, the golden value is of {stored['engine_version']!r}; "
+        "run python tests/golden_methods.py --regenerate-changed")
     diff = golden.differences(stored["values"], golden.values_of(name))
     assert not diff, (f"{name}: output changed without a rule_version change ({len(diff)} values, first: "
                       f"{diff[0]}); if the rule changed on purpose, bump {METHODS[name].__name__}.rule_version "
-                      f"and run {regen}")
+                      f"(or fedlib.config.ENGINE_VERSION if the engine changed) and run {regen}")
 
 
 def test_a_silent_rule_change_is_caught(monkeypatch):

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
-from . import unique_configs
+from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -54,7 +54,7 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
     return make_config(
         **data, n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
-        server_val=params.get("server_val"), split=split, method=spec, seed=seed,
+        server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
     )
 
 

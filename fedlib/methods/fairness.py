@@ -251,7 +251,9 @@ class QFedAvg(Method):
         w^(t+1) = w^t - Σ_k Δ_k / Σ_k h_k
     F_k(w^t) is the received global model's loss on k's own data (sent by the client). As a
     combination of the uploads: weights c_k = L F_k^q / Σ h, and the remaining 1 - Σ c_k stays
-    on w^t (``server_update``). q = 1 (our choice; the paper tunes q per dataset)."""
+    on w^t (``server_update``). q = 1 (our choice; the paper tunes q per dataset). Source: the
+    paper's Algorithm 2 and github.com/litian96/fair_flearn (``run.sh`` passes q per experiment);
+    see book/reference/baselines.md."""
 
     name = "qfedavg"
     q: float = 1.0
@@ -350,7 +352,9 @@ class Ditto(Method):
     FedAvg (sample-count weights); every selected client also updates its personal model v_k
     with the same local SGD on  F_k(v) + λ/2 ||v - w^t||²,  starting from its last v_k (w^t for
     a client never selected). The engine evaluates the global model; ``personal`` [N, P] holds
-    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2})."""
+    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2}). Source: github.com/litian96/ditto,
+    ``flearn/trainers_MTL/ditto.py`` ``Server.train``; their code scores each client's personal model
+    on its own test split, fedlib the global model (book/reference/baselines.md)."""
 
     name = "ditto"
     lam: float = 0.1
@@ -413,7 +417,8 @@ class MOON(Method):
     z, z_glob, z_prev: the representation of the same batch under the model being trained, the
     received global model and the client's previous local model (the global model for a client
     never selected). Sample-count aggregation. μ = 1, τ = 0.5 (their CIFAR-10 τ; μ our choice);
-    representation = the model's features (no extra projection head)."""
+    representation = the model's features (no extra projection head). Source: github.com/QinbinLi/MOON
+    ``main.py`` (mu 1, temperature 0.5; their models add a 256-d projection head, not reproduced)."""
 
     name = "moon"
     mu: float = 1.0
@@ -493,7 +498,8 @@ class FedSV(Method):
     selected gets 0 that round). Estimated by Monte-Carlo permutation sampling (FLCE §4.1.2),
     or exactly over all 2^K coalitions with ``exact`` (the 'canonical Shapley value' of FLCE
     Fig. 4). Aggregation: sample-count weights (FedAvg). ``scores()``: Σ_t φ_t clamped at 0,
-    normalised. Uses ``fedlib.methods.shapley`` (coalition utility, estimators)."""
+    normalised. Uses ``fedlib.methods.shapley`` (coalition utility, estimators). Source: the paper
+    (Wang et al. 2020; no public code by its authors found); no truncation of permutations."""
 
     name = "fedsv"
     needs_validation = True

@@ -674,7 +674,9 @@ class SFedAvg(_ShapleyMethod):
     the round's clients on reconstructed models with the plain validation accuracy, all
     permutations, no Monte-Carlo (§5.1) — updates v_i = α v_i + (1 - α) φ_i for i ∈ K^t
     (α = 0.7, §5.1), and aggregates the selected clients with FedAvg weights.
-    The Shapley reward of a selected client is its round value φ_i.
+    The Shapley reward of a selected client is its round value φ_i. Source: FedMS §5.1; the
+    re-implementation in github.com/pringlesinghal/GreedyFed ``algorithms.py`` ``sfedavg_run``
+    differs (book/reference/baselines.md).
     """
 
     name = "s_fedavg"

@@ -355,3 +355,34 @@ def test_flce_baseline_runs_finish(name):
               "batch_size": 16, "fraction": 0.25, "test_samples": 100}
     r = fedlib.run(config, cache=False, progress=False)
     assert len(r.history) == 2 and r.final["stopped"] is None and np.isfinite(r.final["accuracy"])
+
+
+def _fake_run(method, history, counts):
+    from fedlib.run import RunResult
+
+    return RunResult(config={"method": {"name": method}}, history=history,
+                     final={"accuracy": 0.5, "balanced_accuracy": 0.5},
+                     meta={"client_sizes": [int(sum(r)) for r in counts], "client_class_counts": counts,
+                           "client_roles": ["benign"] * len(counts)})
+
+
+def test_celm_page_reads_cffl_removals_and_cgsv_concentration_from_the_history():
+    from fedlib.chapters.celm import diagnose_baseline, removal_rounds
+
+    counts = [[5, 0, 0], [0, 5, 0], [3, 3, 3]]
+    # recorded diagnostics (new runs): client 1 removed in round index 1 -> "after round 2"
+    history = [{"round": 0, "selected": [0, 1, 2], "diagnostics": {"removed": []}},
+               {"round": 1, "selected": [0, 1, 2], "diagnostics": {"removed": [1]}},
+               {"round": 2, "selected": [0, 2], "diagnostics": {"removed": []}}]
+    assert removal_rounds(_fake_run("cffl", history, counts)) == [None, 2, None]
+    # older runs without diagnostics: the last round a client was selected
+    bare = [{k: v for k, v in h.items() if k != "diagnostics"} for h in history]
+    assert removal_rounds(_fake_run("cffl", bare, counts)) == [None, 2, None]
+    text, table = diagnose_baseline(_fake_run("cffl", history, counts), "cffl")
+    assert "removed 1 of 3" in text and "no class was lost" in text  # class 1 is also held by client 2
+    assert table["removed after round"].tolist() == ["—", 2, "—"]
+    scores = [{"round": t, "selected": [0, 1, 2], "scores": s}
+              for t, s in enumerate([[0.4, 0.3, 0.3], [0.6, 0.2, 0.2], [0.8, 0.1, 0.1]])]
+    text, table = diagnose_baseline(_fake_run("cgsv", scores, counts), "cgsv")
+    # 1 / (0.8² + 0.1² + 0.1²) = 1 / 0.66 = 1.5; first round above one half: round 2
+    assert "client 0 holds 0.80" in text and "effective number of clients 1.5 of 3" in text and "round 2" in text

@@ -251,3 +251,32 @@ def test_gtg_original_stops_on_the_last_ten_running_means():
     assert info["permutations"] == 36 and info["converged"]
     with pytest.raises(ValueError, match="stopping must be"):
         gtg_shapley(lambda s: s.double() @ a, 6, stopping="fast")
+
+
+@pytest.mark.parametrize("average,expected", [
+    # ucb_run (pringlesinghal/GreedyFed): SV_i <- ((N_i - 1) SV_i + φ_i) / N_i
+    #   φ = 0.3, 0.1, 0.2 -> 0.3, (0.3 + 0.1)/2 = 0.2, (2 · 0.2 + 0.2)/3 = 0.2
+    ("mean", [0.3, 0.2, 0.2]),
+    # FedMS §5.1: first value φ, then 0.7 v + 0.3 φ -> 0.3, 0.21 + 0.03 = 0.24, 0.168 + 0.06 = 0.228
+    ("ema", [0.3, 0.24, 0.228]),
+])
+def test_greedyfed_value_update_by_hand(monkeypatch, average, expected):
+    from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+    from fedlib.methods import shapley as module
+
+    rounds = iter([0.3, 0.1, 0.2])
+    monkeypatch.setattr(module, "gtg_shapley", lambda *a, **k: torch.tensor([next(rounds)], dtype=torch.float64))
+    method = build_method("greedyfed", {"average": average})
+    fed = Federation(model=build_model("mlp", (1, 2, 2), 2), n_clients=1, n_classes=2, rounds=3, clients_per_round=1,
+                     client_sizes=np.ones(1), device=torch.device("cpu"), x_val=torch.zeros(1, 1, 2, 2),
+                     y_val=torch.zeros(1, dtype=torch.long))
+    method.setup(fed)
+    monkeypatch.setattr(method, "round_utility", lambda state, updates: None)
+    monkeypatch.setattr(method, "uniform_view", lambda utility: None)
+    updates = ClientUpdates(clients=np.array([0]), flat=torch.zeros(1, 3), buffers={}, sizes=np.ones(1))
+    values = []
+    for t in range(3):
+        method.aggregate(RoundState(round=t, rng=np.random.default_rng(0), global_flat=torch.zeros(3),
+                                    global_buffers={}, lr=0.1), updates)
+        values.append(float(method.values[0]))
+    assert values == pytest.approx(expected)

@@ -284,6 +284,12 @@ def test_fedfa_weights_and_momentum_follow_the_formula():
     mixed = p.float() @ flat
     torch.testing.assert_close(new, mixed - state.lr * 0.1 * (mixed - w))
     assert method.scores().sum() == pytest.approx(1.0)
+    # dual momentum (flgo fedfa.py: c.momentum = self.gamma): local SGD momentum γ = 0.9
+    from fedlib.population import LocalTraining
+
+    base = LocalTraining(epochs=1, batch_size=8, lr=0.1)
+    assert method.local_training(state, base, np.array([0, 1])).momentum == 0.9
+    assert build_method("fedfa", {"client_momentum": False}).local_training(state, base, np.array([0])).momentum == 0
 
 
 def test_moon_vectorized_training_equals_the_per_client_loop():

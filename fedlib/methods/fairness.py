@@ -291,11 +291,16 @@ class FedFa(Method):
         p_k    = α a_k + β f_k,  α = 1 - β                                   (aggregation weights)
         w'     = Σ p_k w_k;  m <- γ m + (1 - γ)(w' - w^t);  w^(t+1) = w' - η m
     β = 0.5, γ = 0.9, η = the round's learning rate (their defaults). The weights p are FedFa's
-    contribution (FLCE §4.1.3: 'aggregation weight (e.g., FedFa)')."""
+    contribution (FLCE §4.1.3: 'aggregation weight (e.g., FedFa)'). Dual momentum: the clients'
+    local SGD also uses momentum γ (``client_momentum``, their ``c.momentum = self.gamma``).
+    Source: github.com/WwZzz/easyFL ``flgo/algorithm/fedfa.py`` (``Server.initialize``, ``iterate``,
+    ``Client.reply``/``pack``)."""
 
     name = "fedfa"
+    rule_version = "2"
     beta: float = 0.5
     gamma: float = 0.9
+    client_momentum: bool = True
 
     def validate(self) -> None:
         if not 0 <= self.beta <= 1:
@@ -308,6 +313,11 @@ class FedFa(Method):
         self.frequency = torch.zeros(fed.n_clients, dtype=torch.float64)
         self.momentum = None
         self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
+
+    def local_training(self, state, base, clients):
+        from dataclasses import replace
+
+        return replace(base, momentum=self.gamma) if self.client_momentum else base
 
     def client_uploads(self, state, clients, flat, buffers, data):
         _, acc = global_model_on_clients(self.fed, state, data)

@@ -98,9 +98,12 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
     else:
         protocol = ("**Reduced protocol.** This profile differs from the paper's protocol in:\n"
                     + "\n".join(f"- {d}" for d in diffs)) if diffs else "Same settings as the paper profile."
+    from .chapters import defenses
+
+    defended = defenses(chapter, params)
     return Markdown(
         f"**Profile:** `{profile}` &nbsp;·&nbsp; **Device:** {device_description()} &nbsp;·&nbsp; "
-        f"**fedlib** {_fedlib_version()}\n\n{protocol}"
+        f"**fedlib** {_fedlib_version()}\n\n{protocol}" + (f"\n\n{defended}" if defended else "")
     )
 
 

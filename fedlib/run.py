@@ -405,6 +405,7 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
                             x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape),
                             client_data=lambda c: ClientData(p.x_pool, p.y_pool, [part.indices[i] for i in c],
                                                              torch.Generator().manual_seed(cfg.seed))))
+    client_state = method.init_client_state(method.fed, global_flat, global_buffers)
     rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
     stopped = None
@@ -420,7 +421,8 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
     suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
     for t in rounds:
         lr = cfg.lr_at(t)
-        state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr)
+        state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr,
+                           client_state=client_state)
         # 1. plan
         selected = np.asarray(method.select_clients(state), dtype=np.int64)
         base = LocalTraining(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
@@ -432,8 +434,12 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         batches = make_client_batches([part.indices[c] for c in selected], cfg.batch_size, cfg.local_epochs, gen)
         batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
         start = method.start_models(state, selected)
-        flat, bufs = train_clients(model, global_flat if start is None else start,
-                                   {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+        start_buffers = {k: v.unsqueeze(0) for k, v in global_buffers.items()}
+        if start is None and client_state is not None and client_state.flat is not None:
+            rows = torch.as_tensor(selected, dtype=torch.long, device=client_state.flat.device)
+            start = client_state.flat[rows]
+            start_buffers = {k: v[rows] for k, v in client_state.buffers.items()} or start_buffers
+        flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
                                    p.x_pool, p.y_pool, batches, local)
         uploads = method.client_uploads(state, selected, flat, bufs,
                                         ClientData(p.x_pool, p.y_pool, [part.indices[c] for c in selected], gen))
@@ -445,18 +451,23 @@ def _execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | Non
         updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
                                 sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
                                 extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
-                                        for k, v in (uploads or {}).items()})
+                                        for k, v in (uploads or {}).items()},
+                                start=None if start is None or start.dim() == 1 else
+                                start[torch.as_tensor(screened.keep, device=start.device)])
         if screened.suspects:
             suspect_log.append((t, screened.suspects))
         if len(updates.clients) == 0:
             stopped = _stop_message(t, lr, screened, True, suspect_log)
             break
+        state.updates = updates
         weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
         keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
         new_flat, new_buffers = aggregate(updates.flat, weights, updates.buffers)
         global_flat, global_buffers = method.server_update(state, weights, new_flat, new_buffers)
         if keep_global:
             global_flat, global_buffers = state.global_flat, state.global_buffers
+        if client_state is not None:
+            client_state = method.update_client_state(state, weights, global_flat, global_buffers)
         t_server = time.perf_counter() - t0
         if cfg.reference_values and t == cfg.rounds - 1:
             reference = reference_values(p, state, updates)

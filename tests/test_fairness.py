@@ -38,7 +38,7 @@ def _updates(clients, flat):
     return ClientUpdates(clients=np.asarray(clients), flat=flat, buffers={}, sizes=np.full(len(clients), 10))
 
 
-def reference(vaccs, alpha=5.0, fade=0.5, coef=1 / 3):
+def reference(vaccs, alpha=5.0, fade=0.8, coef=1 / 3):
     """compute_reputations_sinh of the authors' code, full participation, one loop step per client."""
     r, reputable, threshold, out = [0.0] * N, list(range(N)), coef / N, []
     for vacc in vaccs:
@@ -77,7 +77,8 @@ def test_a_random_upload_gets_a_lower_reputation_and_is_removed():
     teacher = layout.flat_of(fed.model)
     torch.manual_seed(5)
     flat = torch.stack([teacher, teacher, teacher, layout.flat_of(build_model("mlp", (1, 4, 4), C))])
-    method = build_method("cffl")
+    # full uploads judged as they are (clip off, θ = 1) and a constant α, to isolate the reputation rule
+    method = build_method("cffl", {"clip": 0.0, "theta": 1.0, "alpha_growth": False})
     method.setup(fed)
     method.update_reputation(torch.arange(N), torch.tensor([1.0, 1.0, 1.0, 0.9], dtype=torch.float64))
     r = method.scores()
@@ -90,7 +91,9 @@ def test_a_random_upload_gets_a_lower_reputation_and_is_removed():
         r = method.scores()
         assert r[3] == 0 and r[:3] == pytest.approx([1 / 3] * 3)  # chance accuracy: removed at once
         assert w.tolist() == pytest.approx([1 / 3] * 3 + [0.0] * (len(clients) - 3))
+        assert method.diagnostics()["removed"] == ([3] if t == 0 else [])
     assert not method.reputable[3] and clients.tolist() == [0, 1, 2]
+    assert method.removed_round.tolist() == [-1, -1, -1, 0]
 
 
 def test_partial_participation_samples_the_reputable_set_and_keeps_the_others():
@@ -124,11 +127,77 @@ def test_weights_stay_on_the_simplex_for_degenerate_updates(case):
         assert w.tolist() == pytest.approx([1 / N] * N)
 
 
+def test_cffl_clip_and_upload_share_by_hand():
+    """clip_gradient_update (±0.01) then mask_grad_update_by_order(mode='all') with θ = 0.5:
+        Δ = (0.3, -0.02, 0.005, -0.5) -> c = (0.01, -0.01, 0.005, -0.01)
+        k = int(4 · 0.5) = 2, the 2nd largest |c| is 0.01, entries below it are zeroed:
+        f = (0.01, -0.01, 0, -0.01)   (ties are kept, as in their '< topk[-1]' mask)"""
+    from fedlib.methods.fairness import top_share
+
+    c = torch.tensor([[0.3, -0.02, 0.005, -0.5]]).clamp(-0.01, 0.01)
+    assert c[0].tolist() == pytest.approx([0.01, -0.01, 0.005, -0.01])
+    assert top_share(c, 0.5)[0].tolist() == pytest.approx([0.01, -0.01, 0.0, -0.01])
+    assert top_share(c, 0.1).tolist() == [[0.0] * 4]  # int(0.4) = 0 entries
+
+
+def test_cffl_reputation_growth_and_removal_by_hand():
+    """compute_reputations_sinh with fade 0.8 and α_t = 5 (1 + t/T), T = 4, three clients:
+    round 0, vacc = (0.8, 0.6, 0.2): r̃ = (0.5, 0.375, 0.125), r = 0.2 r̃ = (0.1, 0.075, 0.025),
+        sinh(5 r) = (0.521095, 0.383852, 0.125326) -> r = (0.5057841, 0.3725725, 0.1216434);
+        threshold 1/(3·3) = 0.1111: nobody removed.
+    round 1, α = 6.25, vacc = (0.8, 0.6, 0.1): r̃ = (0.533333, 0.4, 0.066667),
+        r = 0.8 r + 0.2 r̃ = (0.5112940, 0.3780580, 0.1106480),
+        sinh(6.25 r) normalised = (0.6697543, 0.2891542, 0.0410915): client 2 < 0.1111 is removed,
+        the others renormalised: (0.6984549, 0.3015451), threshold 1/(3·2)."""
+    fed = _federation()
+    fed.n_clients, fed.rounds = 3, 4
+    method = build_method("cffl")
+    method.setup(fed)
+    method.update_reputation(torch.arange(3), torch.tensor([0.8, 0.6, 0.2], dtype=torch.float64), alpha=5.0)
+    assert method.scores().tolist() == pytest.approx([0.5057841, 0.3725725, 0.1216434], abs=1e-6)
+    method.update_reputation(torch.arange(3), torch.tensor([0.8, 0.6, 0.1], dtype=torch.float64),
+                             alpha=5.0 * (1 + 1 / 4))
+    assert method.scores().tolist() == pytest.approx([0.6984549, 0.3015451, 0.0], abs=1e-6)
+    assert method.reputable.tolist() == [True, True, False]
+
+
+def test_cffl_sum_step_and_downloads_by_hand():
+    """'sum' aggregation (Federated_Learner.py 460-479): θ_g <- θ_g + Σ_R f_i; 'topk' download
+    (503-563) of int(r_i / max r · n_i / max n · P) entries of the aggregate: with the aggregate
+    (0.4, -0.1, 0.3, 0) and counts (2, 1), client A gets (0.4, 0, 0.3, 0), client B (0.4, 0, 0, 0)."""
+    fed = _federation()
+    method = build_method("cffl", {"download": "topk"})
+    method.setup(fed)
+    masks = method.download_masks(_state(0, None), torch.tensor([0.4, -0.1, 0.3, 0.0]), torch.tensor([2, 1]))
+    assert masks.tolist() == [[True, False, True, False], [True, False, False, False]]
+    random = build_method("cffl").download_masks(_state(0, None), torch.arange(10.0), torch.tensor([3, 7, 0]))
+    assert random.sum(1).tolist() == [3, 7, 0] and (random[0] <= random[1]).all()  # nested prefixes of one order
+    layout = ParamLayout(fed.model)
+    global_flat = layout.flat_of(fed.model)
+    delta = 0.001 * torch.randn(N, layout.size, generator=torch.Generator().manual_seed(3))
+    updates = _updates(np.arange(N), global_flat + delta)
+    state = _state(0, global_flat)
+    state.updates = updates
+    state.client_state = method.init_client_state(fed, global_flat, {})
+    w = method.aggregate(state, updates)
+    new, _ = method.server_update(state, w, w @ updates.flat, {})
+    inside = method.reputable.double()
+    expected = global_flat + (inside.float().unsqueeze(1) * method.uploads(state, updates)[1]).sum(0)
+    torch.testing.assert_close(new, expected)
+    after = method.update_client_state(state, w, new, {})
+    best = int(np.argmax(method.scores()))  # downloads the largest share: int(1 · 1 · P) = every entry
+    _, upload = method.uploads(state, updates)
+    torch.testing.assert_close(after.flat[best], global_flat + delta[best] - upload[best] + (new - global_flat))
+
+
 @pytest.mark.parametrize("params,message", [
     ({"alpha": 0}, "alpha must be > 0"),
     ({"fade": 1.0}, r"fade must be in \[0, 1\)"),
     ({"threshold": 1.0}, r"threshold must be in \[0, 1\)"),
     ({"threshold": "a"}, "threshold must be a number"),
+    ({"theta": 0}, r"theta must be in \(0, 1\]"),
+    ({"aggregation": "avg"}, "aggregation must be sum, reputation_sum or mean"),
+    ({"download": "all"}, "download must be random or topk"),
 ])
 def test_bad_hyperparameters_give_one_line_errors(params, message):
     with pytest.raises(ValueError, match=message) as info:
@@ -215,6 +284,12 @@ def test_fedfa_weights_and_momentum_follow_the_formula():
     mixed = p.float() @ flat
     torch.testing.assert_close(new, mixed - state.lr * 0.1 * (mixed - w))
     assert method.scores().sum() == pytest.approx(1.0)
+    # dual momentum (flgo fedfa.py: c.momentum = self.gamma): local SGD momentum γ = 0.9
+    from fedlib.population import LocalTraining
+
+    base = LocalTraining(epochs=1, batch_size=8, lr=0.1)
+    assert method.local_training(state, base, np.array([0, 1])).momentum == 0.9
+    assert build_method("fedfa", {"client_momentum": False}).local_training(state, base, np.array([0])).momentum == 0
 
 
 def test_moon_vectorized_training_equals_the_per_client_loop():
@@ -286,3 +361,34 @@ def test_flce_baseline_runs_finish(name):
               "batch_size": 16, "fraction": 0.25, "test_samples": 100}
     r = fedlib.run(config, cache=False, progress=False)
     assert len(r.history) == 2 and r.final["stopped"] is None and np.isfinite(r.final["accuracy"])
+
+
+def _fake_run(method, history, counts):
+    from fedlib.run import RunResult
+
+    return RunResult(config={"method": {"name": method}}, history=history,
+                     final={"accuracy": 0.5, "balanced_accuracy": 0.5},
+                     meta={"client_sizes": [int(sum(r)) for r in counts], "client_class_counts": counts,
+                           "client_roles": ["benign"] * len(counts)})
+
+
+def test_celm_page_reads_cffl_removals_and_cgsv_concentration_from_the_history():
+    from fedlib.chapters.celm import diagnose_baseline, removal_rounds
+
+    counts = [[5, 0, 0], [0, 5, 0], [3, 3, 3]]
+    # recorded diagnostics (new runs): client 1 removed in round index 1 -> "after round 2"
+    history = [{"round": 0, "selected": [0, 1, 2], "diagnostics": {"removed": []}},
+               {"round": 1, "selected": [0, 1, 2], "diagnostics": {"removed": [1]}},
+               {"round": 2, "selected": [0, 2], "diagnostics": {"removed": []}}]
+    assert removal_rounds(_fake_run("cffl", history, counts)) == [None, 2, None]
+    # older runs without diagnostics: the last round a client was selected
+    bare = [{k: v for k, v in h.items() if k != "diagnostics"} for h in history]
+    assert removal_rounds(_fake_run("cffl", bare, counts)) == [None, 2, None]
+    text, table = diagnose_baseline(_fake_run("cffl", history, counts), "cffl")
+    assert "removed 1 of 3" in text and "no class was lost" in text  # class 1 is also held by client 2
+    assert table["removed after round"].tolist() == ["—", 2, "—"]
+    scores = [{"round": t, "selected": [0, 1, 2], "scores": s}
+              for t, s in enumerate([[0.4, 0.3, 0.3], [0.6, 0.2, 0.2], [0.8, 0.1, 0.1]])]
+    text, table = diagnose_baseline(_fake_run("cgsv", scores, counts), "cgsv")
+    # 1 / (0.8² + 0.1² + 0.1²) = 1 / 0.66 = 1.5; first round above one half: round 2
+    assert "client 0 holds 0.80" in text and "effective number of clients 1.5 of 3" in text and "round 2" in text

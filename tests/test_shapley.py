@@ -215,3 +215,68 @@ def test_bad_inputs_raise_one_line_errors(federation):
     with pytest.raises(ValueError, match="weights must be 6 positive"):
         coalition_utility(model, flat, bufs, torch.zeros(6), x, y, 4, start)
     assert math.isfinite(float(exact_shapley(u, 6).sum()))
+
+
+# ----------------------------------------------------------------------------- GTG as its authors' code runs it
+
+
+def test_gtg_original_budget_and_rescaling_by_hand():
+    """cyyever/torch_algorithm gtg_shapley_value.py on an additive game of 3 players
+    a = (0.3, 0.1, -0.05), v_0 = 0.5:
+    - budget: min(2^3, max(30, 3, int(0.8 · 8))) = 8 permutations, i.e. 3 iterations of 3 orders
+      (the 9th > 8 stops the loop; 9 are used, as theirs finishes an outer round too);
+    - every marginal of an additive game is a_i, so φ = a before rescaling;
+    - gain G = v_N - v_0 = 0.35 >= 0: φ <- G φ / Σ_{φ>=0} φ = 0.35 φ / 0.4 = (0.2625, 0.0875, -0.04375)."""
+    a = torch.tensor([0.3, 0.1, -0.05], dtype=torch.float64)
+    game = lambda s: 0.5 + s.double() @ a  # noqa: E731
+    raw, info = gtg_shapley(game, 3, rng=0, eps_within=0.0, stopping="original", return_info=True)
+    torch.testing.assert_close(raw, a)
+    assert info["permutations"] == 9 and not info["converged"]
+    scaled = gtg_shapley(game, 3, rng=0, eps_within=0.0, stopping="original", rescale=True)
+    torch.testing.assert_close(scaled, torch.tensor([0.2625, 0.0875, -0.04375], dtype=torch.float64))
+    # a round that lost accuracy: a = (0.05, -0.05, -0.1), G = -0.1, Σ_{φ<0} φ = -0.15:
+    # φ <- φ · (-0.1) / (-0.15) = (0.0333.., -0.0333.., -0.0666..)
+    loss = lambda s: 0.5 + s.double() @ torch.tensor([0.05, -0.05, -0.1], dtype=torch.float64)  # noqa: E731
+    torch.testing.assert_close(gtg_shapley(loss, 3, rng=0, eps_within=0.0, stopping="original", rescale=True),
+                               torch.tensor([1 / 30, -1 / 30, -2 / 30], dtype=torch.float64))
+
+
+def test_gtg_original_stops_on_the_last_ten_running_means():
+    """n = 6: at least max(30, 6) = 30 permutations (5 iterations of 6); an additive game has
+    constant running means, so the rule (max relative change over the last 10 <= 0.05) stops
+    at the first check after 30, i.e. after 36 permutations, converged."""
+    a = torch.linspace(0.05, 0.3, 6, dtype=torch.float64)
+    _, info = gtg_shapley(lambda s: s.double() @ a, 6, rng=0, eps_within=0.0, stopping="original",
+                          return_info=True)
+    assert info["permutations"] == 36 and info["converged"]
+    with pytest.raises(ValueError, match="stopping must be"):
+        gtg_shapley(lambda s: s.double() @ a, 6, stopping="fast")
+
+
+@pytest.mark.parametrize("average,expected", [
+    # ucb_run (pringlesinghal/GreedyFed): SV_i <- ((N_i - 1) SV_i + φ_i) / N_i
+    #   φ = 0.3, 0.1, 0.2 -> 0.3, (0.3 + 0.1)/2 = 0.2, (2 · 0.2 + 0.2)/3 = 0.2
+    ("mean", [0.3, 0.2, 0.2]),
+    # FedMS §5.1: first value φ, then 0.7 v + 0.3 φ -> 0.3, 0.21 + 0.03 = 0.24, 0.168 + 0.06 = 0.228
+    ("ema", [0.3, 0.24, 0.228]),
+])
+def test_greedyfed_value_update_by_hand(monkeypatch, average, expected):
+    from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+    from fedlib.methods import shapley as module
+
+    rounds = iter([0.3, 0.1, 0.2])
+    monkeypatch.setattr(module, "gtg_shapley", lambda *a, **k: torch.tensor([next(rounds)], dtype=torch.float64))
+    method = build_method("greedyfed", {"average": average})
+    fed = Federation(model=build_model("mlp", (1, 2, 2), 2), n_clients=1, n_classes=2, rounds=3, clients_per_round=1,
+                     client_sizes=np.ones(1), device=torch.device("cpu"), x_val=torch.zeros(1, 1, 2, 2),
+                     y_val=torch.zeros(1, dtype=torch.long))
+    method.setup(fed)
+    monkeypatch.setattr(method, "round_utility", lambda state, updates: None)
+    monkeypatch.setattr(method, "uniform_view", lambda utility: None)
+    updates = ClientUpdates(clients=np.array([0]), flat=torch.zeros(1, 3), buffers={}, sizes=np.ones(1))
+    values = []
+    for t in range(3):
+        method.aggregate(RoundState(round=t, rng=np.random.default_rng(0), global_flat=torch.zeros(3),
+                                    global_buffers={}, lr=0.1), updates)
+        values.append(float(method.values[0]))
+    assert values == pytest.approx(expected)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
-from . import unique_configs
+from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -54,7 +54,7 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
     return make_config(
         **data, n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
-        server_val=params.get("server_val"), split=split, method=spec, seed=seed,
+        server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
     )
 
 
@@ -212,3 +212,115 @@ def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[fl
         except KeyError:
             out[m] = (float("nan"), float("nan"))
     return out
+
+
+# ----------------------------------------------------------------------------- why a baseline falls short
+
+DIAGNOSED = ("cffl", "cgsv", "shapfed")  # baselines whose shortfall the page explains from the run's history
+
+
+def baseline_shortfalls(results: dict, params: dict[str, Any], splits, threshold: float = 10.0) -> list[dict]:
+    """Runs where a baseline's final accuracy is more than ``threshold`` points below uniform
+    FedAvg's with the same split and seed; each row carries the baseline run's config key."""
+    rows = []
+    for split in splits:
+        spec = SPLITS[split][0]
+        for seed in params["seeds"]:
+            base = results.get(run_config(params, spec, "fedavg_uniform", seed).key())
+            if base is None:
+                continue
+            for method in DIAGNOSED:
+                if method not in params["methods"]:
+                    continue
+                key = run_config(params, spec, method, seed).key()
+                if key not in results:
+                    continue
+                acc, ref = 100 * results[key].final["accuracy"], 100 * base.final["accuracy"]
+                if ref - acc > threshold:
+                    rows.append({"split": split, "seed": seed, "method": method, "accuracy": round(acc, 2),
+                                 "fedavg_uniform": round(ref, 2), "gap": round(ref - acc, 2), "key": key})
+    return rows
+
+
+def removal_rounds(result) -> list[int | None]:
+    """CFFL: the 1-based round after which each client left the reputable set (None: never),
+    from the run's history: the ``removed`` diagnostics where recorded, else the last round a
+    client was selected while CFFL selected the whole reputable set."""
+    n = len(result.meta["client_sizes"])
+    out: list[int | None] = [None] * n
+    recorded = [h for h in result.history if "removed" in h.get("diagnostics", {})]
+    if recorded:
+        for h in recorded:
+            for c in h["diagnostics"]["removed"]:
+                out[c] = h["round"] + 1
+        return out
+    last = {}
+    for h in result.history:
+        for c in h["selected"]:
+            last[c] = h["round"]
+    final_round = result.history[-1]["round"]
+    for c in range(n):
+        if last.get(c, -1) < final_round:
+            out[c] = last.get(c, -1) + 1
+    return out
+
+
+def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
+    """(one-paragraph explanation, per-client table) of a baseline run, read from its history:
+    CFFL's removal rounds, CGSV's reputation concentration, ShapFed's weights (per class where
+    the run recorded them). The table lists, per client, the classes it holds and the rule's
+    final numbers."""
+    import pandas as pd
+
+    counts = np.asarray(result.meta["client_class_counts"])
+    held = [", ".join(str(c) for c in np.flatnonzero(row)) for row in counts]
+    table = pd.DataFrame({"client": range(len(held)), "samples": counts.sum(1), "classes held": held})
+    rounds = len(result.history)
+    if method == "cffl":
+        removed = removal_rounds(result)
+        table["removed after round"] = ["—" if r is None else r for r in removed]
+        gone = [i for i, r in enumerate(removed) if r is not None]
+        lost = sorted(set(np.flatnonzero(counts[gone].sum(0))) - set(np.flatnonzero(
+            counts[[i for i in range(len(held)) if i not in gone]].sum(0)))) if gone else []
+        text = (f"CFFL removed {len(gone)} of {len(held)} clients "
+                + (f"(after rounds {', '.join(str(removed[i]) for i in gone)}); " if gone else "; ")
+                + (f"classes {', '.join(map(str, lost))} were held only by removed clients, so the global model "
+                   f"stops learning them. This is CFFL's reputation threshold at work: a client whose upload "
+                   f"scores low on the server's validation set (e.g. one holding a single class) falls below "
+                   f"1/(3|R|) and is excluded for good." if lost else "no class was lost with them."))
+    elif method == "cgsv":
+        scores = score_history(result)
+        final = scores[-1]
+        table["final reputation"] = np.round(final, 3)
+        effective = 1.0 / np.square(final).sum()
+        top = int(np.argmax(final))
+        crossed = next((i + 1 for i, row in enumerate(scores) if row.max() > 0.5), None)
+        text = (f"CGSV's reputations end concentrated: client {top} holds {final[top]:.2f} of the total "
+                f"(effective number of clients {effective:.1f} of {len(final)})"
+                + (f"; one client passed half of the total in round {crossed}" if crossed else "")
+                + ". Reputations grow with the cosine between a client's update and the reputation-weighted "
+                  "aggregate, so the clients whose updates form that aggregate keep gaining and the others, "
+                  "whose labels differ, lose weight in every later step.")
+    elif method == "shapfed":
+        weights = np.asarray(result.history[-1]["weights"], dtype=float)
+        clients = np.asarray(result.history[-1]["aggregated"])
+        final_weights = np.zeros(len(held))
+        final_weights[clients] = weights
+        table["final weight"] = np.round(final_weights, 3)
+        per_class = next((np.asarray(h["diagnostics"]["class_values"]) for h in reversed(result.history)
+                          if "class_values" in h.get("diagnostics", {})), None)
+        weak = [i for i in range(len(held)) if final_weights[i] < 0.05]
+        if per_class is not None:
+            for c in range(per_class.shape[1]):
+                table[f"σ class {c}"] = np.round(per_class[:, c], 2)
+        lost = sorted(set(np.flatnonzero(counts[weak].sum(0))) - set(np.flatnonzero(
+            counts[[i for i in range(len(held)) if i not in weak]].sum(0)))) if weak else []
+        text = (f"ShapFed's final weights give {len(weak)} client(s) less than 5 % "
+                + (f"(clients {', '.join(map(str, weak))}); the classes only they hold ({', '.join(map(str, lost))}) "
+                   f"barely reach the global model. " if lost else "; ")
+                + "A client's weight is the mean over classes of the cosine between its classifier rows and the "
+                  "weighted coalition's, so a client whose head points elsewhere (other labels) is weighted down "
+                  f"in every later round (over {rounds} rounds here).")
+    else:
+        raise ValueError(f"diagnose_baseline: method must be one of {', '.join(DIAGNOSED)} (got {method!r})")
+    return text, table.set_index("client")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from . import run_options
 
 # split label -> (split spec, CELM Table 1 row)
 SPLITS: dict[str, tuple[dict[str, Any], str]] = {
@@ -33,7 +34,7 @@ def config(params: dict[str, Any], split: str, method: str, seed: int) -> RunCon
         dataset=params["dataset"], model="mlp", n_clients=params["n_clients"], rounds=params["rounds"],
         lr=params["lr"], lr_milestones=params["lr_milestones"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], fraction=params["fraction"], test_samples=params["test_samples"],
-        split=SPLITS[split][0], method=method, seed=seed,
+        split=SPLITS[split][0], method=method, seed=seed, **run_options(params),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
-from . import unique_configs
+from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS"}
@@ -68,7 +68,7 @@ def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar
         lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
         server_val=params["server_val"], seed=seed,
         split={"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]},
-        method=method_spec(method, split, proto["dataset"], extra),
+        method=method_spec(method, split, proto["dataset"], extra), **run_options(params),
     )
 
 
@@ -81,7 +81,7 @@ def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunCo
         dataset=params["dataset"], model=params["model"], fraction=params["fraction"], rounds=params["fig2_rounds"],
         local_epochs=params["local_epochs"], n_clients=5, lr=params["lr"], batch_size=params["batch_size"],
         test_samples=params["test_samples"], server_val=params["server_val"], seed=seed,
-        split={"name": "maverick_iid"}, method=method,
+        split={"name": "maverick_iid"}, method=method, **run_options(params),
     )
 
 
@@ -95,6 +95,7 @@ def adversarial_config(params: dict[str, Any], method: str, seed: int) -> RunCon
         lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
         server_val=params["server_val"], seed=seed, split={"name": "adversarial", "gamma": 0.1},
         method=method_spec(method, "Dir(0.1)", params["dataset"], params.get("method_params", {}).get(method, {})),
+        **run_options(params),
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
-from . import unique_configs
+from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
@@ -59,7 +59,7 @@ def run_config(params: dict[str, Any], dataset: str, split: dict, method: str, s
         dataset=dataset, model=params["model"], fraction=params["fraction"], n_clients=params["n_clients"],
         clients_per_round=params["clients_per_round"], rounds=params["rounds"], lr=params["lr"],
         batch_size=params["batch_size"], local_epochs=params["local_epochs"], test_samples=params["test_samples"],
-        server_val=params["server_val"], split=split, method=spec, seed=seed,
+        server_val=params["server_val"], split=split, method=spec, seed=seed, **run_options(params),
     )
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from . import run_options
 from . import celm as celm_chapter
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector is read, label)
@@ -83,7 +84,7 @@ def run_config(params: dict[str, Any], dataset: str, split: str, key: str, seed:
         test_samples=params["test_samples"], server_val=params["server_val"], n_clients=params["n_clients"],
         rounds=params["rounds"], lr=params["lr"], lr_milestones=params["lr_milestones"],
         batch_size=params["batch_size"], local_epochs=params["local_epochs"], split=split_spec(params, split),
-        method=method, seed=seed, reference_values=True,
+        method=method, seed=seed, reference_values=True, **run_options(params),
     )
 
 

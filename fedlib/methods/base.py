@@ -6,6 +6,13 @@ The engine (``fedlib.run``) owns the round loop; a method only says, in protocol
 3. ``aggregate``       how the server weighs the trained clients (weights on the simplex),
 and optionally keeps per-client contribution ``scores`` for the history.
 Hyper-parameters are dataclass fields, validated in ``validate``.
+
+Per-client state (engine-owned). A method whose clients keep their own models between
+rounds (ShapFed's personalised broadcast, the per-client downloads of CGSV and CFFL) returns
+a :class:`ClientState` from ``init_client_state``; the engine then holds it, passes it in
+``RoundState.client_state``, starts the selected clients from its rows (``flat``,
+``buffers``) and replaces it by what ``update_client_state`` returns after the server step.
+Methods without it (the default ``None``) run exactly as before.
 """
 
 from __future__ import annotations
@@ -44,12 +51,54 @@ class Federation:
 
 
 @dataclass
+class ClientState:
+    """Persistent per-client state held by the engine (see the module docstring).
+
+    ``flat`` [N, P] and ``buffers`` {name: [N, ...]}: each client's own model, where a round
+    starts it (None: every client starts from the global model); ``tensors``: named
+    per-client tensors (dim 0 = N), e.g. a download share. Replace rows with
+    :meth:`with_rows` (returns a new state; the engine never mutates one in place)."""
+
+    flat: torch.Tensor | None = None
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def replicate(cls, n_clients: int, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
+                  **tensors: torch.Tensor) -> "ClientState":
+        """Every client holding the global model (plus the given named tensors)."""
+        return cls(global_flat.unsqueeze(0).repeat(n_clients, 1),
+                   {k: v.unsqueeze(0).repeat(n_clients, *([1] * v.dim())) for k, v in global_buffers.items()},
+                   dict(tensors))
+
+    def with_rows(self, clients, flat: torch.Tensor | None = None, buffers: dict[str, torch.Tensor] | None = None,
+                  **tensors: torch.Tensor) -> "ClientState":
+        """A copy whose rows ``clients`` hold the given models / tensor values."""
+        index = torch.as_tensor(np.asarray(clients), dtype=torch.long)
+        new_flat = self.flat
+        if flat is not None:
+            new_flat = self.flat.clone()
+            new_flat[index.to(new_flat.device)] = flat.to(new_flat)
+        new_buffers = dict(self.buffers)
+        for k, v in (buffers or {}).items():
+            new_buffers[k] = self.buffers[k].clone()
+            new_buffers[k][index.to(v.device)] = v.to(new_buffers[k])
+        new_tensors = dict(self.tensors)
+        for k, v in tensors.items():
+            new_tensors[k] = self.tensors[k].clone()
+            new_tensors[k][index.to(new_tensors[k].device)] = v.to(new_tensors[k])
+        return ClientState(new_flat, new_buffers, new_tensors)
+
+
+@dataclass
 class RoundState:
     round: int  # 0-based
     rng: np.random.Generator
     global_flat: torch.Tensor  # [P]
     global_buffers: dict[str, torch.Tensor]
     lr: float
+    client_state: ClientState | None = None  # the engine's per-client state (``init_client_state``)
+    updates: "ClientUpdates | None" = None  # the round's screened uploads, set before ``aggregate``
 
 
 @dataclass
@@ -63,6 +112,12 @@ class ClientUpdates:
     # what clients upload besides the model (``Method.client_uploads``), e.g. FLCE's class
     # prototypes: {name: tensor with dim 0 = the clients above}
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    # the parameters each client started the round from [n, P]; None = the global model
+    start: torch.Tensor | None = None
+
+    def deltas(self, global_flat: torch.Tensor) -> torch.Tensor:
+        """Each client's local update ``w_i - start_i`` [n, P] (start = the global model when None)."""
+        return self.flat - (global_flat if self.start is None else self.start)
 
 
 @dataclass
@@ -93,6 +148,17 @@ class Method:
     def setup(self, fed: Federation) -> None:
         self.fed = fed
 
+    def init_client_state(self, fed: Federation, global_flat: torch.Tensor,
+                          global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
+        """The engine-held per-client state at the start of the run; None (default) = none."""
+        return None
+
+    def update_client_state(self, state: RoundState, weights: torch.Tensor, global_flat: torch.Tensor,
+                            global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
+        """After the server step: the next round's per-client state (``state.client_state`` and
+        ``state.updates`` hold this round's); the default keeps it unchanged."""
+        return state.client_state
+
     # -- 1. plan ---------------------------------------------------------------------
     def select_clients(self, state: RoundState) -> np.ndarray:
         """Uniform sampling without replacement (all clients when every one takes part)."""
@@ -103,7 +169,8 @@ class Method:
 
     # -- 2. local ----------------------------------------------------------------------
     def start_models(self, state: RoundState, clients: np.ndarray) -> torch.Tensor | None:
-        """Per-client starting parameters [n, P]; None = everyone starts from the global model."""
+        """Per-client starting parameters [n, P]; None = the clients' rows of the engine's
+        per-client state when there is one, else everyone starts from the global model."""
         return None
 
     def local_training(self, state: RoundState, base: LocalTraining, clients: np.ndarray) -> LocalTraining:

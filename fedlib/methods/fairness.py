@@ -1,35 +1,38 @@
-"""CFFL: Collaborative Fairness in Federated Learning (Lyu, Xu et al. 2020), its reputation mechanism.
+"""CFFL: Collaborative Fairness in Federated Learning (Lyu, Xu et al. 2020), as its authors' code runs it.
 
-The server holds a labelled validation set V (``needs_validation``). Each round it scores
-every upload by its accuracy on V (all uploads in one batched evaluation), turns the scores
-into reputations, removes clients whose reputation falls below a threshold from the
-reputable set R for the rest of the run, and aggregates R's uploads in proportion to
-reputation. Formulas and defaults follow the authors' implementation of the reputation
-update (``compute_reputations_sinh`` and its caller in ``pytorch/utils/Federated_Learner.py``
-of github.com/XinyiYS/CollaborativeFairFederatedLearning); a round's reputations come from
-that round's uploads and weigh that round's aggregation:
+Source: github.com/XinyiYS/CollaborativeFairFederatedLearning, ``pytorch/utils/Federated_Learner.py``
+(``train_locally`` lines 159-206, ``train`` 337-363, ``aggregate_gradients_and_update_federated_model``
+440-479, ``assign_updates_with_filter`` 503-563, ``compute_reputations_sinh`` 741-776,
+``clip_gradient_update`` 778-783, ``mask_grad_update_by_order`` 786-799,
+``compute_reputation_threshold`` 856-860) and ``pytorch/utils/arguments.py`` lines 60-100
+(their MNIST arguments: θ = 0.1, clip 0.01, α = 5 with ``alpha_decay``, 'sum' aggregation,
+``reputation_fade = 1``, 'random' downloads, threshold coefficient 1/3).
 
-    vacc_j  = accuracy of client j's upload on V            (upload rate θ = 1: the full model)
-    r̃_j     = vacc_j / Σ_{k∈S} vacc_k                        (uniform if every vacc is 0)
-    r_j     <- sinh(α (fade · r_j + (1 - fade) · r̃_j))      r_j = 0 before a client's first round
-    r       <- r / Σ_{j∈R} r_j
-    R       <- R \\ {j : r_j < r_th},  r_th = threshold / |R|,  removed clients get r_j = 0,
-               the others are renormalised and r_th follows the new |R|
-    weights = r_j / Σ_{k∈S} r_k                              ('reputation-sum' aggregation)
+Every client keeps its own model θ_i (the engine's ``ClientState``); the server holds θ_g and
+a labelled validation set V (``needs_validation``). Round t (T rounds), reputable set R:
 
-Defaults: α = 5 (their default sinh factor), fade = 0.5 (their ``reputation_fade != 1`` branch,
-an equal mix of old and new reputation; the ``reputation_fade = 1`` default uses 0.8),
-threshold = 1/3 (their default ``reputation_threshold_coef``). threshold < 1 keeps the best
-client in R. Not implemented: the gradient clipping and top-θ upload sparsification, and the
-reward step in which client j downloads the largest entries of the aggregate in proportion to
-r_j / max r (clients receiving different models); they do not change the reputations or the
-aggregation weights.
+    Δ_i   = w_i - θ_i;   c_i = clip(Δ_i, ±clip)          client i trains from θ_i; θ_i <- θ_i + c_i
+    f_i   = c_i on its top-θ share of entries by |·|     the upload (largest_criterion 'all')
+    vacc_i = accuracy on V of θ_g + f_i                  (of θ_i + c_i when θ = 1)
+    r_i  <- fade r_i + (1 - fade) vacc_i / Σ_R vacc      fade = 0.8 (their reputation_fade = 1 branch)
+    r    <- sinh(α_t r) / Σ sinh(α_t r),  α_t = α (1 + t/T)
+    R    <- {i ∈ R : r_i >= r_th};  others r_i = 0 and removed for good;  if R shrank:
+            r <- r / Σ r and r_th = coef / |R|           (r_th = coef / N at the start)
+    θ_g  <- θ_g + Σ_{i∈R} a_i f_i                         a_i = 1 ('sum'), r_i ('reputation_sum'),
+                                                         n_i / Σ n ('mean')
+    θ_i  <- θ_i + D_i(θ_g^new - θ_g^old) - b_i f_i,  i ∈ R     reward download of
+            int(r_i / max r · n_i / max n · P) entries: a random subset ('random', one
+            permutation per round) or the largest ('topk'); b_i = n_i / max n for 'mean', else 1
 
-Partial participation (the paper has every client of R take part every round): clients are
-sampled from R only; with S the round's selection, r̃ is normalised over S and the new
-reputations of S are rescaled to the share of the unit total that S held before the round
-(a client not seen yet holds 1/|R|), so the reputations of the other clients are unchanged.
-With full participation this is exactly the update above.
+Clipping and sparsification DO change the reputations: the validation accuracy is that of
+θ_g plus the clipped, sparsified upload, not of the client's full model. The engine evaluates
+θ_g. The history's diagnostics list the clients removed each round (``removed``) and R.
+
+Partial participation (their code has every client of R take part every round): clients are
+sampled from R; with S the round's selection, vacc is normalised over S and the new
+reputations of S are rescaled to the share of the unit total S held before the round (a
+client not seen yet holds 1/|R|), so the others are unchanged. With full participation this
+is exactly the update above.
 """
 
 from __future__ import annotations
@@ -41,20 +44,40 @@ import torch
 import torch.nn.functional as F
 
 from ..population import evaluate
-from .base import ClientUpdates, Federation, Method, RoundState, register
-from .gradient import simplex
+from .base import ClientState, ClientUpdates, Federation, Method, RoundState, register
+from .gradient import simplex  # noqa: F401  (re-exported for older imports)
+
+
+def top_share(update: torch.Tensor, share: float) -> torch.Tensor:
+    """Each row of ``update`` [n, P] kept on the entries at least as large in magnitude as
+    its k-th largest, k = int(P share) (0 keeps nothing); CFFL's ``mask_grad_update_by_order``
+    with mode 'all'."""
+    size = update.shape[1]
+    k = int(size * share)
+    if k <= 0:
+        return torch.zeros_like(update)
+    if k >= size:
+        return update.clone()
+    threshold = update.abs().topk(k, dim=1).values[:, -1:]
+    return update * (update.abs() >= threshold)
 
 
 @register
 @dataclass
 class CFFL(Method):
-    """Validation-accuracy reputations with a sinh sharpening and a removal threshold."""
+    """Validation-accuracy reputations, removal threshold and reputation-sized downloads (see the module)."""
 
     name = "cffl"
+    rule_version = "2"
     needs_validation = True
     alpha: float = 5.0
-    fade: float = 0.5
+    alpha_growth: bool = True
+    fade: float = 0.8
     threshold: float = 1.0 / 3.0
+    clip: float = 0.01
+    theta: float = 0.1
+    aggregation: str = "sum"
+    download: str = "random"
 
     def validate(self) -> None:
         if not self.alpha > 0:
@@ -63,6 +86,14 @@ class CFFL(Method):
             raise ValueError(f"method 'cffl': fade must be in [0, 1) (got {self.fade})")
         if not 0 <= self.threshold < 1:
             raise ValueError(f"method 'cffl': threshold must be in [0, 1) (got {self.threshold})")
+        if self.clip < 0:
+            raise ValueError(f"method 'cffl': clip must be >= 0, 0 = off (got {self.clip})")
+        if not 0 < self.theta <= 1:
+            raise ValueError(f"method 'cffl': theta must be in (0, 1] (got {self.theta})")
+        if self.aggregation not in ("sum", "reputation_sum", "mean"):
+            raise ValueError(f"method 'cffl': aggregation must be sum, reputation_sum or mean (got {self.aggregation!r})")
+        if self.download not in ("random", "topk"):
+            raise ValueError(f"method 'cffl': download must be random or topk (got {self.download!r})")
 
     def setup(self, fed: Federation) -> None:
         if fed.x_val is None or fed.y_val is None:
@@ -71,6 +102,11 @@ class CFFL(Method):
         self.reputation = torch.zeros(fed.n_clients, dtype=torch.float64)
         self.seen = torch.zeros(fed.n_clients, dtype=torch.bool)
         self.reputable = torch.ones(fed.n_clients, dtype=torch.bool)
+        self.removed_round = np.full(fed.n_clients, -1)
+        self.last: dict = {}
+
+    def init_client_state(self, fed, global_flat, global_buffers):
+        return ClientState.replicate(fed.n_clients, global_flat, global_buffers)
 
     def select_clients(self, state: RoundState) -> np.ndarray:
         """Uniform sampling without replacement from the reputable set R (all of R if it is small)."""
@@ -79,20 +115,55 @@ class CFFL(Method):
             return pool
         return np.sort(state.rng.choice(pool, size=self.fed.clients_per_round, replace=False))
 
+    def uploads(self, state: RoundState, updates: ClientUpdates) -> tuple[torch.Tensor, torch.Tensor]:
+        """(clipped updates c [n, P], uploads f [n, P]) of the round's clients."""
+        delta = updates.deltas(state.global_flat)
+        clipped = delta.clamp(-self.clip, self.clip) if self.clip > 0 else delta
+        return clipped, top_share(clipped, self.theta)
+
+    def step_weights(self, clients: torch.Tensor) -> torch.Tensor:
+        """a_i of the server step for ``clients``: 0 outside R."""
+        inside = self.reputable[clients].double()
+        if self.aggregation == "sum":
+            return inside
+        if self.aggregation == "reputation_sum":
+            return inside * self.reputation[clients]
+        sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
+        return inside * sizes[clients] / sizes.sum()
+
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         fed = self.fed
-        vacc = evaluate(fed.model, updates.flat, updates.buffers, fed.x_val, fed.y_val, fed.n_classes).accuracy
+        clipped, upload = self.uploads(state, updates)
+        if self.theta >= 1:  # their theta = 1 path: the participant's own model
+            start = state.global_flat if updates.start is None else updates.start
+            models = start + clipped
+        else:
+            models = state.global_flat + upload
+        vacc = evaluate(fed.model, models, updates.buffers, fed.x_val, fed.y_val, fed.n_classes).accuracy
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
-        self.update_reputation(clients, vacc.double().cpu())
-        return simplex(self.reputation[clients]).float()
+        alpha = self.alpha * (1 + state.round / fed.rounds) if self.alpha_growth else self.alpha
+        before = self.reputable.clone()
+        self.update_reputation(clients, vacc.double().cpu(), alpha)
+        removed = torch.nonzero(before & ~self.reputable).squeeze(1).numpy()
+        self.removed_round[removed] = state.round
+        self.last = {"removed": removed.tolist(), "reputable": torch.nonzero(self.reputable).squeeze(1).tolist(),
+                     "alpha": alpha, "threshold": self.threshold / int(self.reputable.sum())}
+        a = self.step_weights(clients)
+        return (a / a.sum() if a.sum() > 0 else a).float()
 
-    def update_reputation(self, clients: torch.Tensor, vacc: torch.Tensor) -> None:
+    def server_update(self, state, weights, flat, buffers):
+        _, upload = self.uploads(state, state.updates)
+        a = self.step_weights(torch.as_tensor(state.updates.clients, dtype=torch.long))
+        return state.global_flat + a.to(upload) @ upload, buffers  # θ_g + Σ_R a_i f_i
+
+    def update_reputation(self, clients: torch.Tensor, vacc: torch.Tensor, alpha: float | None = None) -> None:
         """One reputation step for ``clients`` (members of R, as ``select_clients`` returns them)
-        whose uploads have validation accuracies ``vacc``."""
+        whose uploads have validation accuracies ``vacc``, with sinh factor ``alpha``."""
+        alpha = self.alpha if alpha is None else alpha
         r, seen, reputable = self.reputation, self.seen, self.reputable
         held = torch.where(seen, r, 1.0 / reputable.sum())[clients].sum()
         relative = vacc / vacc.sum() if vacc.sum() > 0 else torch.full_like(vacc, 1.0 / len(vacc))
-        sharpened = torch.sinh(self.alpha * (self.fade * r[clients] + (1 - self.fade) * relative))
+        sharpened = torch.sinh(alpha * (self.fade * r[clients] + (1 - self.fade) * relative))
         r[clients] = held * sharpened / sharpened.sum()
         seen[clients] = True
         drop = reputable & seen & (r < self.threshold / reputable.sum())
@@ -103,8 +174,49 @@ class CFFL(Method):
             unseen_share = (reputable & ~seen).sum() / reputable.sum()
             r[kept] *= (1 - unseen_share) / r[kept].sum()
 
+    def download_masks(self, state: RoundState, aggregate: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """[m, P] booleans: which entries of the server's aggregate each of m clients downloads
+        (``counts`` [m] entries each)."""
+        counts = counts.to(aggregate.device)
+        if self.download == "random":
+            g = torch.Generator().manual_seed(int(state.rng.integers(2**62)))
+            perm = torch.randperm(aggregate.numel(), generator=g).to(aggregate.device)
+            position = torch.empty_like(perm)
+            position[perm] = torch.arange(aggregate.numel(), device=aggregate.device)
+            return position.unsqueeze(0) < counts.unsqueeze(1)
+        ordered = aggregate.abs().sort(descending=True).values
+        threshold = ordered[(counts - 1).clamp(min=0)]
+        return (aggregate.abs().unsqueeze(0) >= threshold.unsqueeze(1)) & (counts > 0).unsqueeze(1)
+
+    def update_client_state(self, state, weights, global_flat, global_buffers):
+        cs, updates = state.client_state, state.updates
+        n_params = global_flat.numel()
+        clipped, upload = self.uploads(state, updates)
+        sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
+        relative_size = sizes / sizes.max() if sizes.max() > 0 else torch.ones_like(sizes)
+        own = relative_size[updates.clients] if self.aggregation == "mean" else torch.ones(len(updates.clients))
+        inside = self.reputable[updates.clients].to(clipped)
+        start = state.global_flat if updates.start is None else updates.start
+        flat = cs.flat.clone()
+        index = torch.as_tensor(updates.clients, dtype=torch.long, device=flat.device)
+        flat[index] = start + clipped - (inside * own.to(clipped)).unsqueeze(1) * upload
+        members = torch.nonzero(self.reputable).squeeze(1)
+        r = self.reputation
+        if len(members) and r.max() > 0:
+            counts = (r[members] / r.max() * relative_size[members] * n_params).long()
+            aggregate = global_flat - state.global_flat
+            masks = self.download_masks(state, aggregate, counts)
+            flat[members.to(flat.device)] += masks * aggregate
+        buffers = cs.buffers
+        if updates.buffers:
+            buffers = cs.with_rows(updates.clients, buffers=updates.buffers).buffers
+        return ClientState(flat, buffers, cs.tensors)
+
     def scores(self) -> np.ndarray:
         return self.reputation.numpy().copy()
+
+    def diagnostics(self):
+        return self.last or None
 
 
 # ----------------------------------------------------------------------------- FLCE's baselines
@@ -139,7 +251,9 @@ class QFedAvg(Method):
         w^(t+1) = w^t - Σ_k Δ_k / Σ_k h_k
     F_k(w^t) is the received global model's loss on k's own data (sent by the client). As a
     combination of the uploads: weights c_k = L F_k^q / Σ h, and the remaining 1 - Σ c_k stays
-    on w^t (``server_update``). q = 1 (our choice; the paper tunes q per dataset)."""
+    on w^t (``server_update``). q = 1 (our choice; the paper tunes q per dataset). Source: the
+    paper's Algorithm 2 and github.com/litian96/fair_flearn (``run.sh`` passes q per experiment);
+    see book/reference/baselines.md."""
 
     name = "qfedavg"
     q: float = 1.0
@@ -177,11 +291,16 @@ class FedFa(Method):
         p_k    = α a_k + β f_k,  α = 1 - β                                   (aggregation weights)
         w'     = Σ p_k w_k;  m <- γ m + (1 - γ)(w' - w^t);  w^(t+1) = w' - η m
     β = 0.5, γ = 0.9, η = the round's learning rate (their defaults). The weights p are FedFa's
-    contribution (FLCE §4.1.3: 'aggregation weight (e.g., FedFa)')."""
+    contribution (FLCE §4.1.3: 'aggregation weight (e.g., FedFa)'). Dual momentum: the clients'
+    local SGD also uses momentum γ (``client_momentum``, their ``c.momentum = self.gamma``).
+    Source: github.com/WwZzz/easyFL ``flgo/algorithm/fedfa.py`` (``Server.initialize``, ``iterate``,
+    ``Client.reply``/``pack``)."""
 
     name = "fedfa"
+    rule_version = "2"
     beta: float = 0.5
     gamma: float = 0.9
+    client_momentum: bool = True
 
     def validate(self) -> None:
         if not 0 <= self.beta <= 1:
@@ -194,6 +313,11 @@ class FedFa(Method):
         self.frequency = torch.zeros(fed.n_clients, dtype=torch.float64)
         self.momentum = None
         self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
+
+    def local_training(self, state, base, clients):
+        from dataclasses import replace
+
+        return replace(base, momentum=self.gamma) if self.client_momentum else base
 
     def client_uploads(self, state, clients, flat, buffers, data):
         _, acc = global_model_on_clients(self.fed, state, data)
@@ -238,7 +362,9 @@ class Ditto(Method):
     FedAvg (sample-count weights); every selected client also updates its personal model v_k
     with the same local SGD on  F_k(v) + λ/2 ||v - w^t||²,  starting from its last v_k (w^t for
     a client never selected). The engine evaluates the global model; ``personal`` [N, P] holds
-    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2})."""
+    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2}). Source: github.com/litian96/ditto,
+    ``flearn/trainers_MTL/ditto.py`` ``Server.train``; their code scores each client's personal model
+    on its own test split, fedlib the global model (book/reference/baselines.md)."""
 
     name = "ditto"
     lam: float = 0.1
@@ -301,7 +427,8 @@ class MOON(Method):
     z, z_glob, z_prev: the representation of the same batch under the model being trained, the
     received global model and the client's previous local model (the global model for a client
     never selected). Sample-count aggregation. μ = 1, τ = 0.5 (their CIFAR-10 τ; μ our choice);
-    representation = the model's features (no extra projection head)."""
+    representation = the model's features (no extra projection head). Source: github.com/QinbinLi/MOON
+    ``main.py`` (mu 1, temperature 0.5; their models add a 256-d projection head, not reproduced)."""
 
     name = "moon"
     mu: float = 1.0
@@ -381,7 +508,8 @@ class FedSV(Method):
     selected gets 0 that round). Estimated by Monte-Carlo permutation sampling (FLCE §4.1.2),
     or exactly over all 2^K coalitions with ``exact`` (the 'canonical Shapley value' of FLCE
     Fig. 4). Aggregation: sample-count weights (FedAvg). ``scores()``: Σ_t φ_t clamped at 0,
-    normalised. Uses ``fedlib.methods.shapley`` (coalition utility, estimators)."""
+    normalised. Uses ``fedlib.methods.shapley`` (coalition utility, estimators). Source: the paper
+    (Wang et al. 2020; no public code by its authors found); no truncation of permutations."""
 
     name = "fedsv"
     needs_validation = True

@@ -53,7 +53,9 @@ class PowerOfChoice(Method):
     ∝ n_i (their p_k); the candidates report their local loss F_k(w^t) on their own data;
     the K candidates with the highest loss take part. d_t = max(K, round(d_0 decay^t)),
     d_0 = ``d0_fraction`` N (default: every client is a candidate). FedMS §5.1: decay 1.0
-    for Dir(10) and 0.9 for Dir(1) / Dir(0.1).
+    for Dir(10) and 0.9 for Dir(1) / Dir(0.1). Source: the paper (p_k ∝ n_k); the re-implementation
+    in github.com/pringlesinghal/GreedyFed ``algorithms.py`` ``power_of_choice_run`` draws the
+    candidates uniformly instead (book/reference/baselines.md).
     """
 
     name = "poc"
@@ -107,7 +109,7 @@ class FedEMD(Method):
     P_i ∝ exp(EMD_i / (β (t + 1))): a sharp preference for far clients (Mavericks) early,
     flattening towards uniform. β is the "distance coefficient" of FedMS §5.1 (0.001 for
     Dir(10), 0.01 for Dir(1) / Dir(0.1)). This functional form is our reading; FedMS does
-    not restate FedEMD's rule.
+    not restate FedEMD's rule. Source: the paper (no public code found).
     """
 
     name = "fedemd"

@@ -306,7 +306,8 @@ def _not_truncated(utility, perms, eps):
 
 def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001, eps_within: float = 0.001,
                 tolerance: float = 0.05, window: int | None = None, max_iterations: int = 50,
-                min_iterations: int = 2, class_weights=None, return_info: bool = False):
+                min_iterations: int = 2, class_weights=None, return_info: bool = False,
+                stopping: str = "eq11", rescale: bool = False):
     """GTG-Shapley (Liu et al. 2022), the estimator of FedMS Algorithm 1.
 
     - between-round truncation (line 7): φ = 0 unless |v_N - v_0| > ε_b (for class-wise
@@ -321,10 +322,25 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
       (default n: the last guided iteration), checked after each iteration of n orders,
       at least ``min_iterations`` and at most ``max_iterations`` iterations.
 
+    ``stopping = "original"`` and ``rescale = True`` follow the GTG-Shapley authors' code
+    instead (github.com/cyyever/torch_algorithm, ``cyy_torch_algorithm/shapely_value/
+    gtg_shapley_value.py``, ``compute`` and ``not_convergent``; ``shapley_value.py``
+    ``normalize_shapley_values``):
+    - budget: at least max(30, n) and at most min(2^n, max(30, 0.8 · 2^n)) permutations
+      (theirs adds a random ±5 to 0.8 · 2^n), checked after each iteration of n orders;
+    - stop when, over the running means φ^[r-k] of the last 10 permutations,
+      max_k mean_i |φ_i^[r-k] - φ_i^[r]| / (|φ_i^[r]| + 1e-12) <= ``tolerance``;
+    - rescale (per class): with the round's gain G = v_N - v_0, φ <- G φ / Σ_{φ_j >= 0} φ_j
+      when G >= 0, else G φ / Σ_{φ_j < 0} φ_j (a zero sum counts as ±1e-9), so the
+      positive (negative) values add up to the gain. Their coreset (best_S) values are not
+      computed here.
+
     The n orders of one iteration advance together position by position: one batched
     utility call per position for the orders not yet truncated. Returns φ [n, C] (or [n]);
     with ``return_info`` also a dict (permutations used, converged, truncated_round).
     """
+    if stopping not in ("eq11", "original"):
+        raise ValueError(f"gtg_shapley: stopping must be 'eq11' or 'original' (got {stopping!r})")
     if n < 1:
         raise ValueError(f"gtg_shapley: n must be >= 1 (got {n})")
     rng = _rng(rng)
@@ -337,7 +353,8 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
         return (_shape(phi, scalar), info) if return_info else _shape(phi, scalar)
     trail = []  # φ_i^[r] (scalar) after every permutation r
     r = 0
-    for iteration in range(max_iterations):
+    iterations = max_iterations if stopping == "eq11" else math.ceil(max(30, n, 0.8 * 2**n) / n) + 1
+    for iteration in range(iterations):
         rest = np.argsort(rng.random((n, n)), axis=1)
         rest = rest[rest != np.arange(n)[:, None]].reshape(n, n - 1)  # drop the leading player
         perms = torch.from_numpy(np.concatenate([np.arange(n)[:, None], rest], axis=1))  # line 11
@@ -361,6 +378,17 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
             phi = (r - 1) / r * phi + by_player[k] / r
             trail.append(_scalar(phi, class_weights))
         info["permutations"] = r
+        if stopping == "original":
+            if r >= min(2**n, max(30, n, int(0.8 * 2**n))):  # their max_number (without the ±5)
+                break
+            if r <= max(30, n):  # their converge_min
+                continue
+            recent = torch.stack(trail[-10:])
+            errors = ((recent - recent[-1]).abs() / (recent[-1].abs() + 1e-12)).mean(-1)
+            if float(errors.max()) <= tolerance:
+                info["converged"] = True
+                break
+            continue
         if iteration + 1 >= min_iterations and len(trail) > window:
             now = trail[-1]
             past = torch.stack(trail[-1 - window:-1])  # φ^[r-j], j = 1..m
@@ -368,7 +396,21 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
             if change < tolerance:
                 info["converged"] = True
                 break
+    if rescale:
+        phi = rescale_to_gain(phi, vn - v0)
     return (_shape(phi, scalar), info) if return_info else _shape(phi, scalar)
+
+
+def rescale_to_gain(phi: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """GTG's ``normalize_shapley_values`` per class column of ``phi`` [n, C] with gains [C]:
+    φ G / Σ_{φ_j >= 0} φ_j when G >= 0, else φ G / Σ_{φ_j < 0} φ_j (a zero sum counts as ±1e-9)."""
+    gain = torch.as_tensor(gain, dtype=phi.dtype)
+    positive = torch.where(phi >= 0, phi, torch.zeros_like(phi)).sum(0)
+    negative = torch.where(phi < 0, phi, torch.zeros_like(phi)).sum(0)
+    total = torch.where(gain >= 0, positive, negative)
+    tiny = torch.where(gain >= 0, torch.full_like(total, 1e-9), torch.full_like(total, -1e-9))
+    total = torch.where(total.abs() < 1e-12, tiny, total)
+    return phi * gain / total
 
 
 # ----------------------------------------------------------------------------- Maverick-Shapley pieces
@@ -632,7 +674,9 @@ class SFedAvg(_ShapleyMethod):
     the round's clients on reconstructed models with the plain validation accuracy, all
     permutations, no Monte-Carlo (§5.1) — updates v_i = α v_i + (1 - α) φ_i for i ∈ K^t
     (α = 0.7, §5.1), and aggregates the selected clients with FedAvg weights.
-    The Shapley reward of a selected client is its round value φ_i.
+    The Shapley reward of a selected client is its round value φ_i. Source: FedMS §5.1; the
+    re-implementation in github.com/pringlesinghal/GreedyFed ``algorithms.py`` ``sfedavg_run``
+    differs (book/reference/baselines.md).
     """
 
     name = "s_fedavg"
@@ -673,19 +717,29 @@ class SFedAvg(_ShapleyMethod):
 class GreedyFed(_ShapleyMethod):
     """GreedyFed (Singhal et al. 2024): greedy selection by GTG-Shapley values.
 
+    Source: github.com/pringlesinghal/GreedyFed, ``algorithms.py`` ``ucb_run`` (β = 0 is
+    GreedyFed): round-robin start, then top-K by value plus β sqrt(log(t + 1) / N_i).
     Until every client has taken part once, rounds go round-robin through the clients not
     seen yet (in id order); then the K clients with the highest value, plus an optional UCB
     bonus ``ucb`` sqrt(log t / n_i) (n_i = rounds client i took part; 0 = greedy, the
-    paper's main variant). Values: GTG with the plain validation accuracy; the first value
-    of a client is its φ_i, later v_i = α v_i + (1 - α) φ_i (α = 0.7, FedMS §5.1).
+    paper's main variant). Values: GTG with the plain validation accuracy, by default as the
+    GTG authors' code runs it (``gtg = "original"``: their permutation budget, stopping rule
+    and rescaling to the round's gain, see :func:`gtg_shapley`; ``"eq11"``: FedMS's Eq. 11
+    rule). The first value of a client is its φ_i, later v_i = α v_i + (1 - α) φ_i (α = 0.7,
+    FedMS §5.1, ``average = "ema"``) or the running mean of its φ as in ``ucb_run``
+    (``average = "mean"``). Their code's own GTG scores 1 - validation loss with thresholds
+    1e-4; the FedMS protocol (accuracy, 0.001) is kept here.
     FedAvg aggregation of the selected clients; the Shapley reward is φ_i.
     """
 
     name = "greedyfed"
+    rule_version = "2"
     alpha: float = 0.7
     ucb: float = 0.0
     eps_between: float = 0.001
     eps_within: float = 0.001
+    gtg: str = "original"
+    average: str = "ema"
 
     def validate(self) -> None:
         _check_common(self.name, "gtg", self.eps_between, self.eps_within)
@@ -693,6 +747,10 @@ class GreedyFed(_ShapleyMethod):
             raise ValueError(f"method 'greedyfed': alpha must be in [0, 1) (got {self.alpha})")
         if self.ucb < 0:
             raise ValueError(f"method 'greedyfed': ucb must be >= 0 (got {self.ucb})")
+        if self.gtg not in ("original", "eq11"):
+            raise ValueError(f"method 'greedyfed': gtg must be 'original' or 'eq11' (got {self.gtg!r})")
+        if self.average not in ("ema", "mean"):
+            raise ValueError(f"method 'greedyfed': average must be 'ema' or 'mean' (got {self.average!r})")
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -715,11 +773,15 @@ class GreedyFed(_ShapleyMethod):
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         u = self.round_utility(state, updates)
         phi = gtg_shapley(self.uniform_view(u), len(updates.clients), state.rng, eps_between=self.eps_between,
-                          eps_within=self.eps_within).numpy()
+                          eps_within=self.eps_within, stopping="original" if self.gtg == "original" else "eq11",
+                          rescale=self.gtg == "original").numpy()
         c = updates.clients
         first = self.taken[c] == 0
-        self.values[c] = np.where(first, phi, self.alpha * self.values[c] + (1 - self.alpha) * phi)
         self.taken[c] += 1
+        if self.average == "mean":  # ucb_run: SV_i <- ((N_i - 1) SV_i + φ_i) / N_i
+            self.values[c] = self.values[c] + (phi - self.values[c]) / self.taken[c]
+        else:
+            self.values[c] = np.where(first, phi, self.alpha * self.values[c] + (1 - self.alpha) * phi)
         self.last = {"rewards": phi.tolist()}
         sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
         return sizes / sizes.sum()

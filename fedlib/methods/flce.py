@@ -262,9 +262,13 @@ class FLCE(Method):
     −M ``mass=False``, −V ``velocity=False``, −Q ``momentum=False`` (Q uniform over the
     clients holding a class), −CL ``lam=0``, −CMC ``completion=False`` (missing entries 0).
 
-    After ``setup``: ``matrix`` X [rounds, N] (NaN = not observed), ``class_momentum_sum``
-    [N, C] (Σ_t Q[k, c]), ``global_protos`` [C, D]. ``scores()`` is Eq. 14 on X with missing
-    entries 0, and on the completed X̂ after the last round (Algorithm 1, line 13)."""
+    Options for our earlier simplifications: ``contrastive="simplified"`` (Eq. 4 without the
+    self-pair) and ``completion_over="summed"`` (Eq. 11 on the class-summed matrix).
+
+    After ``setup``: ``class_matrix`` X [rounds, N, C] and ``matrix`` Σ_c X [rounds, N] (NaN =
+    not observed), ``class_momentum_sum`` [N, C] (Σ_t Q[k, c]), ``global_protos`` [C, D].
+    ``scores()`` is Eq. 14 on X with missing entries 0, and on the completed X̂ after the last
+    round (Algorithm 1, line 13)."""
 
     name = "flce"
     rule_version = "2"  # 2: Eq. 4 with the self-pair, Eq. 11 over the client x class structure

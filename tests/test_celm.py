@@ -183,3 +183,45 @@ def test_a_warmup_covering_the_whole_run_is_refused(fraction, rounds):
         method.setup(_federation(build_model("mlp", SHAPE, 6), 3, 6, rounds=rounds))
     assert "\n" not in str(info.value)
     build_method("celm", {"warmup_fraction": 0.9}).check_run(10, 3)  # T_w = 9 < 10 is fine
+
+
+# ----------------------------------------------------------------------------- Table 4, Uniform column
+
+
+def test_pls_search_finds_the_equal_size_splits_that_give_the_papers_uniform_pair():
+    from fedlib.chapters.celm import PLS_MATCHES, pls_class_count_search
+
+    found = pls_class_count_search()
+    assert tuple(found) == PLS_MATCHES and (1, 3, 6, 8, 10) not in found  # ours gives 0.470 / 0.542
+
+
+def test_uniform_column_of_sls_by_hand():
+    """SLS, N = 5, C = 10: client i holds (i + 1) u samples over k_i = 1, 3, 6, 8, 10 classes, so a
+    held cell has mass (i + 1) / (15 k_i) and BC = Σ_i sqrt(k_i (i + 1) / 750)
+    = (1 + √6 + √18 + √32 + √50) / √750 = 0.745634, H = sqrt(1 - BC) = 0.504347 (paper: 0.500)."""
+    from fedlib.chapters.celm import SPLITS, split_counts
+    from fedlib.metrics import joint_distances
+
+    counts = split_counts(SPLITS["SLS"][0], 5000)
+    bc = sum(np.sqrt(k * (i + 1) / 750) for i, k in enumerate((1, 3, 6, 8, 10)))
+    assert joint_distances(counts, np.ones_like(counts, dtype=float))["Hellinger"] == pytest.approx(
+        np.sqrt(1 - bc), abs=2e-4)
+    assert np.sqrt(1 - bc) == pytest.approx(0.504347, abs=1e-6)
+
+
+def test_fidelity_uses_the_table4_definitions():
+    from types import SimpleNamespace
+
+    from fedlib.chapters.celm import fidelity
+    from fedlib.metrics import joint_distances
+
+    counts = np.array([[10, 0, 5], [0, 8, 2]])
+    q = np.array([[2.0, 0.1, 1.0], [0.0, 3.0, 0.5]])
+    run = SimpleNamespace(meta={"client_class_counts": counts.tolist()},
+                          history=[{"diagnostics": {"evidence": q.tolist()}}])
+    out = fidelity(run)
+    assert list(out) == ["JSD Uniform", "JSD CELM", "EMD Uniform", "EMD CELM", "Hellinger Uniform", "Hellinger CELM"]
+    assert out["JSD CELM"] == joint_distances(counts, q)["JSD"]
+    assert out["Hellinger Uniform"] == joint_distances(counts, np.ones((2, 3)))["Hellinger"]
+    empty = fidelity(SimpleNamespace(meta=run.meta, history=[]))
+    assert np.isnan(empty["EMD CELM"]) and empty["EMD Uniform"] == out["EMD Uniform"]

@@ -11,7 +11,7 @@ from fedlib.chapters import fedms as chapter
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
-from fedlib.methods.shapley import all_coalitions, class_difficulty, coalition_utility
+from fedlib.methods.shapley import all_coalitions, class_difficulty, coalition_utility, selection_probabilities
 from fedlib.models import build_model
 from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 from fedlib.run import RunResult, run
@@ -90,7 +90,7 @@ def test_eps_d_decays_exponentially_from_3_to_the_end_value():
 
 def test_selection_follows_the_scores(world):
     fed, _, start = world
-    m = build_method("fedms")
+    m = build_method("fedms", {"score_scale": 100.0})  # the scaled variant, softmax(100 Ŝ)
     many = Federation(**{**fed.__dict__, "n_clients": 20, "clients_per_round": 2})
     m.setup(many)
     m.S_hat = torch.zeros(20, dtype=torch.float64)
@@ -170,7 +170,7 @@ def test_bad_hyperparameters_are_one_line_errors(name, params, message):
 
 def test_chapter_configs_use_the_papers_hyperparameters():
     quick = book.load_profile("fedms", "quick")
-    assert len(chapter.experiment_configs(quick, "table1")) == 3 * 7
+    assert len(chapter.experiment_configs(quick, "table1")) == 3 * (7 + 2)  # + FedMS, S-FedAvg with ×100
     c = chapter.run_config(quick, "Dir(10)", "fedms", 0)
     assert c.method.params["alpha"] == 0.8 and c.split.params == {"n_mavericks": 2, "gamma": 10.0}
     assert chapter.run_config(quick, "Dir(0.1)", "fedms", 0).method.params["eps_d_end"] == 0.2
@@ -199,3 +199,46 @@ def test_participation_and_reward_series():
     np.testing.assert_allclose(s["cumulative_maverick"], [0.4, 0.4])
     np.testing.assert_allclose(s["cumulative_other"], [0.1 / 3, 0.0], atol=1e-12)
     assert np.isnan(s["mean_maverick"][1])
+
+
+# ----------------------------------------------------------------------------- Eq. 12 as printed
+
+
+def test_eq12_softmax_by_hand():
+    """P_i = exp(Ŝ_i) / Σ_j exp(Ŝ_j): Ŝ = (0, ln 3) gives (1/4, 3/4). The ×100 variant on
+    Ŝ = (0, 0.01) is softmax(0, 1) = (1/(1 + e), e/(1 + e)) ≈ (0.26894, 0.73106); unscaled the same
+    scores are nearly uniform, (1/(1 + e^0.01), ...) ≈ (0.49750, 0.50250)."""
+    np.testing.assert_allclose(selection_probabilities([0.0, np.log(3.0)]), [0.25, 0.75])
+    np.testing.assert_allclose(selection_probabilities([0.0, 0.01], scale=100.0),
+                               [1 / (1 + np.e), np.e / (1 + np.e)])
+    np.testing.assert_allclose(selection_probabilities([0.0, 0.01]), [1 / (1 + np.exp(0.01)), 1 / (1 + np.exp(-0.01))])
+    assert selection_probabilities([0.0, 0.01])[0] == pytest.approx(0.497500, abs=1e-6)
+
+
+def test_eq12_is_the_default_and_the_scale_an_option(world):
+    fed, _, start = world
+    for name in ("fedms", "s_fedavg"):
+        method = build_method(name)
+        assert method.score_scale == 1.0 and method.rule_version == "2"
+    m = build_method("fedms")
+    two = Federation(**{**fed.__dict__, "n_clients": 2, "clients_per_round": 1})
+    m.setup(two)
+    m.S_hat = torch.tensor([0.0, np.log(3.0)], dtype=torch.float64)  # P = (1/4, 3/4)
+    picks = [m.select_clients(_state(start, t=1, seed=s))[0] for s in range(400)]
+    assert np.mean(picks) == pytest.approx(0.75, abs=0.06)  # binomial sd ≈ 0.022
+
+
+def test_chapter_runs_both_softmax_variants_in_every_profile():
+    for profile in ("smoke", "quick", "paper"):
+        params = book.load_profile("fedms", profile)
+        specs = [c.method.params | {"name": c.method.name} for c in chapter.experiment_configs(params, "table1")]
+        for name in ("fedms", "s_fedavg"):
+            if name in params["methods"]:
+                assert any(s["name"] == name and s.get("score_scale") == 100.0 for s in specs)
+                assert any(s["name"] == name and "score_scale" not in s for s in specs)
+    rows = [("Dir(1)", {"fedms": (92.0, 0.1), "s_fedavg": (80.0, 0.1)},
+             {"ours": {"fedms": (90.0, 0.0), "fedms_x100": (91.5, 0.0), "s_fedavg": (79.0, 0.0),
+                       "s_fedavg_x100": (70.0, 0.0)}})]
+    verdict = {v["method"]: v for v in chapter.softmax_verdict(rows, "ours")}
+    assert verdict["FedMS"]["nearer"] == "×100" and verdict["FedMS"]["gap, softmax(Ŝ) (Eq. 12)"] == 2.0
+    assert verdict["S-FedAvg"]["nearer"] == "Eq. 12 as printed" and verdict["S-FedAvg"]["gap, softmax(100 Ŝ)"] == 10.0

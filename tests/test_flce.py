@@ -16,6 +16,7 @@ from fedlib.methods.flce import (
     class_prototypes,
     class_prototypes_loop,
     class_velocity,
+    complete_contributions,
     complete_matrix,
     final_contributions,
     global_prototypes,
@@ -217,3 +218,104 @@ def test_chapter_configs_are_valid_for_every_profile():
         runs = configs(load_profile("flce", profile))
         assert runs and len({c.key() for c in runs}) == len(runs)
         assert all(isinstance(c, type(make_config())) for c in runs)
+
+
+# ----------------------------------------------------------------------------- Eq. 4 and Eq. 11 as printed
+
+
+def _three_embeddings():
+    """z1 = z2 = (1, 0) with label 0, z3 = (0, 1) with label 1: cosines s12 = 1, s13 = s23 = 0."""
+    return torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64), torch.tensor([0, 0, 1])
+
+
+def test_contrastive_loss_as_printed_by_hand():
+    """Eq. 4, τ = 1, self-pair included (its cosine is 1). Denominators over k ≠ i:
+    anchors 1, 2: e^1 + e^0 = 1 + e; anchor 3: e^0 + e^0 = 2.
+    Anchor 1: positives {1, 2}, N = 2, both terms log(e / (1 + e)) = 1 - ln(1 + e); anchor 2 alike;
+    anchor 3: positive {3}, N = 1, term 1 - ln 2.
+    L = -(1/3) [2 (1 - ln(1 + e)) + (1 - ln 2)] = (2 ln(1 + e) + ln 2 - 3) / 3 ≈ 0.10656."""
+    z, y = _three_embeddings()
+    e = np.e
+    expected = (2 * np.log(1 + e) + np.log(2) - 3) / 3
+    assert supcon_loss(z, y, torch.ones(3, dtype=torch.float64), tau=1.0).item() == pytest.approx(expected)
+    assert supcon_loss_loop(z, y, tau=1.0).item() == pytest.approx(expected)
+    assert expected == pytest.approx(0.106556, abs=1e-6)
+
+
+def test_contrastive_loss_simplified_by_hand():
+    """The simplified form (no self-pair): anchors 1, 2 have the one positive j ≠ i, term
+    1 - ln(1 + e); anchor 3 has none and adds 0. L = -(1/3) 2 (1 - ln(1 + e)) ≈ 0.20884."""
+    z, y = _three_embeddings()
+    expected = -2 * (1 - np.log(1 + np.e)) / 3
+    ours = supcon_loss(z, y, torch.ones(3, dtype=torch.float64), tau=1.0, self_pair=False)
+    assert ours.item() == pytest.approx(expected)
+    assert supcon_loss_loop(z, y, tau=1.0, self_pair=False).item() == pytest.approx(expected)
+    assert expected == pytest.approx(0.208842, abs=1e-6)
+
+
+def test_contrastive_variants_match_their_loops_on_random_batches():
+    g = torch.Generator().manual_seed(3)
+    z, y = torch.randn(9, 5, generator=g), torch.tensor([0, 1, 0, 2, 1, 0, 3, 2, 1])
+    for self_pair in (True, False):
+        torch.testing.assert_close(supcon_loss(z, y, torch.ones(9), 0.5, self_pair),
+                                   supcon_loss_loop(z, y, 0.5, self_pair))
+
+
+def _rank_one_tensor():
+    """X[t, k, c] = u_t V[k, c], u = (1, 2), V = [[1, 2], [3, 4]]; client 1 is not selected in
+    round 1, so X[1, 1, :] = 2 (3, 4) = (6, 8) is missing."""
+    u = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    v = torch.tensor([[1.0, 2.0], [3.0, 4.0]], dtype=torch.float64)
+    x = u[:, None, None] * v[None]
+    observed = x.clone()
+    observed[1, 1] = float("nan")
+    return x, observed
+
+
+def test_completion_over_the_client_class_structure_by_hand():
+    """Unfolded to rounds x (client, class): [[1, 2, 3, 4], [2, 4, ?, ?]]. Rank 1: round 1 is twice
+    round 0 (from client 0's cells), so the missing cells are (6, 8) and Σ_c X̂ = [[3, 7], [6, 14]];
+    CE = (½ (3 + 6), ½ (7 + 14)) = (4.5, 10.5), normalised (0.3, 0.7)."""
+    x, observed = _rank_one_tensor()
+    summed = complete_contributions(observed, "client_class", rank=1, steps=3000)
+    torch.testing.assert_close(summed, x.sum(-1), atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(final_contributions(summed), torch.tensor([0.3, 0.7], dtype=torch.float64),
+                               atol=1e-4, rtol=1e-4)
+    # the class-summed simplification on this rank-1 tensor: [[3, 7], [6, ?]] -> 14, the same here
+    torch.testing.assert_close(complete_contributions(observed, "summed", rank=1, steps=3000), x.sum(-1),
+                               atol=1e-3, rtol=1e-3)
+
+
+def test_completion_keeps_the_per_class_cells_it_observed():
+    """Client 0 holds only class 0 (its class-1 cells are observed zeros): completing the
+    client x class structure keeps that zero for the missing round, the summed form cannot tell."""
+    u = torch.tensor([1.0, 3.0], dtype=torch.float64)
+    v = torch.tensor([[2.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    x = u[:, None, None] * v[None]
+    observed = x.clone()
+    observed[1, 0] = float("nan")  # client 0 missing in round 1: truth (6, 0)
+    summed = complete_contributions(observed, "client_class", rank=1, steps=3000)
+    torch.testing.assert_close(summed[1, 0], torch.tensor(6.0, dtype=torch.float64), atol=1e-2, rtol=1e-3)
+    with pytest.raises(ValueError, match="completion_over must be one of client_class, summed"):
+        complete_contributions(observed, "classes")
+
+
+def test_flce_defaults_are_the_equations_as_printed_and_options_are_checked():
+    method = build_method("flce", {})
+    assert (method.contrastive, method.completion_over, method.rule_version) == ("paper", "client_class", "2")
+    for params, message in [({"contrastive": "supcon"}, "contrastive must be paper or simplified"),
+                            ({"completion_over": "rows"}, "completion_over must be client_class or summed")]:
+        with pytest.raises(ValueError, match=message) as info:
+            build_method("flce", params)
+        assert "\n" not in str(info.value)
+
+
+def test_chapter_table3_runs_the_simplified_loss_and_reads_summed_completion_from_flce():
+    from fedlib.book import load_profile
+    from fedlib.chapters.flce import FROM_FLCE_RUN, experiment_configs, variant_run
+
+    params = load_profile("flce", "smoke")
+    variants = [c.method.params for c in experiment_configs(params, "table3")]
+    assert sum(v.get("contrastive") == "simplified" for v in variants) == len(params["seeds"]) * 2  # IID, Non-IID
+    assert variant_run("FLCE summed-CMC") == "FLCE" and FROM_FLCE_RUN["FLCE summed-CMC"] == {"over": "summed"}
+    assert variant_run("FLCE simplified-CL") == "FLCE simplified-CL"

@@ -112,3 +112,53 @@ def test_detection_summary_shapes_and_constant_rounds():
     assert out["fpr"] == pytest.approx(expected.mean())
     constant = m.detection_summary(np.ones((4, 5)), free, thresholds=[-1.0, 0.0])
     assert constant["auroc"] == 0.5 and constant["fpr_curve"].tolist() == [0.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- CELM Table 4 definitions
+
+
+def test_js_distance_by_hand():
+    """p = (1, 0), q = (½, ½): m = (¾, ¼), KL(p‖m) = ln(4/3), KL(q‖m) = ½ ln(2/3) + ½ ln 2 = ½ ln(4/3),
+    JSD = ½ (ln(4/3) + ½ ln(4/3)) = ¾ ln(4/3) nats; the distance is its square root ≈ 0.46450."""
+    assert m.js_distance([1, 0], [1, 1]) == pytest.approx(math.sqrt(0.75 * math.log(4 / 3)))
+    assert m.js_distance([1, 0], [1, 1]) == pytest.approx(0.464501, abs=1e-6)
+    assert m.js_distance([1, 0], [0, 1]) == pytest.approx(math.sqrt(math.log(2)))  # disjoint: sqrt(ln 2)
+    assert m.js_distance([1, 0], [0, 1], base=2) == pytest.approx(1.0)
+    assert m.js_distance([3, 1], [3, 1]) == 0.0
+    assert m.js_distance([1, 0], [1, 1]) ** 2 / math.log(2) == pytest.approx(m.jsd([1, 0], [1, 1]))
+
+
+def test_emd_classes_by_hand():
+    # (1, 0, 0) vs (0, 0, 1): |F_p - F_q| = (1, 1, 0), sum 2, over C - 1 = 2 -> 1
+    assert m.emd_classes([1, 0, 0], [0, 0, 1]) == pytest.approx(1.0)
+    # (1, 0, 0) vs uniform: (2/3, 1/3, 0) -> 1 / 2 = 0.5; (0, 1, 0) vs uniform: (1/3, 1/3, 0) -> 1/3
+    assert m.emd_classes([1, 0, 0], [1, 1, 1]) == pytest.approx(0.5)
+    rows = m.emd_classes([[1, 0, 0], [0, 1, 0]], [[1, 1, 1], [1, 1, 1]], weights=[3, 1])
+    assert rows == pytest.approx((3 * 0.5 + 1 / 3) / 4)  # weighted by 3 : 1
+    with pytest.raises(ValueError, match="weights must be 2 non-negative numbers"):
+        m.emd_classes([[1, 0], [0, 1]], [[1, 1], [1, 1]], weights=[1, -1])
+
+
+def test_joint_distances_by_hand():
+    """Counts [[2, 0], [0, 2]] against the uniform matrix. Joint cells p = (½, 0, 0, ½), u = ¼ each:
+    JSD as above, sqrt(¾ ln(4/3)); Hellinger: BC = 2 sqrt(½ · ¼) = 1/√2, H = sqrt(1 - 1/√2) ≈ 0.54120;
+    EMD: each client row (1, 0) or (0, 1) against (½, ½) moves ½ over one class step (C - 1 = 1) -> ½."""
+    d = m.joint_distances([[2, 0], [0, 2]], np.ones((2, 2)))
+    assert d["JSD"] == pytest.approx(math.sqrt(0.75 * math.log(4 / 3)))
+    assert d["Hellinger"] == pytest.approx(math.sqrt(1 - 1 / math.sqrt(2)))
+    assert d["EMD"] == pytest.approx(0.5)
+    assert m.joint_distances([[2, 0], [0, 2]], [[4, 0], [0, 4]]) == {"JSD": 0.0, "EMD": 0.0, "Hellinger": 0.0}
+    with pytest.raises(ValueError, match=r"true_counts and other must be \[N, C\]"):
+        m.joint_distances([[1, 2]], [[1, 2, 3]])
+
+
+def test_joint_hellinger_of_equal_size_label_skew_by_hand():
+    """N clients of equal size, client i spread evenly over k_i of C classes: a held cell has mass
+    1/(N k_i), the uniform cell 1/(N C), so BC = (1/N) Σ_i sqrt(k_i / C) and H = sqrt(1 - BC).
+    k = (1, 3, 6, 8, 10): BC = (√.1 + √.3 + √.6 + √.8 + 1)/5 = 0.706595, H = 0.541669 (our PLS);
+    k = (1, 3, 4, 8, 8): BC = (√.1 + √.3 + √.4 + 2 √.8)/5 = 0.657052, H = 0.585617 (the paper's 0.586)."""
+    for ks, expected in (((1, 3, 6, 8, 10), 0.541669), ((1, 3, 4, 8, 8), 0.585617)):
+        counts = np.zeros((5, 10))
+        for i, k in enumerate(ks):
+            counts[i, :k] = 120 / k
+        assert m.joint_distances(counts, np.ones_like(counts))["Hellinger"] == pytest.approx(expected, abs=1e-6)

@@ -135,25 +135,168 @@ def last_evidence(result) -> np.ndarray | None:
 
 
 def fidelity(result) -> dict[str, float]:
-    """Distances between the true client x class distribution and (i) the uniform one,
-    (ii) CELM's normalised evidence — both as joint distributions over client-class cells.
-    JSD in base 2; Hellinger; EMD = 1-D Wasserstein distance between the two sets of cell
-    probabilities (scipy.stats.wasserstein_distance)."""
-    from scipy.stats import wasserstein_distance
-
-    from ..metrics import hellinger, jsd
+    """Table 4 for one CELM run: ``metrics.joint_distances`` between the true client x class
+    counts and (i) the uniform matrix, (ii) CELM's evidence Q of the last warm-up round.
+    Keys "JSD Uniform", "EMD CELM", ... (NaN for CELM when the run has no evidence)."""
+    from ..metrics import joint_distances
 
     true = np.asarray(result.meta["client_class_counts"], dtype=float)
     q = last_evidence(result)
-    true = (true / true.sum()).ravel()
-    estimate = (q / q.sum()).ravel() if q is not None and q.sum() > 0 else np.full_like(true, np.nan)
-    uniform = np.full_like(true, 1.0 / true.size)
-    out = {}
-    for name, other in (("Uniform", uniform), ("CELM", estimate)):
-        out[f"JSD {name}"] = float(jsd(true, other))
-        out[f"EMD {name}"] = float(wasserstein_distance(true, other))
-        out[f"Hellinger {name}"] = float(hellinger(true, other))
-    return out
+    out = {f"{k} Uniform": v for k, v in joint_distances(true, np.ones_like(true)).items()}
+    if q is not None and q.sum() > 0:
+        out.update({f"{k} CELM": v for k, v in joint_distances(true, q).items()})
+    else:
+        out.update({f"{k} CELM": float("nan") for k in ("JSD", "EMD", "Hellinger")})
+    return {f"{m} {s}": out[f"{m} {s}"] for m in ("JSD", "EMD", "Hellinger") for s in ("Uniform", "CELM")}
+
+
+# ----------------------------------------------------------------------------- Table 4, Uniform column
+
+# Table 4's rows: (dataset label, paper row, split label); the Uniform column needs only the split.
+# Full training sets: Fashion-MNIST 6,000 and CIFAR-10 5,000 images per class, 5 clients.
+TABLE4_ROWS = (("F.MNIST", "Dir. (0.05)", "Dir(0.05)"), ("F.MNIST", "PLS", "PLS"),
+               ("CIFAR-10", "Dir. (0.01)", "Dir(0.01)"), ("CIFAR-10", "SLS", "SLS"))
+CLASS_SIZES = {"F.MNIST": 6000, "CIFAR-10": 5000}
+# Equal-size PLS splits (k_i classes, samples split evenly) whose Uniform JSD and Hellinger
+# round to the paper's 0.508 and 0.586 (found by `pls_class_count_search`).
+PLS_MATCHES = ((1, 3, 4, 8, 8), (2, 2, 6, 6, 7), (2, 3, 4, 5, 9))
+
+
+def split_counts(spec: dict[str, Any], class_size: int, n_clients: int = 5, n_classes: int = 10,
+                 seed: int = 0) -> np.ndarray:
+    """The client x class counts of a split spec on a balanced label set (no data needed)."""
+    from .. import partition
+
+    labels = np.repeat(np.arange(n_classes), class_size)
+    params = {k: v for k, v in spec.items() if k != "name"}
+    return getattr(partition, spec["name"])(labels, n_clients=n_clients, seed=seed, **params).counts
+
+
+def uniform_column(seeds=(0, 1, 2), n_clients: int = 5) -> list[dict[str, Any]]:
+    """Our Uniform column of Table 4 under ``metrics.joint_distances``, per paper row and seed
+    (mean over the seeds in the chapter), with the earlier definitions (JSD in bits, EMD as the
+    1-D Wasserstein distance between the two sets of cell probabilities) for comparison."""
+    from scipy.stats import wasserstein_distance
+
+    from ..metrics import hellinger, joint_distances, jsd
+
+    rows = []
+    for dataset, paper_row, split in TABLE4_ROWS:
+        for seed in seeds:
+            counts = split_counts(SPLITS[split][0], CLASS_SIZES[dataset], n_clients, seed=seed)
+            joint = (counts / counts.sum()).ravel()
+            uniform = np.full_like(joint, 1.0 / joint.size)
+            rows.append({"row": f"{dataset} {paper_row}", "seed": seed, "definitions": "ours (Table 4)",
+                         **joint_distances(counts, np.ones_like(counts, dtype=float))})
+            rows.append({"row": f"{dataset} {paper_row}", "seed": seed, "definitions": "earlier",
+                         "JSD": float(jsd(joint, uniform)), "EMD": float(wasserstein_distance(joint, uniform)),
+                         "Hellinger": float(hellinger(joint, uniform))})
+    return rows
+
+
+def uniform_check(reference, seeds=(0, 1, 2)):
+    """Table 4's Uniform column, paper vs ours (no training): per paper row a 'paper' line,
+    our mean ± std over ``seeds`` under the Table 4 definitions and under the earlier ones,
+    and for PLS the equal-size splits of ``PLS_MATCHES``. Returns (frame, summary) where
+    summary counts the (row, metric) cells whose paper value lies within our seed range
+    widened by the paper's rounding (± 0.0005)."""
+    import pandas as pd
+
+    from ..book import reference_value
+    from ..metrics import joint_distances
+
+    metrics_ = ("JSD", "EMD", "Hellinger")
+    runs = pd.DataFrame(uniform_column(seeds))
+    lines, inside, cells = [], {m: 0 for m in metrics_}, 0
+    for dataset, paper_row, _ in TABLE4_ROWS:
+        row = f"{dataset} {paper_row}"
+        paper = {m: reference_value(reference, "Table 4", row, f"{m} Uniform")[0] for m in metrics_}
+        lines.append({"row": row, "source": "paper", **{m: f"{paper[m]:.3f}" for m in metrics_}})
+        for definitions in ("ours (Table 4)", "earlier"):
+            part = runs[(runs.row == row) & (runs.definitions == definitions)]
+            lines.append({"row": row, "source": f"{definitions} definitions, seeds {list(seeds)}",
+                          **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in metrics_}})
+            if definitions == "ours (Table 4)":
+                cells += 1
+                for m in metrics_:
+                    inside[m] += int(part[m].min() - 5e-4 <= paper[m] <= part[m].max() + 5e-4)
+        if paper_row == "PLS":
+            for ks in PLS_MATCHES:
+                spec = {"name": "pls", "classes_per_client": list(ks)}
+                values = pd.DataFrame([joint_distances(c, np.ones_like(c, dtype=float)) for c in
+                                       (split_counts(spec, CLASS_SIZES[dataset], seed=s) for s in seeds)])
+                lines.append({"row": row, "source": f"our PLS rule with k = {ks}, seeds {list(seeds)}",
+                              **{m: f"{values[m].mean():.3f} ± {values[m].std(ddof=0):.3f}" for m in metrics_}})
+    return pd.DataFrame(lines).set_index(["row", "source"]), {"rows": cells, **inside}
+
+
+def _even_counts(classes_per_client, sizes) -> np.ndarray:
+    """Client i holds sizes[i] samples spread evenly over k_i classes (which classes does not
+    change the joint JSD or Hellinger)."""
+    counts = np.zeros((len(classes_per_client), max(10, max(classes_per_client))))
+    for i, (k, size) in enumerate(zip(classes_per_client, sizes)):
+        counts[i, :k] = size / k
+    return counts
+
+
+def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clients: int = 5,
+                           n_classes: int = 10, tolerance: float = 5e-4) -> list[tuple[int, ...]]:
+    """Every equal-size PLS allocation k_1 <= ... <= k_N (k_i in 1..C, Σ k_i >= C, samples
+    split evenly) whose Uniform (JSD, Hellinger) under ``metrics.joint_distances`` is within
+    ``tolerance`` of ``target``. Vectorized over the allocations."""
+    from itertools import combinations_with_replacement
+
+    ks = np.array([k for k in combinations_with_replacement(range(1, n_classes + 1), n_clients)
+                   if sum(k) >= n_classes])
+    cells = 1.0 / (n_clients * ks)  # the joint mass of a held cell, [A, N]
+    u = 1.0 / (n_clients * n_classes)
+    m = 0.5 * (cells + u)
+    kl_p = (ks * cells * np.log(cells / m)).sum(1)
+    kl_q = (ks * u * np.log(u / m)).sum(1) + (n_clients * n_classes - ks.sum(1)) * u * np.log(2.0)
+    jsd = np.sqrt(0.5 * (kl_p + kl_q))
+    bhattacharyya = (ks * np.sqrt(cells * u)).sum(1)
+    hel = np.sqrt(np.clip(1.0 - bhattacharyya, 0.0, None))
+    hits = (np.abs(jsd - target[0]) <= tolerance) & (np.abs(hel - target[1]) <= tolerance)
+    return [tuple(int(v) for v in k) for k in ks[hits]]
+
+
+def definition_search(counts: np.ndarray) -> list[dict[str, Any]]:
+    """The candidate definitions tried for Table 4's Uniform column on one split: JSD (bits or
+    nats; divergence or its square root, the JS distance), Hellinger and EMD variants, each over
+    the joint client x class cells, the client rows (mean over clients) or the class columns."""
+    from scipy.stats import wasserstein_distance
+
+    from ..metrics import emd_1d, hellinger, js_distance, jsd, kl
+
+    c = np.asarray(counts, dtype=float)
+    n, k = c.shape
+    views = {"joint cells": ((c / c.sum()).ravel()[None], np.full((1, n * k), 1.0 / (n * k))),
+             "client rows (mean)": (c / c.sum(1, keepdims=True), np.full((n, k), 1.0 / k)),
+             "class columns (mean)": ((c / c.sum(0, keepdims=True)).T, np.full((k, n), 1.0 / n))}
+
+    def js_div_nats(p, q):
+        m = 0.5 * (p + q)
+        return 0.5 * (np.atleast_1d(kl(p, m)) + np.atleast_1d(kl(q, m)))
+
+    candidates = {
+        "JSD: divergence, bits": lambda p, q: jsd(p, q),
+        "JSD: divergence, nats": js_div_nats,
+        "JSD: distance (sqrt), bits": lambda p, q: js_distance(p, q, base=2),
+        "JSD: distance (sqrt), nats": lambda p, q: js_distance(p, q),
+        "Hellinger (1/√2 scale)": hellinger,
+        "Hellinger without 1/√2": lambda p, q: np.sqrt(2.0) * np.asarray(hellinger(p, q)),
+        "EMD: class bins |i-j|": lambda p, q: emd_1d(p, q),
+        "EMD: class bins |i-j|/(C-1)": lambda p, q: np.asarray(emd_1d(p, q)) / (p.shape[-1] - 1),
+        "EMD: scipy on the probability values": lambda p, q: np.array(
+            [wasserstein_distance(a, b) for a, b in zip(p, q)]),
+    }
+    rows = []
+    for name, f in candidates.items():
+        row = {"candidate": name}
+        for view, (p, q) in views.items():
+            row[view] = float(np.mean(np.atleast_1d(f(p, q))))
+        rows.append(row)
+    return rows
 
 
 # ----------------------------------------------------------------------------- tables

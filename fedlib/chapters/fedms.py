@@ -23,7 +23,12 @@ from ..config import RunConfig, make_config
 from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
-                 "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS"}
+                 "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
+                 "fedms_x100": "FedMS (softmax ×100)", "s_fedavg_x100": "S-FedAvg (softmax ×100)"}
+# Eq. 12 as printed is softmax(Ŝ_i) (the methods' default); these run the scaled softmax
+# softmax(100 Ŝ_i), scores in percentage points, beside it (Table 1 only).
+SOFTMAX_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "fedms_x100": ("fedms", {"score_scale": 100.0}), "s_fedavg_x100": ("s_fedavg", {"score_scale": 100.0})}
 REWARD_METHODS = ("fedms", "s_fedavg", "greedyfed")  # Figs. 3-5: MS-GTG, MR, GTG
 SPLITS = {"Dir(10)": 10.0, "Dir(1)": 1.0, "Dir(0.1)": 0.1}
 
@@ -60,9 +65,11 @@ def _protocol(params: dict[str, Any], cifar10: bool) -> dict[str, Any]:
 
 
 def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
-    """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round."""
+    """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round.
+    ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``)."""
     proto = _protocol(params, cifar10)
-    extra = params.get("method_params", {}).get(method, {})
+    method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
+    extra = {**params.get("method_params", {}).get(method, {}), **variant}
     return make_config(
         **proto, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
         lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
@@ -102,7 +109,8 @@ def adversarial_config(params: dict[str, Any], method: str, seed: int) -> RunCon
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
     seeds, methods = params["seeds"], params["methods"]
     if experiment == "table1":
-        return [run_config(params, s, m, seed) for s in params["splits"] for m in methods for seed in seeds]
+        return [run_config(params, s, m, seed) for s in params["splits"] for m in table1_methods(params)
+                for seed in seeds]
     if experiment == "table1_cifar10":
         return [run_config(params, s, m, seed, cifar10=True) for s in params["cifar10_splits"]
                 for m in params["cifar10_methods"] for seed in seeds]
@@ -111,6 +119,12 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     if experiment == "table2":
         return [adversarial_config(params, m, seed) for m in methods for seed in seeds]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+def table1_methods(params: dict[str, Any]) -> list[str]:
+    """Table 1's methods: the profile's methods and the softmax variants of those it runs."""
+    variants = [v for v in params.get("softmax_variants", []) if SOFTMAX_VARIANTS[v][0] in params["methods"]]
+    return list(params["methods"]) + variants
 
 
 def configs(params: dict[str, Any]) -> list[RunConfig]:
@@ -205,8 +219,30 @@ def paper_values(reference, table: str, row: str, methods, column_of=None) -> di
 
     out = {}
     for m in methods:
+        base = SOFTMAX_VARIANTS.get(m, (m,))[0]  # a variant is compared with its method's paper value
         try:
-            out[m] = reference_value(reference, table, row, column_of(m) if column_of else METHOD_LABELS[m])
+            out[m] = reference_value(reference, table, row, column_of(base) if column_of else METHOD_LABELS[base])
         except KeyError:
             out[m] = (float("nan"), float("nan"))
+    return out
+
+
+def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dict[str, Any]]:
+    """Which softmax lands nearer the paper's Table 1: per method with a variant, the mean
+    |ours − paper| (points) over the rows where both were run, for Eq. 12 as printed and for
+    the ×100 variant, and the nearer one."""
+    out = []
+    for variant, (method, _) in SOFTMAX_VARIANTS.items():
+        gaps = {"printed": [], "x100": []}
+        for _, paper, ours in rows:
+            values = ours.get(source, {})
+            p, a, b = paper.get(method, (np.nan,))[0], values.get(method, (np.nan,))[0], values.get(variant, (np.nan,))[0]
+            if p == p and a == a and b == b:
+                gaps["printed"].append(abs(a - p))
+                gaps["x100"].append(abs(b - p))
+        if gaps["printed"]:
+            printed, scaled = float(np.mean(gaps["printed"])), float(np.mean(gaps["x100"]))
+            out.append({"method": METHOD_LABELS[method], "rows": len(gaps["printed"]),
+                        "gap, softmax(Ŝ) (Eq. 12)": printed, "gap, softmax(100 Ŝ)": scaled,
+                        "nearer": "Eq. 12 as printed" if printed <= scaled else "×100"})
     return out

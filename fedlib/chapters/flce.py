@@ -6,7 +6,9 @@ Experiments (FLCE §4), each a list of run configs sharing one protocol (paper: 
           — their contributions also give Fig. 2 (KL to the data-size share), Fig. 3 (KL to
           the class-diversity share), Fig. 5 (class-level weights) and Fig. 8 (server time)
   table3  the ablations FLCE−M, −V, −Q, −CL (−CMC needs no run: it is FLCE's own run with the
-          missing entries of X left at 0, since completion does not feed back into training)
+          missing entries of X left at 0, since completion does not feed back into training),
+          and our earlier simplifications: Eq. 4 without the self-pair (a run) and Eq. 11 on the
+          class-summed matrix (FLCE's own run)
   fig4    the canonical (exact) Shapley value run, the reference of Fig. 4
   noise   feature noise, label noise and both (Figs. 6-7)
   fig9    FLCE under Dir(δ) for the sweep's δ (Fig. 9)
@@ -28,7 +30,12 @@ OWN_CONTRIBUTION = ("cgsv", "fedfa", "fedsv", "flce")
 VARIANTS: dict[str, dict[str, Any]] = {  # §4.4
     "FLCE": {}, "FLCE-M": {"mass": False}, "FLCE-V": {"velocity": False}, "FLCE-Q": {"momentum": False},
     "FLCE-CL": {"lam": 0.0}, "FLCE-CMC": {},  # −CMC: FLCE's run, contributions without completion
+    # our earlier simplifications, beside the equations as printed (FLCE runs Eq. 4 and Eq. 11 as printed)
+    "FLCE summed-CMC": {},  # FLCE's run, Eq. 11 on Σ_c X[t, k, c] instead of the client x class structure
+    "FLCE simplified-CL": {"contrastive": "simplified"},  # Eq. 4 without the self-pair
 }
+# variants computed from FLCE's own run (completion does not feed back into training)
+FROM_FLCE_RUN = {"FLCE-CMC": {"complete": False}, "FLCE summed-CMC": {"over": "summed"}}
 SPLITS = {"IID": {"name": "iid"}, "Non-IID": None}  # Non-IID: Dir(alpha) from the parameters
 NOISE = ("feature", "label", "both")
 DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "eurosat": "EuroSAT", "fmnist": "F.MNIST"}
@@ -73,8 +80,10 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [run_config(params, d, split_spec(params, s), m, seed) for d in datasets for s in SPLITS
                 for m in methods for seed in seeds]
     if experiment == "table3":
+        variants = [v for v in list(params["ablations"]) + list(params.get("simplifications", []))
+                    if v not in FROM_FLCE_RUN]
         return [variant_config(params, d, split_spec(params, s), v, seed) for d in datasets for s in SPLITS
-                for v in params["ablations"] for seed in seeds]
+                for v in variants for seed in seeds]
     if experiment == "fig4":
         return [run_config(params, datasets[0], split_spec(params, "Non-IID"), "fedsv", seed, exact=True)
                 for seed in seeds]
@@ -108,30 +117,43 @@ def similarity_contributions(result, upto: int | None = None) -> np.ndarray:
     return total / total.sum() if total.sum() > 0 else np.full(n, 1.0 / n)
 
 
-def flce_matrix(result) -> tuple[np.ndarray, np.ndarray]:
-    """FLCE's contribution matrix X [rounds, N] from the history (0 where not observed) and the mask."""
-    n = len(result.meta["client_sizes"])
-    x = np.zeros((len(result.history), n))
-    observed = np.zeros_like(x, dtype=bool)
+def flce_tensor(result) -> np.ndarray:
+    """FLCE's contribution tensor X [rounds, N, C] from the history (NaN where not observed)."""
+    counts = np.asarray(result.meta["client_class_counts"])
+    x = np.full((len(result.history), *counts.shape), np.nan)
     for t, h in enumerate(result.history):
-        x[t, h["aggregated"]] = h["diagnostics"]["x"]
-        observed[t, h["aggregated"]] = True
-    return x, observed
+        x[t, h["aggregated"]] = h["diagnostics"]["x_class"]
+    return x
 
 
-def flce_contributions(result, upto: int | None = None, complete: bool = True) -> np.ndarray:
-    """Eq. 11-14 on the first ``upto`` rounds of a FLCE run (``complete=False``: FLCE−CMC)."""
+def flce_contributions(result, upto: int | None = None, complete: bool = True, over: str | None = None) -> np.ndarray:
+    """Eq. 11-14 on the first ``upto`` rounds of a FLCE run (``complete=False``: FLCE−CMC;
+    ``over``: "client_class" or "summed", the run's own ``completion_over`` by default)."""
     import torch
 
-    from ..methods.flce import complete_matrix, final_contributions
+    from ..methods.flce import complete_contributions, final_contributions
 
     params = result.config["method"]
-    x, observed = flce_matrix(result)
-    x, observed = torch.from_numpy(x[:upto]), torch.from_numpy(observed[:upto])
+    x = torch.from_numpy(flce_tensor(result)[:upto])
     if complete and params.get("completion", True):
-        x = complete_matrix(x, observed, int(params.get("rank", 1)), int(params.get("completion_steps", 2000)),
-                            float(params.get("completion_lr", 0.05))).clamp(min=0)
-    return final_contributions(x).numpy()
+        summed = complete_contributions(x, over or params.get("completion_over", "client_class"),
+                                        int(params.get("rank", 1)), int(params.get("completion_steps", 2000)),
+                                        float(params.get("completion_lr", 0.05)))
+    else:
+        summed = torch.nan_to_num(x, nan=0.0).sum(-1)
+    return final_contributions(summed).numpy()
+
+
+def variant_contributions(result, variant: str) -> np.ndarray:
+    """A Table 3 variant's contributions from its run (FLCE's own run for ``FROM_FLCE_RUN``)."""
+    if variant in FROM_FLCE_RUN:
+        return flce_contributions(result, **FROM_FLCE_RUN[variant])
+    return contributions(result)
+
+
+def variant_run(variant: str) -> str:
+    """The variant whose run a Table 3 variant reads (FLCE's for those computed from it)."""
+    return "FLCE" if variant in FROM_FLCE_RUN else variant
 
 
 def contributions(result, upto: int | None = None) -> np.ndarray:

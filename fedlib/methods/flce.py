@@ -11,21 +11,28 @@ Server side, round t, selected clients k = 1..K, prototypes p[k, c]:
     momentum  Q[k, c]  M V normalised over k                                          (Eq. 8)
     g_c^t = Σ_k Q[k, c] p_kc                                                          (Eq. 9)
     w^(t+1) = Σ_k (Σ_c Q[k, c] / Σ_k Σ_c Q[k, c]) w_k                                (Eq. 10)
-and the round's row of the contribution matrix X[t, k] = Σ_c b_c Q[k, c] (0 for clients
-not selected). After the last round X is completed by low-rank factorisation X ≈ U V fitted
-by gradient descent on the observed entries (Eq. 11), and CE_k = Σ_t a_t X̂[t, k] normalised
-(Eq. 12-14), with A and B uniform (the paper's "typical" case).
+and the round's slice of the contribution tensor X[t, k, c] = b_c Q[k, c] (unobserved for
+clients not selected). After the last round X, unfolded to rounds x (clients·classes), is
+completed by low-rank factorisation X ≈ U V fitted by gradient descent on the observed
+entries (Eq. 11: the client x class structure, ``completion_over="client_class"``), and
+CE_k = Σ_t a_t Σ_c X̂[t, k, c] normalised (Eq. 12-14), with A and B uniform (the paper's
+"typical" case). ``completion_over="summed"`` (our earlier simplification) sums the class
+dimension out first and completes X[t, k] = Σ_c b_c Q[k, c].
 
 Every step is batched over clients and classes; ``class_prototypes_loop`` and
 ``supcon_loss_loop`` are the plain references used by the tests.
 
+L_CL follows Eq. 4 as printed (``contrastive="paper"``): the positives of anchor i are all
+j with y_j = y_i, the self-pair j = i included (its similarity is 1/τ), N_yi counts them, and
+the denominator runs over k ≠ i. ``contrastive="simplified"`` (our earlier reading, SupCon
+style) drops the self-pair; an anchor without another positive then adds 0.
+
 Where the paper is silent (stated on the chapter page): cosine similarity in L_CL with
-τ = 0.5 and λ = 1; positives j ≠ i and anchors without a positive add 0 (1/N over the
-batch); prototypes use the model in eval mode (BatchNorm running statistics); negative
+τ = 0.5 and λ = 1 (the paper gives neither value); 1/N over the batch; prototypes use the model in eval mode (BatchNorm running statistics); negative
 cosines count as 0 in Eq. 6 and a class nobody holds gets no weight; the first round a
 class is seen (no g_c yet) its velocity is uniform over the clients holding it; completion
-rank 1 (a round's scale times a client's share), 2,000 Adam steps (lr 0.05) on X scaled to
-mean 1, completed entries clamped at 0.
+rank 1 (a round's scale times a client-class share), 2,000 Adam steps (lr 0.05) on X scaled
+to mean 1, completed entries clamped at 0.
 """
 
 from __future__ import annotations
@@ -44,30 +51,34 @@ from .base import ClientData, ClientUpdates, Federation, Method, RoundState, reg
 # ----------------------------------------------------------------------------- client side
 
 
-def supcon_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, tau: float) -> torch.Tensor:
+def supcon_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, tau: float,
+                self_pair: bool = True) -> torch.Tensor:
     """Eq. 4 on one batch: z [B, D] representations, y [B] labels, mask [B] (1 = real sample).
 
-    L_CL = -1/N Σ_i 1/N_yi Σ_{j≠i, y_j = y_i} log( e^{s_ij/τ} / Σ_{k≠i} e^{s_ik/τ} ),  s = cosine.
+    L_CL = -1/N Σ_i 1/N_yi Σ_{j: y_j = y_i} log( e^{s_ij/τ} / Σ_{k≠i} e^{s_ik/τ} ),  s = cosine,
+    the self-pair j = i included as printed (``self_pair=False``: j ≠ i, the simplified form).
     No data-dependent branches, so it runs inside vmap (padding is masked, not removed)."""
     zn = F.normalize(z, dim=-1)
     s = zn @ zn.T / tau
     b = z.shape[0]
-    other = (1.0 - torch.eye(b, dtype=z.dtype, device=z.device)) * mask.unsqueeze(0)  # k ≠ i, k real
+    eye = torch.eye(b, dtype=z.dtype, device=z.device)
+    other = (1.0 - eye) * mask.unsqueeze(0)  # k ≠ i, k real
     log_denominator = torch.logsumexp(s.masked_fill(other == 0, -1e9), dim=1, keepdim=True)
-    positive = (y.unsqueeze(0) == y.unsqueeze(1)).to(z.dtype) * other * mask.unsqueeze(1)
+    pairs = (other + eye * mask.unsqueeze(0)) if self_pair else other  # j real (j = i too if self_pair)
+    positive = (y.unsqueeze(0) == y.unsqueeze(1)).to(z.dtype) * pairs * mask.unsqueeze(1)
     n_pos = positive.sum(1)
     per_anchor = -(positive * (s - log_denominator)).sum(1) / n_pos.clamp(min=1.0)
     return (per_anchor * mask).sum() / mask.sum().clamp(min=1.0)
 
 
-def supcon_loss_loop(z: torch.Tensor, y: torch.Tensor, tau: float) -> torch.Tensor:
+def supcon_loss_loop(z: torch.Tensor, y: torch.Tensor, tau: float, self_pair: bool = True) -> torch.Tensor:
     """Reference for :func:`supcon_loss` (real samples only): Eq. 4 term by term."""
     n = len(y)
     total = z.new_zeros(())
     for i in range(n):
         sims = [F.cosine_similarity(z[i], z[k], dim=0) / tau for k in range(n)]
         denominator = sum(torch.exp(sims[k]) for k in range(n) if k != i)
-        positives = [j for j in range(n) if j != i and y[j] == y[i]]
+        positives = [j for j in range(n) if (self_pair or j != i) and y[j] == y[i]]
         for j in positives:
             total = total - torch.log(torch.exp(sims[j]) / denominator) / len(positives)
     return total / n
@@ -207,6 +218,30 @@ def complete_matrix(x: torch.Tensor, observed: torch.Tensor, rank: int = 1, step
     return torch.where(obs, x, (u @ v) * scale)
 
 
+CONTRASTIVE = ("paper", "simplified")
+COMPLETION_OVER = ("client_class", "summed")
+
+
+def complete_contributions(x: torch.Tensor, over: str = "client_class", rank: int = 1, steps: int = 2000,
+                           lr: float = 0.05, seed: int = 0) -> torch.Tensor:
+    """Eq. 11 on the contribution tensor X [T, N, C] (NaN = client not selected that round),
+    returning the completed Σ_c X̂[t, k, c] [T, N], clamped at 0.
+
+    ``over="client_class"``: X unfolded to [T, N·C] (a client's classes observed together) is
+    completed as U V with U [T, rank], V [rank, N·C]; ``"summed"``: the class dimension is
+    summed out first and [T, N] is completed."""
+    if over not in COMPLETION_OVER:
+        raise ValueError(f"completion_over must be one of {', '.join(COMPLETION_OVER)} (got {over!r})")
+    t, n, c = x.shape
+    observed = ~torch.isnan(x)
+    filled = torch.nan_to_num(x.double(), nan=0.0)
+    if over == "summed":
+        summed, seen = filled.sum(-1), observed.all(-1)
+        return complete_matrix(summed, seen, rank, steps, lr, seed).clamp(min=0)
+    flat = complete_matrix(filled.reshape(t, n * c), observed.reshape(t, n * c), rank, steps, lr, seed)
+    return flat.clamp(min=0).reshape(t, n, c).sum(-1)
+
+
 def final_contributions(x: torch.Tensor, a: torch.Tensor | None = None) -> torch.Tensor:
     """Eq. 14 from the (completed) matrix X̂ [T, N] whose entries already carry B:
     CE_k = Σ_t a_t X̂[t, k], normalised over the clients (a uniform: 1/T, Eq. 12)."""
@@ -227,13 +262,20 @@ class FLCE(Method):
     −M ``mass=False``, −V ``velocity=False``, −Q ``momentum=False`` (Q uniform over the
     clients holding a class), −CL ``lam=0``, −CMC ``completion=False`` (missing entries 0).
 
-    After ``setup``: ``matrix`` X [rounds, N] (NaN = not observed), ``class_momentum_sum``
-    [N, C] (Σ_t Q[k, c]), ``global_protos`` [C, D]. ``scores()`` is Eq. 14 on X with missing
-    entries 0, and on the completed X̂ after the last round (Algorithm 1, line 13)."""
+    Options for our earlier simplifications: ``contrastive="simplified"`` (Eq. 4 without the
+    self-pair) and ``completion_over="summed"`` (Eq. 11 on the class-summed matrix).
+
+    After ``setup``: ``class_matrix`` X [rounds, N, C] and ``matrix`` Σ_c X [rounds, N] (NaN =
+    not observed), ``class_momentum_sum`` [N, C] (Σ_t Q[k, c]), ``global_protos`` [C, D].
+    ``scores()`` is Eq. 14 on X with missing entries 0, and on the completed X̂ after the last
+    round (Algorithm 1, line 13)."""
 
     name = "flce"
-    lam: float = 1.0  # λ of Eq. 2
-    tau: float = 0.5  # τ of Eq. 4
+    rule_version = "2"  # 2: Eq. 4 with the self-pair, Eq. 11 over the client x class structure
+    lam: float = 1.0  # λ of Eq. 2 (the paper gives no value)
+    tau: float = 0.5  # τ of Eq. 4 (the paper gives no value)
+    contrastive: str = "paper"  # Eq. 4 as printed | "simplified": no self-pair
+    completion_over: str = "client_class"  # Eq. 11 on X[t, (k, c)] | "summed": on Σ_c X[t, k, c]
     mass: bool = True
     velocity: bool = True
     momentum: bool = True
@@ -251,6 +293,8 @@ class FLCE(Method):
              "an integer >= 1"),
             ("completion_lr", self.completion_lr > 0, "> 0"),
         ]
+        checks += [("contrastive", self.contrastive in CONTRASTIVE, " or ".join(CONTRASTIVE)),
+                   ("completion_over", self.completion_over in COMPLETION_OVER, " or ".join(COMPLETION_OVER))]
         for field, ok, allowed in checks:
             if not ok:
                 raise ValueError(f"method 'flce': {field} must be {allowed} (got {getattr(self, field)})")
@@ -261,6 +305,7 @@ class FLCE(Method):
         self.global_protos = torch.zeros(fed.n_classes, dim, dtype=torch.float64)
         self.known = torch.zeros(fed.n_classes, dtype=torch.bool)
         self.matrix = torch.full((fed.rounds, fed.n_clients), float("nan"), dtype=torch.float64)
+        self.class_matrix = torch.full((fed.rounds, fed.n_clients, fed.n_classes), float("nan"), dtype=torch.float64)
         self.class_momentum_sum = torch.zeros(fed.n_clients, fed.n_classes, dtype=torch.float64)
         self.contributions = torch.full((fed.n_clients,), 1.0 / fed.n_clients, dtype=torch.float64)
         self._rounds_done = 0
@@ -270,10 +315,10 @@ class FLCE(Method):
     def local_training(self, state, base, clients):
         if self.lam == 0:
             return base
-        lam, tau = self.lam, self.tau
+        lam, tau, self_pair = self.lam, self.tau, self.contrastive == "paper"
 
         def contrastive(params, logits, features, y, mask, context):
-            return lam * supcon_loss(features, y, mask, tau)  # λ L_CL, Eq. 2
+            return lam * supcon_loss(features, y, mask, tau, self_pair)  # λ L_CL, Eq. 2
 
         return replace(base, extra_loss=contrastive)
 
@@ -298,31 +343,31 @@ class FLCE(Method):
         self.global_protos, self.known = global_prototypes(q, p, present, self.global_protos, self.known)  # Eq. 9
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         b = 1.0 / self.fed.n_classes  # B uniform (Eq. 13)
-        row = (b * q).sum(1)
+        cells = b * q  # X[t, k, c] = b_c Q[k, c]
+        row = cells.sum(1)
         self.matrix[state.round, clients] = row
+        self.class_matrix[state.round, clients] = cells
         self.class_momentum_sum[clients] += q
         self._rounds_done = state.round + 1
         last = state.round == self.fed.rounds - 1
         self.contributions = self.evaluate_contributions(complete=last and self.completion)
-        self._diagnostics = {"x": row.tolist()}
+        self._diagnostics = {"x": row.tolist(), "x_class": cells.tolist()}
         if last:
             self._diagnostics["class_momentum_sum"] = self.class_momentum_sum.tolist()
         return aggregation_weights(q).float()  # Eq. 10
 
     def evaluate_contributions(self, complete: bool) -> torch.Tensor:
         """Eq. 11-14 on the rounds so far (``complete``: fill the missing entries, else 0)."""
-        x = self.matrix[: self._rounds_done]
-        observed = ~torch.isnan(x)
-        filled = torch.where(observed, x, torch.zeros_like(x))
+        x = self.class_matrix[: self._rounds_done]
         if complete:
-            filled = complete_matrix(filled, observed, int(self.rank), int(self.completion_steps),
-                                     self.completion_lr).clamp(min=0)
-        return final_contributions(filled)
+            return final_contributions(complete_contributions(
+                x, self.completion_over, int(self.rank), int(self.completion_steps), self.completion_lr))
+        return final_contributions(torch.nan_to_num(x, nan=0.0).sum(-1))
 
     def scores(self) -> np.ndarray:
         return self.contributions.numpy().copy()
 
     def diagnostics(self) -> dict | None:
-        """Every round: ``x`` (this round's row of X for the aggregated clients); the last round
-        adds ``class_momentum_sum`` [N, C]."""
+        """Every round: ``x`` (this round's row Σ_c X[t, k, c] for the aggregated clients) and
+        ``x_class`` (X[t, k, c], [K, C]); the last round adds ``class_momentum_sum`` [N, C]."""
         return self._diagnostics

@@ -447,17 +447,23 @@ def class_difficulty(class_accuracy: torch.Tensor, temperature: float) -> torch.
 #   samples held out of the training set), where the paper uses 20 % of the test set;
 # - a coalition's model weighs its members by sample count (Eq. 3), the empty coalition is
 #   the previous global model;
-# - Eq. 12's softmax is taken over scores in accuracy *percentage points* (``score_scale``
-#   = 100): with fractions in [0, 1] the softmax over 50 clients is nearly uniform (ratio
-#   at most e), which cannot give the participation rates of Table 2. S-FedAvg's softmax
-#   uses the same scale.
+# - Eq. 12 is softmax(Ŝ_i) as printed, on scores that are accuracy fractions (``score_scale``
+#   = 1, the default). ``score_scale`` = 100 (scores in percentage points, our earlier
+#   reading) is an option: with fractions the softmax over 50 clients is nearly uniform
+#   (ratio at most e). The chapter runs both. S-FedAvg likewise (its softmax is unscaled in
+#   the public implementation the FedMS authors compare with, see ``SFedAvg``).
+
+
+def selection_probabilities(scores, scale: float = 1.0) -> np.ndarray:
+    """Eq. 12: P_i = exp(s Ŝ_i) / Σ_j exp(s Ŝ_j) with s = ``scale`` (1: as printed)."""
+    z = scale * np.asarray(scores, dtype=float)
+    p = np.exp(z - z.max())
+    return p / p.sum()
 
 
 def _softmax_sample(rng: np.random.Generator, scores: np.ndarray, k: int) -> np.ndarray:
     """k distinct clients drawn with probabilities softmax(scores) (Eq. 12), sorted."""
-    z = scores - scores.max()
-    p = np.exp(z)
-    p = p / p.sum()
+    p = selection_probabilities(scores)
     p = (p + 1e-12) / (p + 1e-12).sum()  # every client stays drawable (k distinct draws)
     return np.sort(rng.choice(len(scores), size=k, replace=False, p=p))
 
@@ -527,7 +533,7 @@ class FedMS(_ShapleyMethod):
         S_i^c = α S_i^c + (1 - α) φ_i^c,  i ∈ K^t             accumulated value (Eq. 8)
         Ŝ_i  = Σ_c β^c S_i^c,             every client i      contribution score (Eq. 9)
         R_i^t = Σ_c β^c φ_i^c,            i ∈ K^t             Shapley reward (Eq. 13)
-        P_i  = softmax_i(Ŝ_i)                                   next round's selection (Eq. 12)
+        P_i  = softmax_i(s Ŝ_i), s = ``score_scale`` (1: Eq. 12 as printed)  selection (Eq. 12)
         w^{t+1} = Σ_{i∈K̂^t} n_i w_i / Σ n_i                    coreset aggregation (§4.2)
     Divergence guard (§5.1): with d̂ = Σ_c v̂^c - Σ_c V^c(w^t), the coreset is discarded
     (w^{t+1} = w^t) when d̂ < 0 and |d̂| > ε_d; ε_d decays exponentially from ``eps_d_start``
@@ -538,6 +544,7 @@ class FedMS(_ShapleyMethod):
     """
 
     name = "fedms"
+    rule_version = "2"  # 2: Eq. 12 unscaled by default (was ×100)
     estimator: str = "gtg"
     alpha: float = 0.6
     temperature: float = 0.01
@@ -545,7 +552,7 @@ class FedMS(_ShapleyMethod):
     eps_within: float = 0.001
     eps_d_start: float = 3.0
     eps_d_end: float = 0.1
-    score_scale: float = 100.0
+    score_scale: float = 1.0  # 100: the scaled-softmax variant
     init_all: bool = True
     coreset: bool = True
 
@@ -669,8 +676,10 @@ class ShapleyRewards(_ShapleyMethod):
 class SFedAvg(_ShapleyMethod):
     """S-FedAvg (Nagalapatti & Narayanam 2021, "Game of Gradients"), as FedMS §5.1 runs it.
 
-    Values v_i (0 at the start); each round draws K^t with P_i = softmax_i(v_i) (in
-    percentage points), values the selected clients with MR — the exact Shapley value of
+    Values v_i (0 at the start); each round draws K^t with P_i = softmax_i(s v_i), s =
+    ``score_scale`` (1 by default, as in ``sfedavg_run`` of pringlesinghal/GreedyFed,
+    algorithms.py, whose selection probabilities are exp(Phi) / Σ exp(Phi); 100, scores in
+    percentage points, is the scaled variant), values the selected clients with MR — the exact Shapley value of
     the round's clients on reconstructed models with the plain validation accuracy, all
     permutations, no Monte-Carlo (§5.1) — updates v_i = α v_i + (1 - α) φ_i for i ∈ K^t
     (α = 0.7, §5.1), and aggregates the selected clients with FedAvg weights.
@@ -680,8 +689,9 @@ class SFedAvg(_ShapleyMethod):
     """
 
     name = "s_fedavg"
+    rule_version = "2"  # 2: softmax unscaled by default (was ×100)
     alpha: float = 0.7
-    score_scale: float = 100.0
+    score_scale: float = 1.0  # 100: the scaled-softmax variant
 
     def validate(self) -> None:
         if not 0 <= self.alpha < 1:

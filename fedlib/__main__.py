@@ -46,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     part.add_argument("--cpu-only", action="store_true", help="only Fashion-MNIST/MNIST runs")
     part.add_argument("--gpu-only", action="store_true", help="only the other datasets' runs (CIFAR-10, ...)")
     p_res.add_argument("--dataset", nargs="+", metavar="NAME", help="only runs on these datasets")
+    p_res.add_argument("--table", nargs="+", metavar="TABLE", help="only these tables (e.g. 'Table 1')")
+    p_res.add_argument("--seed", nargs="+", type=int, metavar="S", help="only these seeds")
+    p_res.add_argument("--first", nargs="+", metavar="CHAPTER[:TABLE]",
+                       help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
     args = parser.parse_args(argv)
@@ -105,7 +109,9 @@ def _results(args) -> int:
         if args.workers < 1:
             raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
         part = "cpu" if args.cpu_only else "gpu" if args.gpu_only else "all"
-        entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset)
+        first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
+        entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
+                             tables=args.table, seeds=args.seed, first=first)
     except (ValueError, FileNotFoundError, ConfigError, DataNotFoundError, DataCorruptError) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2

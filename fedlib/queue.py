@@ -19,7 +19,9 @@ the post-selection rounds). Its cost is work x seconds per sample pass, the medi
 similar group that has any: same runner, dataset, model and method; else same runner,
 model and method; else same runner and model (scaled by :data:`METHOD_FACTOR`); else same
 model. With nothing similar stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
-sample passes, by model and device kind; rough one-thread CPU and H100 figures) times
+sample passes, by model and device kind: one-thread CPU figures measured here for the MLP and
+LeNet-5, scaled by model size for the CNNs; the GPU's MLP figure from
+benchmarks/results/peers_nvidia-h200.json, the others guessed from it) times
 :data:`METHOD_FACTOR` is used, plus :data:`STARTUP_SECONDS` per run.
 """
 
@@ -41,7 +43,7 @@ TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50
 # seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
 FALLBACK_SECONDS_PER_1000 = {
     "cpu": {"mlp": 0.05, "lenet5": 0.3, "cnn": 1.5, "resnet20": 6.0, "resnet18": 25.0, "vgg11": 20.0},
-    "cuda": {"mlp": 0.01, "lenet5": 0.01, "cnn": 0.02, "resnet20": 0.08, "resnet18": 0.2, "vgg11": 0.15},
+    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.02, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
 }
 FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
 # extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
@@ -166,9 +168,19 @@ def unique(items: Iterable[QueueItem]) -> list[QueueItem]:
     return out
 
 
-def priority(item: QueueItem, cost: float) -> tuple:
-    return (not item.first_seed, not item.headline, item.table_rank, cost, item.chapter, item.table, item.row,
-            item.column, item.seed)
+def preference(item: QueueItem, first: list[tuple[str, str | None]] | None) -> int:
+    """Index of the first (chapter, table or None) in ``first`` that matches ``item``."""
+    for i, (chapter, table) in enumerate(first or []):
+        if item.chapter == chapter and (table is None or item.table == table):
+            return i
+    return len(first or [])
+
+
+def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] | None = None) -> tuple:
+    """Seed 0 first; then the ``first`` tables in their order; then headline rows, main
+    tables, cheap runs."""
+    return (not item.first_seed, preference(item, first), not item.headline, item.table_rank, cost, item.chapter,
+            item.table, item.row, item.column, item.seed)
 
 
 # ----------------------------------------------------------------------------- the store (adapter)
@@ -340,10 +352,12 @@ class Entry:
 
 
 def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "all", datasets=None,
-         items: list[QueueItem] | None = None, cost_model: CostModel | None = None) -> list[Entry]:
+         items: list[QueueItem] | None = None, cost_model: CostModel | None = None, tables=None, seeds=None,
+         first: list[tuple[str, str | None]] | None = None) -> list[Entry]:
     """The queue in order: every unique item with its estimated cost and state.
 
-    ``part``: 'all', 'cpu' (Fashion-MNIST/MNIST) or 'gpu' (the rest); ``datasets`` keeps only those."""
+    ``part``: 'all', 'cpu' (Fashion-MNIST/MNIST) or 'gpu' (the rest); ``datasets``, ``tables``,
+    ``seeds`` keep only those; ``first``: (chapter, table or None) to put first, in order."""
     if part not in ("all", "cpu", "gpu"):
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = unique(items if items is not None else all_items(profile, only))
@@ -351,6 +365,10 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
         items = [i for i in items if i.gpu == (part == "gpu")]
     if datasets:
         items = [i for i in items if i.dataset in datasets]
+    if tables:
+        items = [i for i in items if i.table in tables]
+    if seeds is not None:
+        items = [i for i in items if i.seed in seeds]
     model = cost_model or CostModel.from_results()
     missing = {}
     entries = []
@@ -359,7 +377,7 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
             missing[item.dataset] = data_missing(item.dataset)
         cost, how = model.estimate(item.config, device)
         entries.append(Entry(item, cost, how, is_stored(item), missing[item.dataset]))
-    entries.sort(key=lambda e: priority(e.item, e.cost))
+    entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
 
 

@@ -84,10 +84,10 @@ def test_cost_model_uses_the_most_similar_stored_runs_then_the_fallback():
     gtg = {**cfg, "method": {"name": "gtg_shapley"}}
     seconds, _ = model.estimate(gtg, "cpu")
     assert seconds == pytest.approx(queue.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["gtg_shapley"])
-    # nothing measured on a GPU: the fallback, 0.01 s per 1,000 passes for the MLP
+    # nothing measured on a GPU: the fallback, 0.005 s per 1,000 passes for the MLP
     seconds, how = model.estimate(cfg, "cuda")
     assert how == "fallback"
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 0.01 * 600)
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 0.005 * 600)
 
 
 def test_order_is_seed_zero_then_headline_then_main_tables_then_cheap():
@@ -176,3 +176,14 @@ def test_cli_rejects_an_unknown_chapter(capsys):
 
     assert main(["results", "--list", "--only", "nope"]) == 2
     assert "unknown chapter 'nope'" in capsys.readouterr().err
+
+
+def test_first_puts_named_tables_ahead_but_seed_zero_still_leads():
+    a = fake_item("a", headline=True)
+    b = queue.QueueItem("fedms", "Table 1", "row b", "FedMS", 0, FakeConfig(name="b"), lambda c: {})
+    b1 = queue.QueueItem("fedms", "Table 1", "row b", "FedMS", 1, FakeConfig(name="b", seed=1), lambda c: {},
+                         first_seed=False)
+    entries = queue.plan(items=[a, b, b1], cost_model=queue.CostModel(), first=[("fedms", "Table 1")])
+    assert [(e.item.config.name, e.item.seed) for e in entries] == [("b", 0), ("a", 0), ("b", 1)]
+    only_seed1 = queue.plan(items=[a, b, b1], cost_model=queue.CostModel(), seeds=[1])
+    assert [e.item.seed for e in only_seed1] == [1]

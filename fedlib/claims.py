@@ -391,3 +391,43 @@ def scorecard(chapter: str, profile: str | None = None):
             f"(the build profile's runs only where none is stored): {n_holds} hold(s). Margins are ours, "
             f"mean ± std over the seeds stored; the worst comparison is shown.</p>")
     return HTML(head + styled.to_html())
+
+
+def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = None,
+            build: Evidence | None = None):
+    """The numbers behind the claims: for each side of each comparison, the paper's value and
+    ours (stored paper-profile runs, mean ± std over the seeds stored; the build profile's
+    runs only where none is stored)."""
+    import pandas as pd
+
+    from .book import load_reference
+
+    try:
+        reference = load_reference(chapter)
+    except FileNotFoundError:
+        reference = None
+    stored = stored_evidence(chapter) if stored is None else stored
+    if build is None and profile is not None and profile != "paper":
+        build = cached_evidence(chapter, profile)
+    rows, seen = [], set()
+    for claim in claims_of(chapter):
+        for comp in claim.comparisons:
+            for side in (comp.better, comp.worse):
+                if side is None or (side.cell, side.metric, side.arg) in seen:
+                    continue
+                seen.add((side.cell, side.metric, side.arg))
+                ref = side.ref or side.cell
+                paper = _paper_value(reference, ref)
+                source, values = "—", []
+                for name, ev in (("stored paper profile", stored), (f"{profile} profile (reduced)", build or {})):
+                    runs = ev.get(side.cell, {})
+                    values = [v for v in (side.value(r) for r in runs.values()) if not math.isnan(v)]
+                    if values:
+                        source = name
+                        break
+                mean, std = (float(np.mean(values)), float(np.std(values))) if values else (float("nan"),) * 2
+                label = side.metric if side.arg is None else f"{side.metric} ({side.arg})"
+                rows.append({"table": ref[0], "row": ref[1], "column": ref[2] if side.arg is None else side.arg,
+                             "metric": label, "paper": paper, "ours": mean, "± std": std if len(values) > 1 else None,
+                             "seeds": len(values), "from": source})
+    return pd.DataFrame(rows, columns=["table", "row", "column", "metric", "paper", "ours", "± std", "seeds", "from"])

@@ -100,3 +100,15 @@ def test_table_and_scorecard_render_links():
     frame = claims.table([v], links=True)
     assert frame.loc[0, "decided by"] == '<a href="#table-1">Table 1</a>'
     assert frame.loc[0, "ours"] == claims.UNMEASURED
+
+
+def test_numbers_prefer_stored_runs_and_count_seeds(monkeypatch):
+    monkeypatch.setattr(claims, "claims_of", lambda chapter: [CLAIM])
+    monkeypatch.setattr("fedlib.book.load_reference", lambda chapter: REFERENCE)
+    stored = evidence({("r1", "A"): {0: 0.80, 1: 0.84}})
+    build = evidence({("r1", "A"): {0: 0.10}, ("r1", "B"): {0: 0.20}})
+    f = claims.numbers("celm", "smoke", stored=stored, build=build).set_index(["row", "column"])
+    assert f.loc[("r1", "A"), "ours"] == pytest.approx(82.0) and f.loc[("r1", "A"), "± std"] == pytest.approx(2.0)
+    assert f.loc[("r1", "A"), "seeds"] == 2 and f.loc[("r1", "A"), "from"] == "stored paper profile"
+    assert f.loc[("r1", "B"), "ours"] == pytest.approx(20.0) and f.loc[("r1", "B"), "from"] == "smoke profile (reduced)"
+    assert f.loc[("r2", "A"), "seeds"] == 0 and f.loc[("r2", "A"), "paper"] == 70.0

@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
+    p_res.add_argument("--also", nargs="+", default=(), help=argparse.SUPPRESS)  # chapters sharing that run
     args = parser.parse_args(argv)
     if args.command == "book":
         return _book(args)
@@ -103,7 +104,7 @@ def _results(args) -> int:
         if args.run_one:
             if not args.chapter:
                 raise ValueError("--run-one: needs --chapter")
-            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device)
+            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device, args.also)
             print(f"stored {path}")
             return 0
         if args.workers < 1:

@@ -49,6 +49,7 @@ FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
 # extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
 METHOD_FACTOR = {"fedsv": 5.0, "gtg_shapley": 3.0, "fedms": 3.0, "greedyfed": 3.0, "s_fedavg": 1.5,
                  "shapley_rewards": 3.0}
+NOT_PAPERS = ("fedavg", "leaderboard")  # chapters of ours: a run they share with a paper is labelled by the paper
 STARTUP_SECONDS = 15.0  # process start, imports, data loading (measured 10-30 s on a shared 2-core machine)
 
 
@@ -159,13 +160,23 @@ def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list
 
 
 def unique(items: Iterable[QueueItem]) -> list[QueueItem]:
-    """One item per (chapter, config key): the most valuable labelling of a shared run."""
+    """One item per config key: the most valuable labelling of a run that several tables (or
+    chapters: the FedAvg chapter's runs are CELM's) share."""
     seen, out = set(), []
-    for item in sorted(items, key=lambda i: (not i.first_seed, not i.headline, i.table_rank)):
-        if (item.chapter, item.key) not in seen:
-            seen.add((item.chapter, item.key))
+    for item in sorted(items, key=lambda i: (not i.first_seed, not i.headline, i.table_rank,
+                                              i.chapter in NOT_PAPERS)):
+        if item.key not in seen:
+            seen.add(item.key)
             out.append(item)
     return out
+
+
+def sharing(items: Iterable[QueueItem]) -> dict[str, tuple[str, ...]]:
+    """Config key -> the chapters whose runs include it (each keeps its own stored copy)."""
+    out: dict[str, dict[str, None]] = {}
+    for item in items:
+        out.setdefault(item.key, {})[item.chapter] = None
+    return {k: tuple(v) for k, v in out.items()}
 
 
 def preference(item: QueueItem, first: list[tuple[str, str | None]] | None) -> int:
@@ -203,14 +214,15 @@ def stored_path(item: QueueItem) -> Path:
     return results_root() / item.chapter / f"{item.key}.json"
 
 
-def is_stored(item: QueueItem) -> bool:
-    """Stored where the queue writes, or already in the repository."""
-    return stored_path(item).is_file() or (repo_results() / item.chapter / f"{item.key}.json").is_file()
+def is_stored(item: QueueItem, chapters: Iterable[str] = ()) -> bool:
+    """Stored where the queue writes, or already in the repository (for its chapter or one
+    of the ``chapters`` sharing the run)."""
+    return any(stored_in(item.key, c) is not None for c in (item.chapter, *chapters))
 
 
-def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
-    """Keep ``result`` under ``results/<chapter>/<key>.json`` in ``fedlib.book.store_results``'
-    payload format, plus where the run sits in the queue."""
+def store_payload(item: QueueItem, result: dict, profile: str, also: Iterable[str] = ()) -> Path:
+    """Keep ``result`` under ``results/<chapter>/<key>.json`` (and under each chapter in
+    ``also``) in ``fedlib.book.store_results``' payload format, plus where the run sits in the queue."""
     from .book import git_commit
     from .cache import ResultCache
 
@@ -221,7 +233,36 @@ def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
                "date": meta.get("date"), "wall_time": meta.get("wall_time"),
                "queue": {"profile": profile, "table": item.table, "row": item.row, "column": item.column,
                          "seed": item.seed}}
+    for chapter in also:
+        if chapter != item.chapter:
+            ResultCache(results_root() / chapter).put(item.key, payload)
     return ResultCache(results_root() / item.chapter).put(item.key, payload)
+
+
+def stored_in(key: str, chapter: str) -> Path | None:
+    for root in (results_root(), repo_results()):
+        if (root / chapter / f"{key}.json").is_file():
+            return root / chapter / f"{key}.json"
+    return None
+
+
+def share_stored(entries: list["Entry"], log=print) -> int:
+    """Copy runs stored for one chapter to the other chapters that share them."""
+    from .cache import ResultCache
+
+    copied = 0
+    for e in entries:
+        found = [p for p in (stored_in(e.item.key, c) for c in e.chapters) if p is not None]
+        if not found:
+            continue
+        payload = ResultCache(found[0].parent).get(e.item.key)
+        for chapter in e.chapters:
+            if payload is not None and stored_in(e.item.key, chapter) is None:
+                ResultCache(results_root() / chapter).put(e.item.key, payload)
+                copied += 1
+    if copied:
+        log(f"copied {copied} stored run(s) to the other chapters that share them")
+    return copied
 
 
 # ----------------------------------------------------------------------------- data
@@ -349,6 +390,7 @@ class Entry:
     how: str
     stored: bool
     missing: str | None  # why it cannot run here
+    chapters: tuple[str, ...] = ()  # every chapter whose runs include this one
 
 
 def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "all", datasets=None,
@@ -360,7 +402,9 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     ``seeds`` keep only those; ``first``: (chapter, table or None) to put first, in order."""
     if part not in ("all", "cpu", "gpu"):
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
-    items = unique(items if items is not None else all_items(profile, only))
+    items = list(items if items is not None else all_items(profile, only))
+    shared = sharing(items)
+    items = unique(items)
     if part != "all":
         items = [i for i in items if i.gpu == (part == "gpu")]
     if datasets:
@@ -376,7 +420,8 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
         if item.dataset not in missing:
             missing[item.dataset] = data_missing(item.dataset)
         cost, how = model.estimate(item.config, device)
-        entries.append(Entry(item, cost, how, is_stored(item), missing[item.dataset]))
+        chapters = shared.get(item.key, (item.chapter,))
+        entries.append(Entry(item, cost, how, is_stored(item, chapters), missing[item.dataset], chapters))
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
 
@@ -427,14 +472,15 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
 # ----------------------------------------------------------------------------- running
 
 
-def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu") -> Path:
-    """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it."""
+def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu", also: Iterable[str] = ()) -> Path:
+    """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it (also
+    under the chapters in ``also``)."""
     matches = [i for i in chapter_items(chapter, profile) if i.key == key]
     if not matches:
         raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
     item = matches[0]
     config = item.config if device == "cpu" else item.config.model_copy(update={"device": device})
-    return store_payload(item, item.runner(config), profile)
+    return store_payload(item, item.runner(config), profile, also)
 
 
 @dataclass
@@ -446,8 +492,9 @@ class Outcome:
 
 
 def _command(entry: Entry, profile: str, device: str) -> list[str]:
+    also = [c for c in entry.chapters if c != entry.item.chapter]
     return [sys.executable, "-m", "fedlib", "results", "--run-one", entry.item.key, "--chapter", entry.item.chapter,
-            "--profile", profile, "--device", device]
+            "--profile", profile, "--device", device] + (["--also", *also] if also else [])
 
 
 def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None = None, workers: int = 1,
@@ -457,6 +504,7 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
     With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
     when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
     the budget are stopped (nothing partial is stored)."""
+    share_stored([e for e in entries if e.stored and len(e.chapters) > 1], log)
     pending = [e for e in entries if not e.stored and not e.missing]
     outcome = Outcome()
     t0 = time.monotonic()

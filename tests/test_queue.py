@@ -187,3 +187,19 @@ def test_first_puts_named_tables_ahead_but_seed_zero_still_leads():
     assert [(e.item.config.name, e.item.seed) for e in entries] == [("b", 0), ("a", 0), ("b", 1)]
     only_seed1 = queue.plan(items=[a, b, b1], cost_model=queue.CostModel(), seeds=[1])
     assert [e.item.seed for e in only_seed1] == [1]
+
+
+def test_a_run_two_chapters_share_is_queued_once_and_stored_for_both(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    a = fake_item("x")
+    b = queue.QueueItem("fedavg", "Table 1 (FedAvg)", "row x", "FedAvg (uniform)", 0, a.config, lambda c: {})
+    entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
+    assert len(entries) == 1 and set(entries[0].chapters) == {"celm", "fedavg"}
+    assert "--also" in queue._command(entries[0], "paper", "cpu")
+    queue.store_payload(a, {"meta": {}}, "paper")  # stored for celm only
+    entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
+    assert entries[0].stored
+    assert queue.share_stored(entries, log=lambda _: None) == 1
+    assert (tmp_path / "fedavg" / "x-0.json").is_file()
+    assert queue.share_stored(entries, log=lambda _: None) == 0

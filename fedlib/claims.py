@@ -222,7 +222,7 @@ CLAIMS: tuple[Claim, ...] = (
                            Side(("Table 2", row, "FedAvg"), "last_100_accuracy", ref=("Table 2", row, "FedAvg Acc")))
                 for row in ("CIFAR-10 Non-IID", "CIFAR-10 IID"))),
     Claim("fedscm", "FedSCM (γ = 0.67) beats FedAvg on every CIFAR-10 Table 2 column", "Table 2",
-          "tables-2-3-label-and-quantity-shift",
+          "tables-23-label-and-quantity-shift",
           tuple(Comparison(col, Side(("Table 2", "all methods", col), "scm_accuracy", "FedSCM (γ = 0.67)",
                                      ref=("Table 2", "FedSCM (γ = 0.67)", col)),
                            Side(("Table 2", "all methods", col), "scm_accuracy", "FedAvg", ref=("Table 2", "FedAvg", col)))

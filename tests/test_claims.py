@@ -112,3 +112,19 @@ def test_numbers_prefer_stored_runs_and_count_seeds(monkeypatch):
     assert f.loc[("r1", "A"), "seeds"] == 2 and f.loc[("r1", "A"), "from"] == "stored paper profile"
     assert f.loc[("r1", "B"), "ours"] == pytest.approx(20.0) and f.loc[("r1", "B"), "from"] == "smoke profile (reduced)"
     assert f.loc[("r2", "A"), "seeds"] == 0 and f.loc[("r2", "A"), "paper"] == 70.0
+
+
+def test_every_claim_links_to_a_section_of_its_chapter_page():
+    """The anchor is the section id Sphinx gives one of the chapter's headings (docutils make_id)."""
+    from pathlib import Path
+
+    import nbformat
+    from docutils.nodes import make_id
+
+    root = Path(__file__).resolve().parent.parent / "book"
+    for chapter in {c.chapter for c in claims.CLAIMS}:
+        nb = nbformat.read(root / f"{chapter}.ipynb", as_version=4)
+        ids = {make_id(line.lstrip("#").strip()) for c in nb.cells if c.cell_type == "markdown"
+               for line in c.source.splitlines() if line.startswith("#")}
+        for claim in claims.claims_of(chapter):
+            assert claim.anchor in ids, (chapter, claim.anchor)

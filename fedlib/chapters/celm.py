@@ -223,10 +223,10 @@ def queue_items(params: dict[str, Any]) -> list:
     from ..queue import items_of, run_round
 
     prefix = DATASET_PREFIX.get(params["dataset"], params["dataset"])
-    labels = {json_spec(spec): row for spec, row in SPLITS.values()}
+    labels = {_split_json(spec): row for spec, row in SPLITS.values()}
 
     def row(c, pre=prefix):
-        return f"{pre} {labels.get(json_spec(c.split), c.split.name)}"
+        return f"{pre} {labels.get(_split_json(c.split), c.split.name)}"
 
     def method(c):
         return METHOD_LABELS.get(c.method.name, c.method.name)
@@ -244,10 +244,11 @@ def queue_items(params: dict[str, Any]) -> list:
     add("table2", "Table 2", lambda c: f"{prefix} Maverick", method, rank=1,
         backs=lambda c: [("Table 2", f"{prefix} Balanced Acc.", method(c)),
                          ("Table 2", f"{prefix} Rare Class Acc.", method(c))])
-    add("table3", "Table 3", lambda c: f"{prefix} " + ("FRM" if c.split.params.get("with_maverick") else "FR"), method,
-        rank=1, backs=lambda c: [("Table 3", row3, f"{k} {method(c)}") for row3 in
-                                 [f"{prefix} " + ("FRM" if c.split.params.get("with_maverick") else "FR")]
-                                 for k in ("AUROC", "FPR")])
+    def row3(c):
+        return f"{prefix} " + ("FRM" if c.split.params.get("with_maverick") else "FR")
+
+    add("table3", "Table 3", row3, method, rank=1,
+        backs=lambda c: [("Table 3", row3(c), f"{k} {method(c)}") for k in ("AUROC", "FPR")])
     add("table4", "Table 4", row, lambda c: "CELM evidence", rank=1, headline=f"{prefix} PLS",
         backs=lambda c: [("Table 4", row(c), "*")])
     add("table5", "Table 5", lambda c: f"{prefix} IID", method, rank=2)
@@ -259,7 +260,7 @@ def queue_items(params: dict[str, Any]) -> list:
     return items
 
 
-def json_spec(spec) -> str:
+def _split_json(spec) -> str:
     """A split spec (dict or Spec) as canonical JSON, to look its label up."""
     import json
 

@@ -31,9 +31,12 @@ test: $(VENV)/.book-installed
 book: $(VENV)/.book-installed
 	$(BIN)/python -m fedlib book --profile $(PROFILE)
 
-# Full-protocol runs kept in the repository: make results CHAPTER=fedavg PROFILE=paper
+# Full-protocol runs kept in the repository (the results queue, fedlib/queue.py):
+#   make results                         every chapter, most valuable run first
+#   make results CHAPTER=fedavg PROFILE=paper BUDGET=3600 WORKERS=2 QUEUE_ARGS=--cpu-only
+#   make results QUEUE_ARGS=--list       what is stored, what is pending, what each costs
 results: $(VENV)/.test-installed
-	$(BIN)/python -m fedlib results --chapter $(CHAPTER) --profile $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),paper)
+	$(BIN)/python -m fedlib results $(if $(CHAPTER),--chapter $(CHAPTER)) --profile $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),paper) $(if $(BUDGET),--budget $(BUDGET)) $(if $(WORKERS),--workers $(WORKERS)) $(QUEUE_ARGS)
 
 demo: $(VENV)/.test-installed
 	$(BIN)/python -m fedlib run examples/fedavg_fmnist.yaml

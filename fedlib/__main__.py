@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import sys
 
@@ -42,9 +41,27 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
-    p_res = sub.add_parser("results", help="run a chapter's profile and store each run under results/<chapter>/")
-    p_res.add_argument("--chapter", required=True)
+    p_res = sub.add_parser("results", help="the results queue: run and store every paper-profile run, most valuable "
+                           "first (see fedlib/queue.py)")
+    p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
+    p_res.add_argument("--summary", action="store_true", help="with --list: only the per-table summary")
+    p_res.add_argument("--budget", type=float, metavar="SECONDS", help="start no run that would not finish in time")
+    p_res.add_argument("--workers", type=int, default=1, metavar="K", help="concurrent runs (one process each)")
+    p_res.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the runs' device)")
+    p_res.add_argument("--only", nargs="+", metavar="CHAPTER", help="only these chapters")
+    p_res.add_argument("--chapter", help="one chapter (same as --only CHAPTER)")
     p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
+    part = p_res.add_mutually_exclusive_group()
+    part.add_argument("--cpu-only", action="store_true", help="only Fashion-MNIST/MNIST runs")
+    part.add_argument("--gpu-only", action="store_true", help="only the other datasets' runs (CIFAR-10, ...)")
+    p_res.add_argument("--dataset", nargs="+", metavar="NAME", help="only runs on these datasets")
+    p_res.add_argument("--table", nargs="+", metavar="TABLE", help="only these tables (e.g. 'Table 1')")
+    p_res.add_argument("--seed", nargs="+", type=int, metavar="S", help="only these seeds")
+    p_res.add_argument("--first", nargs="+", metavar="CHAPTER[:TABLE]",
+                       help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
+    p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
+    p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
+    p_res.add_argument("--also", nargs="+", default=(), help=argparse.SUPPRESS)  # chapters sharing that run
     p_mig = sub.add_parser("migrate-results", help="re-key stored runs under results/ to the current keys "
                            "(where provably the same run); report the stale ones")
     p_mig.add_argument("--dry-run", action="store_true", help="report only; change nothing")
@@ -100,24 +117,42 @@ def _book(args) -> int:
 
 
 def _results(args) -> int:
-    from .book import load_profile, store_results
-    from .chapters import chapter_module
+    from .config import ConfigError
+    from .data import DataCorruptError, DataNotFoundError
+    from . import queue
 
+    only = args.only or ([args.chapter] if args.chapter else None)
     try:
-        module = chapter_module(args.chapter)
-        configs = module.configs(load_profile(args.chapter, args.profile))
-    except (ValueError, FileNotFoundError) as err:
+        if args.run_one:
+            if not args.chapter:
+                raise ValueError("--run-one: needs --chapter")
+            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device, args.also)
+            print(f"stored {path}")
+            return 0
+        if args.workers < 1:
+            raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
+        part = "cpu" if args.cpu_only else "gpu" if args.gpu_only else "all"
+        first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
+        entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
+                             tables=args.table, seeds=args.seed, first=first)
+    except (ValueError, FileNotFoundError, ConfigError, DataNotFoundError, DataCorruptError) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
-    own = getattr(module, "store_results", None)  # chapters with their own protocol (logit FL, FedSCM)
-    if own is None:
-        written = store_results(args.chapter, configs)
-    elif "profile" in inspect.signature(own).parameters:
-        written = own(args.profile)
-    else:
-        written = own(configs)
-    print(f"{len(written)} new result file(s) under results/{args.chapter}/ ({len(configs)} runs in the profile)")
-    return 0
+    if args.list:
+        print(queue.format_list(entries, args.workers, items=not args.summary))
+        return 0
+    if args.limit is not None:
+        keep = [e for e in entries if not e.stored and not e.missing][:args.limit]
+        entries = [e for e in entries if e.stored or e in keep]
+    pending = [e for e in entries if not e.stored and not e.missing]
+    print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
+          f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
+          + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)
+    outcome = queue.run_queue(entries, args.profile, budget=args.budget, workers=args.workers, device=args.device,
+                              log=lambda line: print(line, flush=True))
+    print(f"{len(outcome.stored)} run(s) stored in {outcome.elapsed:.0f} s; {len(outcome.failed)} failed; "
+          f"{len(outcome.killed)} stopped at the budget")
+    return 1 if outcome.failed else 0
 
 
 if __name__ == "__main__":

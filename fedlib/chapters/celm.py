@@ -467,3 +467,58 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
     else:
         raise ValueError(f"diagnose_baseline: method must be one of {', '.join(DIAGNOSED)} (got {method!r})")
     return text, table.set_index("client")
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    the paper cell it backs; headline rows: Dir(0.05) (Tables 1, 6), PLS (Table 4)."""
+    from ..queue import items_of, run_round
+
+    prefix = DATASET_PREFIX.get(params["dataset"], params["dataset"])
+    labels = {_split_json(spec): row for spec, row in SPLITS.values()}
+
+    def row(c, pre=prefix):
+        return f"{pre} {labels.get(_split_json(c.split), c.split.name)}"
+
+    def method(c):
+        return METHOD_LABELS.get(c.method.name, c.method.name)
+
+    first = params["seeds"][0]
+    exp = {e: experiment_configs(params, e) for e in params["experiments"]}
+    items = []
+
+    def add(e, table, row_of, column_of, runner=run_round, **kw):
+        if e in exp:
+            items.extend(items_of("celm", table, exp[e], row_of, column_of, runner, first_seed=first, **kw))
+
+    add("table1", "Table 1", row, method, headline=f"{prefix} Dir. (0.05)")
+    add("table1_cifar10", "Table 1", lambda c: row(c, "CIFAR-10"), method, headline="CIFAR-10 Dir. (0.05)")
+    add("table2", "Table 2", lambda c: f"{prefix} Maverick", method, rank=1,
+        backs=lambda c: [("Table 2", f"{prefix} Balanced Acc.", method(c)),
+                         ("Table 2", f"{prefix} Rare Class Acc.", method(c))])
+    def row3(c):
+        return f"{prefix} " + ("FRM" if c.split.params.get("with_maverick") else "FR")
+
+    add("table3", "Table 3", row3, method, rank=1,
+        backs=lambda c: [("Table 3", row3(c), f"{k} {method(c)}") for k in ("AUROC", "FPR")])
+    add("table4", "Table 4", row, lambda c: "CELM evidence", rank=1, headline=f"{prefix} PLS",
+        backs=lambda c: [("Table 4", row(c), "*")])
+    add("table5", "Table 5", lambda c: f"{prefix} IID", method, rank=2)
+    add("table6", "Table 6", row, method, rank=2, headline=f"{prefix} Dir. (0.05)")
+    add("table8", "Table 8", row, lambda c: f"{round(100 * c.method.params.get('warmup_fraction', 0.05)):d}%", rank=2)
+    add("fig6", "Fig. 6", lambda c: f"L = {c.method.params.get('lm_steps')}",
+        lambda c: f"η = {c.method.params.get('lm_lr')}", rank=3)
+    add("fig7", "Fig. 7", lambda c: "PLS", lambda c: "probe images", rank=3)
+    return items
+
+
+def _split_json(spec) -> str:
+    """A split spec (dict or Spec) as canonical JSON, to look its label up."""
+    import json
+
+    data = spec if isinstance(spec, dict) else {"name": spec.name, **spec.params}
+    return json.dumps({k: float(v) if isinstance(v, int) and not isinstance(v, bool) and k != "name" else v
+                       for k, v in data.items()}, sort_keys=True)

@@ -65,3 +65,13 @@ def split_summary(results_by_key: dict[str, Any], params):
         rows.append({"split": split, "samples per client": ", ".join(str(int(v)) for v in counts.sum(1)),
                      "classes per client": ", ".join(str(int(v)) for v in (counts > 0).sum(1))})
     return pd.DataFrame(rows).set_index("split")
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): CELM Table 1's
+    FedAvg column and sample-count FedAvg beside it; headline row Dir(0.05)."""
+    from ..queue import QueueItem, run_round
+
+    return [QueueItem("fedavg", "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], seed, config(params, s, m, seed),
+                      run_round, headline=s == "Dir(0.05)", first_seed=seed == params["seeds"][0])
+            for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]

@@ -246,3 +246,37 @@ def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dic
                         "gap, softmax(Ŝ) (Eq. 12)": printed, "gap, softmax(100 Ŝ)": scaled,
                         "nearer": "Eq. 12 as printed" if printed <= scaled else "×100"})
     return out
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    the paper cell it backs; headline row of Table 1: Dir(0.1), where Mavericks matter most."""
+    from ..queue import QueueItem, run_round
+
+    seeds, first = params["seeds"], params["seeds"][0]
+    data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
+    experiments = params["experiments"]
+    items = []
+    if "table1" in experiments:
+        items += [QueueItem("fedms", "Table 1", f"{data} {s}", METHOD_LABELS[m], seed, run_config(params, s, m, seed),
+                            run_round, headline=s == "Dir(0.1)", first_seed=seed == first)
+                  for s in params["splits"] for m in params["methods"] for seed in seeds]
+    if "table1_cifar10" in experiments:
+        items += [QueueItem("fedms", "Table 1", f"CIFAR-10 {s}", METHOD_LABELS[m], seed,
+                            run_config(params, s, m, seed, cifar10=True), run_round, headline=s == "Dir(0.1)",
+                            first_seed=seed == first)
+                  for s in params["cifar10_splits"] for m in params["cifar10_methods"] for seed in seeds]
+    if "table2" in experiments:
+        items += [QueueItem("fedms", "Table 2", METHOD_LABELS[m], "participation", seed, adversarial_config(params, m, seed),
+                            run_round, headline=m == "fedms", table_rank=1, first_seed=seed == first,
+                            backs=(("Table 2", METHOD_LABELS[m], "*"),))
+                  for m in params["methods"] for seed in seeds]
+    if "fig2" in experiments:
+        items += [QueueItem("fedms", "Fig. 2", "with Maverick" if w else "without Maverick", "GTG / MS-GTG rewards",
+                            seed, fig2_config(params, seed, w), run_round, headline=w, table_rank=1,
+                            first_seed=seed == first)
+                  for w in (True, False) for seed in seeds]
+    return items

@@ -242,3 +242,30 @@ def stored_results(params: dict[str, Any]) -> dict[str, dict]:
         if payload is not None:
             out[config.key()] = payload["result"]
     return out
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN", "fmnist": "F.MNIST"}
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every federation of the profile for ``python -m fedlib results`` (fedlib.queue): one
+    pipeline run backs a whole column of Table 2 (all methods); the seed-0 federation at
+    ``stability_alpha`` also carries Table 1; headline: α = 0.1."""
+    from ..queue import QueueItem, run_scm
+
+    first = params["seeds"][0]
+    label = DATASET_LABELS.get(params["dataset"], params["dataset"])
+    items = []
+    for experiment in params["experiments"]:
+        for c in experiment_configs(params, experiment):
+            if experiment == "table2":
+                column = f"{label} α={c.alpha:g}" if c.alpha != 1 else f"{label} α=1.0"
+                backs = [("Table 2", "*", column)] + ([("Table 1", "*", "*")] if c.stability_runs else [])
+                items.append(QueueItem("fedscm", "Table 2", "all methods", column, c.seed, c, run_scm,
+                                       headline=c.alpha == 0.1, first_seed=c.seed == first, backs=tuple(backs)))
+            else:
+                items.append(QueueItem("fedscm", "Table 4", "all methods", label, c.seed, c, run_scm, table_rank=1,
+                                       headline=True, first_seed=c.seed == first, backs=(("Table 4", "*", label),)))
+    return items

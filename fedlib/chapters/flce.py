@@ -239,3 +239,52 @@ def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
         rows.append({"Dataset": label, "Prototype": protos, "Model": params,
                      "Ratio": protos / (2 * params + protos)})
     return rows
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    the paper cell it backs; headline row: the first dataset's Non-IID split."""
+    from ..queue import QueueItem, run_round
+
+    seeds, first, datasets = params["seeds"], params["seeds"][0], params["datasets"]
+    experiments = params["experiments"]
+    head = f"{DATASET_LABELS.get(datasets[0], datasets[0])} Non-IID"
+    items = []
+
+    def item(table, row, column, seed, config, rank=0, backs=(), headline=None):
+        return QueueItem("flce", table, row, column, seed, config, run_round, headline=row == (headline or head),
+                         table_rank=rank, first_seed=seed == first, backs=tuple(backs))
+
+    for d in datasets:
+        label = DATASET_LABELS.get(d, d)
+        for s in SPLITS:
+            row = f"{label} {s}"
+            if "table2" in experiments:
+                for m in params["methods"]:
+                    name = METHOD_LABELS[m]
+                    backs = [("Table 2", row, f"{name} Acc"), ("Table 2", row, f"{name} F1")]
+                    if m == "flce":  # FLCE's own run is Table 3's full model and its −CMC column
+                        backs += [("Table 3", row, "FLCE"), ("Table 3", row, "FLCE-CMC"), ("Table 4", label, "*")]
+                    items += [item("Table 2", row, name, seed, run_config(params, d, split_spec(params, s), m, seed),
+                                   backs=backs) for seed in seeds]
+            if "table3" in experiments:
+                items += [item("Table 3", row, v, seed, variant_config(params, d, split_spec(params, s), v, seed), 1)
+                          for v in params["ablations"] for seed in seeds]
+    d0 = DATASET_LABELS.get(datasets[0], datasets[0])
+    if "fig4" in experiments:
+        items += [item("Fig. 4", f"{d0} Non-IID", "exact FedSV", seed, c, 2)
+                  for seed, c in zip(seeds, experiment_configs(params, "fig4"))]
+    if "noise" in experiments:
+        items += [item("§4.7 noise", f"{d0} {s} {kind} noise", METHOD_LABELS[m], seed,
+                       run_config(params, datasets[0], noise_spec(params, s, kind), m, seed), 2,
+                       headline=f"{d0} Non-IID both noise")
+                  for kind in NOISE for s in params["noise_splits"] for m in params["noise_methods"] for seed in seeds]
+    if "fig9" in experiments:
+        items += [item("Fig. 9", f"{d0} Dir({a:g})", "FLCE", seed,
+                       run_config(params, datasets[0], split_spec(params, "Non-IID", a), "flce", seed), 2,
+                       backs=[("Fig. 9", f"{d0} Dir({a:g})", "*")])
+                  for a in params["dirichlet_sweep"] for seed in seeds]
+    return items

@@ -277,3 +277,21 @@ def best(frame, column: str, higher_is_better: bool = True, tol: float = 1e-9) -
         return []
     top = values.max() if higher_is_better else values.min()
     return [str(i) for i, v in values.items() if abs(v - top) <= tol]
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue); not a paper's
+    table, so it ranks after the papers' main tables; headline: the Maverick split."""
+    from ..queue import QueueItem, run_logit, run_round
+
+    first = params["seeds"][0]
+    items = [QueueItem("leaderboard", "Leaderboard", f"{d} {s}", label(m), seed, run_config(params, d, s, m, seed),
+                       run_round, headline=s == "Maverick", table_rank=2, first_seed=seed == first)
+             for d in params["datasets"] for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
+    for d in params["datasets"]:
+        items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.k}", c.aggregator, c.seed, c, run_logit,
+                            table_rank=2, first_seed=c.seed == first) for c in uwa_configs(params, d)]
+    return items

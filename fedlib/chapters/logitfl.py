@@ -147,3 +147,51 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 
     found = stored_results("logitfl", configs(params))
     return found.results, found.provenance
+
+
+# ----------------------------------------------------------------------------- the results queue
+
+
+def queue_items(params: dict[str, Any]) -> list:
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): the paper's
+    headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
+    from ..logit_run import fedavg_config
+    from ..queue import QueueItem, run_logit, run_round
+
+    seeds, first, k0 = params["seeds"], params["seeds"][0], params["ks"][0]
+    data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
+    experiments = params["experiments"]
+    items = []
+
+    def logit(table, row, agg, k, seed, rank=0, cifar10=False, headline=False, **overrides):
+        c = logit_config(params, agg, k, seed, cifar10, **overrides)
+        backs = ((table, row, LABELS[agg]),) + ((("Headline", row, LABELS[agg]),) if headline else ())
+        return QueueItem("logitfl", table, row, LABELS[agg], seed, c, run_logit, headline=headline, table_rank=rank,
+                         first_seed=seed == first, backs=backs)
+
+    def fedavg(table, row, k, seed, cifar10=False, headline=False):
+        c = fedavg_config(logit_config(params, "simple", k, seed, cifar10))
+        return QueueItem("logitfl", table, row, LABELS["fedavg"], seed, c, run_round, headline=headline,
+                         first_seed=seed == first)
+
+    if "k_sweep" in experiments:
+        for k in params["ks"]:
+            row = f"{data} k={k}"
+            items += [logit("k sweep", row, a, k, s, headline=k == 2) for a in params["aggregators"] for s in seeds]
+            items += [fedavg("k sweep", row, k, s, headline=k == 2) for s in seeds]
+    if "cifar10" in experiments:
+        for k in params["cifar10_ks"]:
+            row = f"CIFAR-10 k={k}"
+            items += [logit("CIFAR-10", row, a, k, s, cifar10=True, headline=k == 2) for a in params["aggregators"]
+                      for s in seeds]
+            items += [fedavg("CIFAR-10", row, k, s, cifar10=True, headline=k == 2) for s in seeds]
+    if "public_size" in experiments:
+        items += [logit("Ablation: public set", f"{data} k={k0} n={n}", a, k0, s, 1, public_size=n)
+                  for n in params["public_sizes_ablation"] for a in params["aggregators"] for s in seeds]
+    if "dropout" in experiments:
+        items += [logit("Ablation: dropout", f"{data} k={k0} p={p}", a, k0, s, 1, dropout=p)
+                  for p in params["dropouts"] for a in params["aggregators"] for s in seeds]
+    if "uwa_tau" in experiments:
+        items += [logit("Ablation: UWA τ", f"{data} k={k0} τ={t:g}", "uwa", k0, s, 1, uwa_tau=t)
+                  for t in params["uwa_taus"] for s in seeds]
+    return items

@@ -1,0 +1,128 @@
+"""What backs each of our numbers: for every cell of every paper table, the best evidence we have.
+
+A cell is a (table, row, column) of ``book/reference/<paper>.yaml``, or of a chapter's own
+tables that the paper gives no numbers for. The chapter's queue items (``fedlib.queue``)
+say which runs back which cells; a cell's level is:
+
+  paper protocol, all seeds    every seed of the paper profile stored under results/
+  paper protocol, fewer seeds  some of them stored
+  reduced protocol only        nothing stored; the book's build profile runs it, reduced
+  queued, not run yet          in the paper profile's queue, not in the build profile
+  not runnable here            its data is absent here, or no run of ours backs it (named)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced protocol only",
+          "queued, not run yet", "not runnable here")
+COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0")))
+PAPERS = ("celm", "flce", "logitfl", "fedms", "fedscm")
+# first words of reference rows/columns naming data we do not have anywhere
+DATA_NAMES = {"CIFAR-100": "cifar100", "EuroSAT": "eurosat", "SVHN": "svhn", "FedISIC": "FedISIC-2019"}
+
+
+def _matches(pattern: tuple[str, str, str], cell: tuple[str, str, str]) -> bool:
+    return all(p == "*" or p == c for p, c in zip(pattern, cell))
+
+
+@dataclass
+class Cell:
+    table: str
+    row: str
+    column: str
+    level: str
+    detail: str
+    in_paper: bool
+
+
+def _absent_data(row: str, column: str) -> str | None:
+    for label, name in DATA_NAMES.items():
+        if row.startswith(label) or column.startswith(label):
+            return name
+    return None
+
+
+def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build_items=None, stored=None,
+             reference=None) -> list[Cell]:
+    """Every cell of ``chapter``'s paper tables (and its own tables) with its level.
+
+    ``stored``: keys stored under results/<chapter>/ (default: read the folder)."""
+    from . import queue
+    from .book import load_reference
+
+    paper_items = queue.chapter_items(chapter, "paper") if paper_items is None else paper_items
+    build_items = queue.chapter_items(chapter, build_profile) if build_items is None else build_items
+    if stored is None:
+        stored = {p.stem for p in (queue.repo_results() / chapter).glob("*.json")}
+    if reference is None:
+        reference = load_reference(chapter)
+    missing = {}
+    for item in paper_items:
+        if item.dataset not in missing:
+            missing[item.dataset] = queue.data_missing(item.dataset)
+
+    ref_cells = [(t, r, c) for t, r, c in zip(reference.table, reference.row, reference.column)]
+    ref_tables = set(reference.table)
+    own = []  # the chapter's own cells: tables the paper gives no numbers for, or runs backing no paper cell
+    for item in paper_items:
+        cell = (item.table, item.row, item.column)
+        backs_paper = any(_matches(p, r) for p in item.cells for r in ref_cells)
+        if (item.table not in ref_tables or not backs_paper) and cell not in own:
+            own.append(cell)
+    out = []
+    for cell, in_paper in [(c, True) for c in dict.fromkeys(ref_cells)] + [(c, False) for c in own]:
+        backing = [i for i in paper_items if any(_matches(p, cell) for p in i.cells)] if in_paper else \
+            [i for i in paper_items if (i.table, i.row, i.column) == cell]
+        out.append(Cell(*cell, *_level(cell, backing, build_items, stored, missing, in_paper), in_paper))
+    return out
+
+
+def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, str]:
+    if not backing:
+        name = _absent_data(cell[1], cell[2])
+        return LEVELS[4], f"{name} data absent" if name else "no run of ours backs it"
+    absent = sorted({missing[i.dataset] for i in backing if missing.get(i.dataset)})
+    if absent and len(absent) == len({i.dataset for i in backing}):
+        return LEVELS[4], "; ".join(absent)
+    seeds = sorted({i.seed for i in backing})
+    have = sorted({i.seed for i in backing if i.key in stored})
+    if have:
+        level = LEVELS[0] if have == seeds else LEVELS[1]
+        return level, f"{len(have)} of {len(seeds)} seeds stored"
+    in_build = any(any(_matches(p, cell) for p in i.cells) if in_paper else (i.table, i.row, i.column) == cell
+                   for i in build_items)
+    if in_build:
+        return LEVELS[2], "the build profile's run"
+    return LEVELS[3], f"{len(backing)} run(s) queued"
+
+
+def frame(cells: list[Cell]):
+    import pandas as pd
+
+    return pd.DataFrame([c.__dict__ for c in cells])
+
+
+def grid(cells: list[Cell], table: str):
+    """Row x column of one table: each cell's level."""
+    f = frame([c for c in cells if c.table == table])
+    rows = list(dict.fromkeys(f.row))
+    cols = list(dict.fromkeys(f.column))
+    return f.pivot(index="row", columns="column", values="level").reindex(index=rows, columns=cols)
+
+
+def styled_grid(cells: list[Cell], table: str):
+    """The grid coloured by level (the cell text is the level's short name)."""
+    short = {LEVELS[0]: "all seeds", LEVELS[1]: "fewer seeds", LEVELS[2]: "reduced", LEVELS[3]: "queued",
+             LEVELS[4]: "absent"}
+    g = grid(cells, table)
+    return (g.style.map(lambda v: f"background-color: {COLOURS.get(v, '#ffffff')}; font-size: 85%")
+            .format(lambda v: short.get(v, "") if isinstance(v, str) else ""))
+
+
+def counts(cells: list[Cell]):
+    """Cells per table and level."""
+    f = frame(cells)
+    out = f.groupby(["table", "level"]).size().unstack(fill_value=0)
+    return out.reindex(columns=[lv for lv in LEVELS if lv in out.columns])

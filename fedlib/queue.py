@@ -1,0 +1,575 @@
+"""The results queue: every run of every chapter's paper profile, most valuable first.
+
+Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item per run of
+its profile, saying which paper table, row and column the run backs, its seed, its config
+and the function that runs it (:func:`run_round`, :func:`run_logit`, :func:`run_scm`). The
+queue knows nothing else about chapters: it orders the items, skips those already stored
+under ``results/<chapter>/<key>.json``, estimates what each costs and runs them, one
+process per run, ``workers`` at a time, storing each result with its provenance as it
+finishes. A killed queue resumes where it stopped (stored files are never recomputed).
+
+Order (:func:`priority`): seed 0 before seeds 1–2; within that, each table's headline row
+first; then the paper's main tables before appendix ones; then cheap before expensive.
+
+Cost model (:class:`CostModel`): a run's *work* is the number of training-sample passes it
+makes (rounds x local epochs x the training samples of the clients of a round; the logit
+protocol adds distillation on the public set; FedSCM's pipeline its local training plus
+the post-selection rounds). Its cost is work x seconds per sample pass, the median of
+``wall_time / work`` over stored runs on the same kind of device, taken from the most
+similar group that has any: same runner, dataset, model and method; else same runner,
+model and method; else same runner and model (scaled by :data:`METHOD_FACTOR`); else same
+model. With nothing similar stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
+sample passes, by model and device kind: one-thread CPU figures measured here for the MLP and
+LeNet-5, scaled by model size for the CNNs; the GPU's MLP figure from
+benchmarks/results/peers_nvidia-h200.json, the others guessed from it) times
+:data:`METHOD_FACTOR` is used, plus :data:`STARTUP_SECONDS` per run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
+TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
+               "emnist": 112800, "eurosat": 21600, "synthetic": 10000}
+# seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
+FALLBACK_SECONDS_PER_1000 = {
+    "cpu": {"mlp": 0.05, "lenet5": 0.3, "cnn": 1.5, "resnet20": 6.0, "resnet18": 25.0, "vgg11": 20.0},
+    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.02, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
+}
+FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
+# extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
+METHOD_FACTOR = {"fedsv": 5.0, "gtg_shapley": 3.0, "fedms": 3.0, "greedyfed": 3.0, "s_fedavg": 1.5,
+                 "shapley_rewards": 3.0}
+NOT_PAPERS = ("fedavg", "leaderboard")  # chapters of ours: a run they share with a paper is labelled by the paper
+STARTUP_SECONDS = 15.0  # process start, imports, data loading (measured 10-30 s on a shared 2-core machine)
+
+
+# ----------------------------------------------------------------------------- items
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    """One run of a chapter's profile and the paper cells it backs.
+
+    ``backs`` lists (table, row, column) cells of ``book/reference/<paper>.yaml`` that the
+    run's result feeds ("*" matches every row or column); default: (table, row, column)."""
+
+    chapter: str
+    table: str
+    row: str
+    column: str
+    seed: int
+    config: Any  # RunConfig | LogitConfig | ScmConfig: .key(), .to_dict()
+    runner: Callable[[Any], dict]
+    headline: bool = False
+    table_rank: int = 0  # 0: the paper's main table(s); larger: ablations, appendix
+    first_seed: bool = True
+    backs: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        return self.config.key()
+
+    @property
+    def dataset(self) -> str:
+        return self.config.dataset
+
+    @property
+    def model(self) -> str:
+        return self.config.model
+
+    @property
+    def cells(self) -> tuple[tuple[str, str, str], ...]:
+        return self.backs or ((self.table, self.row, self.column),)
+
+    @property
+    def gpu(self) -> bool:
+        """Meant for a GPU: anything beyond the small grey-scale datasets."""
+        return self.dataset not in CPU_DATASETS
+
+    def describe(self) -> str:
+        return f"{self.chapter} {self.table} | {self.row} | {self.column} | seed {self.seed}"
+
+
+def items_of(chapter: str, table: str, configs: Iterable, row: Callable[[Any], str], column: Callable[[Any], str],
+             runner: Callable[[Any], dict], *, headline: str | None = None, rank: int = 0, first_seed: int = 0,
+             backs: Callable[[Any], tuple] | None = None) -> list[QueueItem]:
+    """Items of one table from its configs (``row``/``column`` label each config)."""
+    out = []
+    for c in configs:
+        r = row(c)
+        out.append(QueueItem(chapter, table, r, column(c), c.seed, c, runner, headline=r == headline, table_rank=rank,
+                             first_seed=c.seed == first_seed, backs=tuple(backs(c)) if backs else ()))
+    return out
+
+
+def run_round(config) -> dict:
+    """Run a round-engine config; the result as a dict (``RunResult.to_dict()``)."""
+    from .run import run
+
+    return run(config, progress=False).to_dict()
+
+
+def run_logit(config) -> dict:
+    from .logit_run import run_logit as _run
+
+    return _run(config, progress=False).to_dict()
+
+
+def run_scm(config) -> dict:
+    from .scm_pipeline import run_pipeline
+
+    return run_pipeline(config, progress=False)
+
+
+# ----------------------------------------------------------------------------- the queue
+
+
+def chapter_names() -> list[str]:
+    from .chapters import CHAPTER_MODULES
+
+    return list(CHAPTER_MODULES)
+
+
+def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
+    """Every item of a chapter's profile (its ``queue_items``), duplicates included."""
+    from .book import load_profile
+    from .chapters import chapter_module
+
+    module = chapter_module(chapter)
+    if not hasattr(module, "queue_items"):
+        raise ValueError(f"{chapter}: the chapter module exposes no queue_items(params)")
+    return list(module.queue_items(load_profile(chapter, profile)))
+
+
+def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:
+    names = list(only) if only else chapter_names()
+    unknown = sorted(set(names) - set(chapter_names()))
+    if unknown:
+        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapter_names())}")
+    return [item for name in names for item in chapter_items(name, profile)]
+
+
+def unique(items: Iterable[QueueItem]) -> list[QueueItem]:
+    """One item per config key: the most valuable labelling of a run that several tables (or
+    chapters: the FedAvg chapter's runs are CELM's) share."""
+    seen, out = set(), []
+    for item in sorted(items, key=lambda i: (not i.first_seed, not i.headline, i.table_rank,
+                                              i.chapter in NOT_PAPERS)):
+        if item.key not in seen:
+            seen.add(item.key)
+            out.append(item)
+    return out
+
+
+def sharing(items: Iterable[QueueItem]) -> dict[str, tuple[str, ...]]:
+    """Config key -> the chapters whose runs include it (each keeps its own stored copy)."""
+    out: dict[str, dict[str, None]] = {}
+    for item in items:
+        out.setdefault(item.key, {})[item.chapter] = None
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def preference(item: QueueItem, first: list[tuple[str, str | None]] | None) -> int:
+    """Index of the first (chapter, table or None) in ``first`` that matches ``item``."""
+    for i, (chapter, table) in enumerate(first or []):
+        if item.chapter == chapter and (table is None or item.table == table):
+            return i
+    return len(first or [])
+
+
+def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] | None = None) -> tuple:
+    """Seed 0 first; then the ``first`` tables in their order; then headline rows, main
+    tables, cheap runs."""
+    return (not item.first_seed, preference(item, first), not item.headline, item.table_rank, cost, item.chapter,
+            item.table, item.row, item.column, item.seed)
+
+
+# ----------------------------------------------------------------------------- the store (adapter)
+
+
+def repo_results() -> Path:
+    from .book import repo_root
+
+    return repo_root() / "results"
+
+
+def results_root() -> Path:
+    """Where the queue stores runs: ``$FEDLIB_RESULTS`` (e.g. a GPU machine's $OUT/results, to
+    be copied into the repository), else the repository's ``results/``."""
+    env = os.environ.get("FEDLIB_RESULTS")
+    return Path(env) if env else repo_results()
+
+
+def stored_path(item: QueueItem) -> Path:
+    return results_root() / item.chapter / f"{item.key}.json"
+
+
+def is_stored(item: QueueItem, chapters: Iterable[str] = ()) -> bool:
+    """Stored where the queue writes, or already in the repository (for its chapter or one
+    of the ``chapters`` sharing the run)."""
+    return any(stored_in(item.key, c) is not None for c in (item.chapter, *chapters))
+
+
+def store_payload(item: QueueItem, result: dict, profile: str, also: Iterable[str] = ()) -> Path:
+    """Keep ``result`` under ``results/<chapter>/<key>.json`` (and under each chapter in
+    ``also``) in ``fedlib.book.store_results``' payload format, plus where the run sits in the queue."""
+    from .book import git_commit
+    from .cache import ResultCache
+
+    canonical = item.config.to_dict()
+    result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
+    meta = result.get("meta", {})
+    payload = {"config": canonical, "result": result, "commit": git_commit(), "device": meta.get("device"),
+               "date": meta.get("date"), "wall_time": meta.get("wall_time"),
+               "queue": {"profile": profile, "table": item.table, "row": item.row, "column": item.column,
+                         "seed": item.seed}}
+    for chapter in also:
+        if chapter != item.chapter:
+            ResultCache(results_root() / chapter).put(item.key, payload)
+    return ResultCache(results_root() / item.chapter).put(item.key, payload)
+
+
+def stored_in(key: str, chapter: str) -> Path | None:
+    for root in (results_root(), repo_results()):
+        if (root / chapter / f"{key}.json").is_file():
+            return root / chapter / f"{key}.json"
+    return None
+
+
+def share_stored(entries: list["Entry"], log=print) -> int:
+    """Copy runs stored for one chapter to the other chapters that share them."""
+    from .cache import ResultCache
+
+    copied = 0
+    for e in entries:
+        found = [p for p in (stored_in(e.item.key, c) for c in e.chapters) if p is not None]
+        if not found:
+            continue
+        payload = ResultCache(found[0].parent).get(e.item.key)
+        for chapter in e.chapters:
+            if payload is not None and stored_in(e.item.key, chapter) is None:
+                ResultCache(results_root() / chapter).put(e.item.key, payload)
+                copied += 1
+    if copied:
+        log(f"copied {copied} stored run(s) to the other chapters that share them")
+    return copied
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def data_missing(dataset: str) -> str | None:
+    """Why ``dataset`` cannot be loaded here (None: its files are present). No loading."""
+    from . import data
+
+    root = data.default_data_root()
+    if dataset == "synthetic" or dataset.startswith(data.IMAGEFOLDER_PREFIX):
+        return None
+    places = []
+    if dataset in data._IDX_FOLDERS:  # noqa: SLF001 - the module's own layout table
+        places.append(root / data._IDX_FOLDERS[dataset])  # noqa: SLF001
+        if dataset == "fmnist":
+            places.append(data.DEBIAN_FASHION_MNIST)
+    if dataset in data._TORCHVISION:  # noqa: SLF001
+        places += data._torchvision_paths(dataset, root)  # noqa: SLF001
+    if dataset == "cifar10":
+        places.append(root / data.CIFAR10_JPEG)
+    if any(p.exists() for p in places):
+        return None
+    return f"{dataset} data absent (looked in {', '.join(str(p) for p in places) or root})"
+
+
+# ----------------------------------------------------------------------------- cost
+
+
+def _get(config, name, default=None):
+    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
+
+
+def runner_kind(config) -> str:
+    if _get(config, "aggregator") is not None:
+        return "logit"
+    if _get(config, "post_rounds") is not None:
+        return "scm"
+    return "round"
+
+
+def method_name(config) -> str:
+    method = _get(config, "method")
+    if method is None:
+        return _get(config, "aggregator") or "pipeline"
+    return method.get("name") if isinstance(method, dict) else method.name
+
+
+def work(config) -> float:
+    """Training-sample passes of one run (see the module docstring)."""
+    n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
+    kind = runner_kind(config)
+    if kind == "logit":
+        return _get(config, "rounds") * (_get(config, "local_epochs") * n + _get(config, "distill_epochs", 1)
+                                         * _get(config, "public_size") * _get(config, "n_clients"))
+    if kind == "scm":
+        per_client = n / _get(config, "n_clients")
+        post = _get(config, "post_rounds") * _get(config, "post_epochs", 1) * 10 * per_client
+        return _get(config, "local_epochs") * n + post
+    n_clients = _get(config, "n_clients")
+    per_round = _get(config, "clients_per_round") or n_clients
+    return _get(config, "rounds") * _get(config, "local_epochs") * n * per_round / n_clients
+
+
+def device_kind(device: str | None) -> str:
+    return "cuda" if device and ("cuda" in device.lower() or "gpu" in device.lower()) else "cpu"
+
+
+@dataclass
+class CostModel:
+    """Seconds a run will take, from stored wall times (see the module docstring)."""
+
+    samples: list[tuple[tuple, float]] = field(default_factory=list)  # (signature, seconds per pass)
+
+    @classmethod
+    def from_results(cls, root: Path | None = None) -> "CostModel":
+        import json
+
+        model = cls()
+        roots = [root] if root is not None else sorted({results_root(), repo_results()})
+        for path in sorted(p for r in roots for p in r.glob("*/*.json")):
+            try:
+                payload = json.loads(path.read_text())["payload"]
+                config, wall = payload["config"], float(payload.get("wall_time") or 0)
+                model.add(config, wall, payload.get("device"))
+            except (ValueError, KeyError, TypeError, OSError):
+                continue
+        return model
+
+    def add(self, config, wall_time: float, device: str | None) -> None:
+        if wall_time < 1.0:  # served from a cache, not a measurement
+            return
+        w = work(config)
+        if w > 0:
+            self.samples.append((self._signature(config, device_kind(device)), wall_time / w))
+
+    @staticmethod
+    def _signature(config, kind: str) -> tuple:
+        return (kind, runner_kind(config), _get(config, "model"), method_name(config), _get(config, "dataset"))
+
+    def estimate(self, config, device: str = "cpu") -> tuple[float, str]:
+        """(seconds, how: 'measured (n runs)' or 'fallback')."""
+        kind = device_kind(device)
+        sig = self._signature(config, kind)
+        method = method_name(config)
+        levels = ((5, 1.0), (4, 1.0), (3, METHOD_FACTOR.get(method, 1.0)), (None, METHOD_FACTOR.get(method, 1.0)))
+        for depth, factor in levels:
+            if depth is None:  # same model, any runner
+                rates = [r for s, r in self.samples if s[0] == sig[0] and s[2] == sig[2]]
+            else:
+                rates = [r for s, r in self.samples if s[:depth] == sig[:depth]]
+            if rates:
+                return STARTUP_SECONDS + statistics.median(rates) * work(config) * factor, f"measured ({len(rates)})"
+        per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(sig[2], FALLBACK_UNKNOWN_MODEL[kind])
+        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * METHOD_FACTOR.get(method, 1.0), "fallback"
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+@dataclass
+class Entry:
+    item: QueueItem
+    cost: float
+    how: str
+    stored: bool
+    missing: str | None  # why it cannot run here
+    chapters: tuple[str, ...] = ()  # every chapter whose runs include this one
+
+
+def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "all", datasets=None,
+         items: list[QueueItem] | None = None, cost_model: CostModel | None = None, tables=None, seeds=None,
+         first: list[tuple[str, str | None]] | None = None) -> list[Entry]:
+    """The queue in order: every unique item with its estimated cost and state.
+
+    ``part``: 'all', 'cpu' (Fashion-MNIST/MNIST) or 'gpu' (the rest); ``datasets``, ``tables``,
+    ``seeds`` keep only those; ``first``: (chapter, table or None) to put first, in order."""
+    if part not in ("all", "cpu", "gpu"):
+        raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
+    items = list(items if items is not None else all_items(profile, only))
+    shared = sharing(items)
+    items = unique(items)
+    if part != "all":
+        items = [i for i in items if i.gpu == (part == "gpu")]
+    if datasets:
+        items = [i for i in items if i.dataset in datasets]
+    if tables:
+        items = [i for i in items if i.table in tables]
+    if seeds is not None:
+        items = [i for i in items if i.seed in seeds]
+    model = cost_model or CostModel.from_results()
+    missing = {}
+    entries = []
+    for item in items:
+        if item.dataset not in missing:
+            missing[item.dataset] = data_missing(item.dataset)
+        cost, how = model.estimate(item.config, device)
+        chapters = shared.get(item.key, (item.chapter,))
+        entries.append(Entry(item, cost, how, is_stored(item, chapters), missing[item.dataset], chapters))
+    entries.sort(key=lambda e: priority(e.item, e.cost, first))
+    return entries
+
+
+def _hms(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rem = divmod(seconds, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60}:{rem % 60:02d}"
+
+
+def summary(entries: list[Entry], workers: int = 1) -> list[dict[str, Any]]:
+    """One row per chapter and table: stored, pending, not runnable here, pending cost."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in entries:
+        row = rows.setdefault((e.item.chapter, e.item.table), {"chapter": e.item.chapter, "table": e.item.table,
+                                                              "stored": 0, "pending": 0, "not runnable": 0,
+                                                              "pending hours": 0.0})
+        if e.stored:
+            row["stored"] += 1
+        elif e.missing:
+            row["not runnable"] += 1
+        else:
+            row["pending"] += 1
+            row["pending hours"] += e.cost / 3600 / max(1, workers)
+    return list(rows.values())
+
+
+def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> str:
+    lines = []
+    if items:
+        lines.append(f"{'state':8} {'est.':>9}  run")
+        for e in entries:
+            state = "stored" if e.stored else ("absent" if e.missing else "pending")
+            lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]")
+        lines.append("")
+    lines.append(f"{'chapter':12} {'table':28} {'stored':>6} {'pending':>7} {'absent':>6} {'pending h':>9}")
+    total = [0, 0, 0, 0.0]
+    for r in summary(entries, workers):
+        lines.append(f"{r['chapter']:12} {r['table'][:28]:28} {r['stored']:6d} {r['pending']:7d} "
+                     f"{r['not runnable']:6d} {r['pending hours']:9.1f}")
+        for i, k in enumerate(("stored", "pending", "not runnable", "pending hours")):
+            total[i] += r[k]
+    lines.append(f"{'total':12} {'':28} {total[0]:6d} {total[1]:7d} {total[2]:6d} {total[3]:9.1f}"
+                 f"  (hours with {workers} worker(s))")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu", also: Iterable[str] = ()) -> Path:
+    """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it (also
+    under the chapters in ``also``)."""
+    matches = [i for i in chapter_items(chapter, profile) if i.key == key]
+    if not matches:
+        raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
+    item = matches[0]
+    config = item.config if device == "cpu" else item.config.model_copy(update={"device": device})
+    return store_payload(item, item.runner(config), profile, also)
+
+
+@dataclass
+class Outcome:
+    stored: list[QueueItem] = field(default_factory=list)
+    failed: list[tuple[QueueItem, str]] = field(default_factory=list)
+    killed: list[QueueItem] = field(default_factory=list)  # still running when the budget ran out
+    elapsed: float = 0.0
+
+
+def _command(entry: Entry, profile: str, device: str) -> list[str]:
+    also = [c for c in entry.chapters if c != entry.item.chapter]
+    return [sys.executable, "-m", "fedlib", "results", "--run-one", entry.item.key, "--chapter", entry.item.chapter,
+            "--profile", profile, "--device", device] + (["--also", *also] if also else [])
+
+
+def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None = None, workers: int = 1,
+              device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5) -> Outcome:
+    """Run the pending entries, ``workers`` processes at a time, in order.
+
+    With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
+    when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
+    the budget are stopped (nothing partial is stored)."""
+    share_stored([e for e in entries if e.stored and len(e.chapters) > 1], log)
+    pending = [e for e in entries if not e.stored and not e.missing]
+    outcome = Outcome()
+    t0 = time.monotonic()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    running: list[tuple[Entry, subprocess.Popen, float, Any]] = []
+    total = len(pending)
+    started = 0
+
+    def remaining_estimate() -> float:
+        left = sum(e.cost for e in pending) + sum(max(0.0, e.cost - (time.monotonic() - s)) for e, _, s, _ in running)
+        return left / max(1, workers)
+
+    def stamp() -> str:
+        return f"elapsed {_hms(time.monotonic() - t0)}, remaining ≈ {_hms(remaining_estimate())}"
+
+    hard_stop = None if budget is None else budget * (1 + grace) + 5.0
+    while pending or running:
+        now = time.monotonic() - t0
+        while len(running) < workers and pending:
+            left = None if budget is None else budget - now
+            pick = next((e for e in pending if left is None or e.cost <= left), None)
+            if pick is None:
+                if not running:
+                    log(f"budget: the next run needs ≈ {_hms(min(e.cost for e in pending))}, "
+                        f"{_hms(max(0.0, left))} left; stopping ({len(pending)} pending)")
+                pending = [] if not running else pending
+                break
+            pending.remove(pick)
+            started += 1
+            out = tempfile.TemporaryFile(mode="w+")
+            proc = subprocess.Popen(command(pick, profile, device), stdout=out, stderr=subprocess.STDOUT, env=env)
+            running.append((pick, proc, time.monotonic(), out))
+            log(f"[start {started}/{total}] {pick.item.describe()} (≈ {_hms(pick.cost)}) · {stamp()}")
+        if not running:
+            break
+        time.sleep(poll)
+        still = []
+        for entry, proc, start, out in running:
+            code = proc.poll()
+            if code is None:
+                if hard_stop is not None and time.monotonic() - t0 > hard_stop:
+                    proc.kill()
+                    proc.wait()
+                    outcome.killed.append(entry.item)
+                    log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
+                    out.close()
+                    continue
+                still.append((entry, proc, start, out))
+                continue
+            took = time.monotonic() - start
+            if code == 0:
+                outcome.stored.append(entry.item)
+                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(took)} "
+                    f"(est. {_hms(entry.cost)}) · {stamp()}")
+            else:
+                out.seek(0)
+                tail = " | ".join(out.read().strip().splitlines()[-3:])
+                outcome.failed.append((entry.item, tail))
+                log(f"[FAILED] {entry.item.describe()} (exit {code}): {tail}")
+            out.close()
+        running = still
+        if budget is not None and pending and not running:
+            left = budget - (time.monotonic() - t0)
+            if not any(e.cost <= left for e in pending):
+                log(f"budget: {_hms(max(0.0, left))} left, no pending run fits; stopping ({len(pending)} pending)")
+                pending = []
+    outcome.elapsed = time.monotonic() - t0
+    return outcome

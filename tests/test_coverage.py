@@ -1,0 +1,76 @@
+"""Coverage levels of paper cells, from synthetic queue items, stored keys and a reference."""
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from fedlib import coverage, queue
+
+
+@dataclass(frozen=True)
+class Cfg:
+    name: str
+    seed: int = 0
+    dataset: str = "fmnist"
+    model: str = "mlp"
+
+    def key(self):
+        return f"{self.name}-{self.seed}"
+
+
+def item(row, column, seed=0, table="Table 1", dataset="fmnist", backs=()):
+    return queue.QueueItem("celm", table, row, column, seed, Cfg(f"{row}|{column}", seed, dataset), lambda c: {},
+                           first_seed=seed == 0, backs=backs)
+
+
+REFERENCE = pd.DataFrame([
+    {"table": "Table 1", "row": "F.MNIST PLS", "column": "CELM", "value": 1.0},
+    {"table": "Table 1", "row": "F.MNIST PLS", "column": "FedAvg", "value": 1.0},
+    {"table": "Table 1", "row": "F.MNIST SLS", "column": "CELM", "value": 1.0},
+    {"table": "Table 1", "row": "F.MNIST SLS", "column": "FedAvg", "value": 1.0},
+    {"table": "Table 1", "row": "CIFAR-10 PLS", "column": "CELM", "value": 1.0},
+    {"table": "Table 1", "row": "FedISIC Natural", "column": "CELM", "value": 1.0},
+    {"table": "Table 4", "row": "F.MNIST PLS", "column": "JSD CELM", "value": 1.0},
+    {"table": "Table 4", "row": "F.MNIST PLS", "column": "EMD CELM", "value": 1.0},
+])
+
+
+def test_levels_from_stored_seeds_build_profile_and_missing_data(monkeypatch):
+    monkeypatch.setattr(queue, "data_missing", lambda d: "cifar10 data absent" if d == "cifar10" else None)
+    paper = [item("F.MNIST PLS", "CELM", s) for s in (0, 1, 2)] + [item("F.MNIST PLS", "FedAvg", s) for s in (0, 1, 2)]
+    paper += [item("F.MNIST SLS", "CELM", s) for s in (0, 1, 2)] + [item("F.MNIST SLS", "FedAvg", s) for s in (0, 1)]
+    paper += [item("CIFAR-10 PLS", "CELM", 0, dataset="cifar10")]
+    paper += [item("F.MNIST PLS", "evidence", s, table="Table 4", backs=(("Table 4", "F.MNIST PLS", "*"),))
+              for s in (0, 1, 2)]
+    paper += [item("F.MNIST k=2", "UWA", 0, table="k sweep")]
+    stored = {"F.MNIST PLS|CELM-0", "F.MNIST PLS|CELM-1", "F.MNIST PLS|CELM-2", "F.MNIST PLS|FedAvg-0",
+              "F.MNIST PLS|evidence-1"}
+    build = [item("F.MNIST SLS", "CELM", 0)]
+    cells = {(c.table, c.row, c.column): c for c in
+             coverage.coverage("celm", paper_items=paper, build_items=build, stored=stored, reference=REFERENCE)}
+    assert cells[("Table 1", "F.MNIST PLS", "CELM")].level == "paper protocol, all seeds"
+    assert cells[("Table 1", "F.MNIST PLS", "FedAvg")].detail == "1 of 3 seeds stored"
+    assert cells[("Table 1", "F.MNIST PLS", "FedAvg")].level == "paper protocol, fewer seeds"
+    assert cells[("Table 1", "F.MNIST SLS", "CELM")].level == "reduced protocol only"
+    assert cells[("Table 1", "F.MNIST SLS", "FedAvg")].level == "queued, not run yet"
+    assert cells[("Table 1", "F.MNIST SLS", "FedAvg")].detail == "2 run(s) queued"
+    assert cells[("Table 1", "CIFAR-10 PLS", "CELM")].level == "not runnable here"
+    assert cells[("Table 1", "CIFAR-10 PLS", "CELM")].detail == "cifar10 data absent"
+    assert cells[("Table 1", "FedISIC Natural", "CELM")].detail == "FedISIC-2019 data absent"
+    # one run backs every column of its Table 4 row ("*")
+    assert {cells[("Table 4", "F.MNIST PLS", c)].detail for c in ("JSD CELM", "EMD CELM")} == {"1 of 3 seeds stored"}
+    # a table the paper gives no numbers for is ours
+    own = cells[("k sweep", "F.MNIST k=2", "UWA")]
+    assert not own.in_paper and own.level == "queued, not run yet"
+    grid = coverage.grid(list(cells.values()), "Table 1")
+    assert list(grid.index) == ["F.MNIST PLS", "F.MNIST SLS", "CIFAR-10 PLS", "FedISIC Natural"]
+    assert grid.loc["F.MNIST PLS", "CELM"] == "paper protocol, all seeds"
+    counts = coverage.counts(list(cells.values()))
+    assert counts.loc["Table 1"].sum() == 6 and counts.loc["Table 1", "not runnable here"] == 2
+
+
+def test_every_paper_coverage_is_computed_from_the_repository():
+    for paper in coverage.PAPERS:
+        cells = coverage.coverage(paper, "smoke")
+        assert cells and all(c.level in coverage.LEVELS for c in cells)
+        assert any(c.in_paper for c in cells)

@@ -1,0 +1,205 @@
+"""The results queue: every chapter's items, order, cost model, budget, storing, resuming."""
+
+import json
+import sys
+from dataclasses import dataclass
+
+import pytest
+
+from fedlib import queue
+from fedlib.book import load_profile
+from fedlib.chapters import CHAPTER_MODULES, chapter_module
+
+SMOKE_CHAPTERS = [c for c in CHAPTER_MODULES]
+
+
+@pytest.mark.parametrize("chapter", SMOKE_CHAPTERS)
+@pytest.mark.parametrize("profile", ["smoke", "paper"])
+def test_queue_items_are_exactly_the_chapters_runs(chapter, profile):
+    """The queue runs what the chapter reads: the same config keys, each with a seed and a label."""
+    params = load_profile(chapter, profile)
+    module = chapter_module(chapter)
+    items = module.queue_items(params)
+    if chapter == "leaderboard":
+        expected = {c.key() for c in module.configs(params)}
+        expected |= {c.key() for d in params["datasets"] for c in module.uwa_configs(params, d)}
+    else:
+        expected = {c.key() for c in module.configs(params)}
+    assert {i.key for i in items} == expected
+    assert all(i.chapter == chapter and i.table and i.row and i.column for i in items)
+    assert all(i.seed == i.config.seed for i in items)
+
+
+def test_every_paper_table_has_a_headline_row_at_seed_zero():
+    for chapter in ("celm", "fedms", "logitfl", "fedscm", "flce"):
+        items = queue.chapter_items(chapter, "paper")
+        assert any(i.headline and i.first_seed and i.table_rank == 0 for i in items), chapter
+
+
+@dataclass(frozen=True)
+class FakeConfig:
+    dataset: str = "fmnist"
+    model: str = "mlp"
+    rounds: int = 10
+    local_epochs: int = 1
+    n_clients: int = 5
+    clients_per_round: int | None = None
+    fraction: float = 1.0
+    method: dict | None = None
+    seed: int = 0
+    name: str = "a"
+
+    def key(self):
+        return f"{self.name}-{self.seed}"
+
+    def to_dict(self):
+        return {"dataset": self.dataset, "model": self.model, "rounds": self.rounds, "local_epochs": self.local_epochs,
+                "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
+                "method": self.method or {"name": "fedavg"}, "seed": self.seed}
+
+
+def fake_item(name, seed=0, headline=False, rank=0, rounds=10, dataset="fmnist", model="mlp", method="fedavg"):
+    config = FakeConfig(dataset=dataset, model=model, rounds=rounds, seed=seed, name=name, method={"name": method})
+    return queue.QueueItem("celm", "Table 1", f"row {name}", "FedAvg", seed, config, lambda c: {},
+                           headline=headline, table_rank=rank, first_seed=seed == 0)
+
+
+def test_work_counts_training_sample_passes():
+    # 10 rounds x 1 epoch x 60,000 Fashion-MNIST samples, all 5 clients train each round
+    assert queue.work(FakeConfig().to_dict()) == 10 * 60000
+    # 10 % of 50 clients per round: a tenth of the data per round
+    assert queue.work({**FakeConfig(n_clients=50, clients_per_round=5).to_dict()}) == pytest.approx(10 * 6000)
+
+
+def test_cost_model_uses_the_most_similar_stored_runs_then_the_fallback():
+    model = queue.CostModel()
+    cfg = FakeConfig().to_dict()  # 600,000 passes
+    model.add(cfg, 60.0, "cpu (x86_64, 1 threads)")  # 1e-4 s per pass
+    model.add(cfg, 120.0, "cpu (x86_64, 1 threads)")  # 2e-4 s per pass -> median 1.5e-4
+    model.add(cfg, 0.0, "cpu")  # served from a cache: ignored
+    seconds, how = model.estimate(FakeConfig(rounds=20).to_dict(), "cpu")
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 1.5e-4 * 1_200_000)
+    assert how == "measured (2)"
+    # another method on the same model: the model's rate times the method's factor
+    gtg = {**cfg, "method": {"name": "gtg_shapley"}}
+    seconds, _ = model.estimate(gtg, "cpu")
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["gtg_shapley"])
+    # nothing measured on a GPU: the fallback, 0.005 s per 1,000 passes for the MLP
+    seconds, how = model.estimate(cfg, "cuda")
+    assert how == "fallback"
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 0.005 * 600)
+
+
+def test_order_is_seed_zero_then_headline_then_main_tables_then_cheap():
+    items = [fake_item("late-seed", seed=1, headline=True), fake_item("appendix", rank=2, headline=False),
+             fake_item("plain-expensive", rounds=100), fake_item("plain-cheap", rounds=1),
+             fake_item("headline", headline=True, rounds=100)]
+    entries = queue.plan(items=items, cost_model=queue.CostModel())
+    assert [e.item.config.name for e in entries] == ["headline", "plain-cheap", "plain-expensive", "appendix",
+                                                     "late-seed"]
+
+
+def test_plan_marks_stored_and_absent_runs_and_filters_cpu_and_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
+    items = [fake_item("a"), fake_item("b"), fake_item("c", dataset="cifar10", model="cnn"),
+             fake_item("d", dataset="cifar100", model="cnn")]
+    (tmp_path / "celm").mkdir()
+    (tmp_path / "celm" / "a-0.json").write_text("{}")
+    entries = {e.item.config.name: e for e in queue.plan(items=items, cost_model=queue.CostModel())}
+    assert entries["a"].stored and not entries["b"].stored and entries["d"].missing
+    cpu = queue.plan(items=items, part="cpu", cost_model=queue.CostModel())
+    gpu = queue.plan(items=items, part="gpu", cost_model=queue.CostModel())
+    assert [e.item.config.name for e in cpu] == ["a", "b"]
+    assert {e.item.config.name for e in gpu} == {"c", "d"}
+    rows = queue.summary(list(entries.values()))
+    assert rows == [{"chapter": "celm", "table": "Table 1", "stored": 1, "pending": 2, "not runnable": 1,
+                     "pending hours": pytest.approx((entries["b"].cost + entries["c"].cost) / 3600)}]
+    text = queue.format_list(list(entries.values()))
+    assert "absent" in text and "total" in text
+
+
+def entry(name, cost):
+    return queue.Entry(fake_item(name), cost, "test", False, None)
+
+
+def sleeper(seconds_of):
+    """A worker command that sleeps (or fails for names starting with 'bad')."""
+    def command(e, profile, device):
+        name = e.item.config.name
+        code = "import sys; sys.exit(3)" if name.startswith("bad") else f"import time; time.sleep({seconds_of[name]})"
+        return [sys.executable, "-c", code]
+    return command
+
+
+def test_budget_starts_only_runs_that_fit_and_reports_failures():
+    entries = [entry("a", 0.2), entry("too-long", 50.0), entry("bad", 0.1), entry("b", 0.2)]
+    lines = []
+    out = queue.run_queue(entries, budget=3.0, workers=2, log=lines.append, poll=0.05,
+                          command=sleeper({"a": 0.1, "b": 0.1, "too-long": 50}))
+    assert sorted(i.config.name for i in out.stored) == ["a", "b"]
+    assert [i.config.name for i, _ in out.failed] == ["bad"]
+    assert not out.killed and out.elapsed < 3.0
+    assert any(line.startswith("budget:") for line in lines)
+    assert sum(line.startswith("[start") for line in lines) == 3
+
+
+def test_a_run_far_past_its_estimate_is_stopped_at_the_budget():
+    out = queue.run_queue([entry("slow", 0.1)], budget=0.5, grace=0.0, workers=1, log=lambda _: None, poll=0.05,
+                          command=sleeper({"slow": 30}))
+    assert [i.config.name for i in out.killed] == ["slow"] and not out.stored
+    assert out.elapsed < 10
+
+
+def test_store_payload_keeps_the_chapters_config_and_provenance(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    item = fake_item("x")
+    result = {"config": {"device": "cuda"}, "final": {"accuracy": 0.5},
+              "meta": {"device": "cuda (H100)", "date": "2026-01-01", "wall_time": 12.0}}
+    path = queue.store_payload(item, result, "paper")
+    payload = json.loads(path.read_text())["payload"]
+    assert path == tmp_path / "celm" / "x-0.json"
+    assert payload["result"]["config"] == item.config.to_dict() == payload["config"]
+    assert payload["device"] == "cuda (H100)" and payload["wall_time"] == 12.0
+    assert payload["queue"]["table"] == "Table 1" and queue.is_stored(item)
+
+
+def test_data_missing_names_the_dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_DATA", str(tmp_path))
+    reason = queue.data_missing("cifar100")
+    assert reason.startswith("cifar100 data absent") and str(tmp_path) in reason
+    assert queue.data_missing("synthetic") is None
+
+
+def test_cli_rejects_an_unknown_chapter(capsys):
+    from fedlib.__main__ import main
+
+    assert main(["results", "--list", "--only", "nope"]) == 2
+    assert "unknown chapter 'nope'" in capsys.readouterr().err
+
+
+def test_first_puts_named_tables_ahead_but_seed_zero_still_leads():
+    a = fake_item("a", headline=True)
+    b = queue.QueueItem("fedms", "Table 1", "row b", "FedMS", 0, FakeConfig(name="b"), lambda c: {})
+    b1 = queue.QueueItem("fedms", "Table 1", "row b", "FedMS", 1, FakeConfig(name="b", seed=1), lambda c: {},
+                         first_seed=False)
+    entries = queue.plan(items=[a, b, b1], cost_model=queue.CostModel(), first=[("fedms", "Table 1")])
+    assert [(e.item.config.name, e.item.seed) for e in entries] == [("b", 0), ("a", 0), ("b", 1)]
+    only_seed1 = queue.plan(items=[a, b, b1], cost_model=queue.CostModel(), seeds=[1])
+    assert [e.item.seed for e in only_seed1] == [1]
+
+
+def test_a_run_two_chapters_share_is_queued_once_and_stored_for_both(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    a = fake_item("x")
+    b = queue.QueueItem("fedavg", "Table 1 (FedAvg)", "row x", "FedAvg (uniform)", 0, a.config, lambda c: {})
+    entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
+    assert len(entries) == 1 and set(entries[0].chapters) == {"celm", "fedavg"}
+    assert "--also" in queue._command(entries[0], "paper", "cpu")
+    queue.store_payload(a, {"meta": {}}, "paper")  # stored for celm only
+    entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
+    assert entries[0].stored
+    assert queue.share_stored(entries, log=lambda _: None) == 1
+    assert (tmp_path / "fedavg" / "x-0.json").is_file()
+    assert queue.share_stored(entries, log=lambda _: None) == 0

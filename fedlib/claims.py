@@ -372,7 +372,7 @@ def table(results: list[Verdict], links: bool = False, page: str = ""):
         if links:
             where = f'<a href="{page}#{v.claim.anchor}">{where}</a>'
         rows.append({"claim": v.claim.text, "decided by": where, "paper": v.paper_verdict, "ours": v.verdict,
-                     f"our worst margin": v.margin_text(), "from": v.source})
+                     "our worst margin": v.margin_text(), "from": v.source})
     return pd.DataFrame(rows, columns=["claim", "decided by", "paper", "ours", "our worst margin", "from"])
 
 

@@ -235,8 +235,8 @@ def store_payload(item: QueueItem, result: dict, profile: str, also: Iterable[st
                          "seed": item.seed}}
     for chapter in also:
         if chapter != item.chapter:
-            ResultCache(results_root() / chapter).put(item.key, payload)
-    return ResultCache(results_root() / item.chapter).put(item.key, payload)
+            ResultCache(results_root() / chapter, protect=True).put(item.key, payload)
+    return ResultCache(results_root() / item.chapter, protect=True).put(item.key, payload)
 
 
 def stored_in(key: str, chapter: str) -> Path | None:
@@ -255,10 +255,10 @@ def share_stored(entries: list["Entry"], log=print) -> int:
         found = [p for p in (stored_in(e.item.key, c) for c in e.chapters) if p is not None]
         if not found:
             continue
-        payload = ResultCache(found[0].parent).get(e.item.key)
+        payload = ResultCache(found[0].parent, protect=True).get(e.item.key)
         for chapter in e.chapters:
             if payload is not None and stored_in(e.item.key, chapter) is None:
-                ResultCache(results_root() / chapter).put(e.item.key, payload)
+                ResultCache(results_root() / chapter, protect=True).put(e.item.key, payload)
                 copied += 1
     if copied:
         log(f"copied {copied} stored run(s) to the other chapters that share them")

@@ -45,20 +45,69 @@ def test_gradient_and_hessian_match_autograd(kappa):
 
 
 @pytest.mark.parametrize("gamma", [0.5, 2 / 3, 0.67, 0.7, 0.8, 0.9])
-@pytest.mark.parametrize("solver", ["pgd", "slsqp", "pgd_paper", "exhaustive"])
-def test_every_solver_returns_theorem_3_structure(gamma, solver):
+@pytest.mark.parametrize("solver", ["pgd", "slsqp", "pgd_euclidean", "exhaustive"])
+def test_vertex_rounding_returns_theorem_3_structure(gamma, solver):
     s = _sample(k=12, n=40, c=5, seed=1)
-    if solver == "pgd_paper":
-        out = scm.pgd(s.probs, gamma, projection="paper", steps=3000)
+    if solver == "pgd_euclidean":
+        out = scm.pgd(s.probs, gamma, projection="euclidean", rounding="vertex")
     elif solver == "exhaustive":
         out = scm.exhaustive(s.probs, gamma)
     else:
-        out = scm.select(s.probs, gamma, solver)
+        out = scm.select(s.probs, gamma, solver, rounding="vertex")
     count = scm.vertex_counts(gamma)[2]
     assert count == int(np.ceil(1 / (1 - gamma) - 1e-9))
     assert scm.is_sparse_vertex(out.weights, gamma)
     assert len(out.selected) == count
     assert abs(float(out.weights.sum()) - 1) < 1e-12
+
+
+@pytest.mark.parametrize("gamma", [2 / 3, 0.67, 0.7, 0.8, 0.9])
+def test_exact_solvers_raw_output_already_has_theorem_3_structure(gamma):
+    s = _sample(k=12, n=40, c=5, seed=1)
+    for out in (scm.slsqp(s.probs, gamma), scm.pgd(s.probs, gamma, projection="euclidean")):
+        assert out.rounding == "none" and torch.equal(out.weights, out.raw)
+        assert scm.is_sparse_vertex(out.raw, gamma, atol=1e-5)
+        np.testing.assert_array_equal(out.selected, scm.support(out.raw))
+
+
+def test_paper_projection_leaves_three_clients_at_gamma_067():
+    """Algorithm 1's clip-and-renormalise step: three weights at 0.33 are a fixed point
+    (M = 0.99, 0.33 / 0.99 = 0.333… is clipped back to 0.33), so the default PGD selects
+    ⌊1/0.33⌋ = 3 clients with Σλ = 0.99 — the paper's count — where the feasible set's
+    vertex (SLSQP, or rounding="vertex") has a fourth client at the remainder 0.01."""
+    s = _sample(k=12, n=40, c=5, seed=1)
+    paper = scm.pgd(s.probs, 0.67)
+    assert len(paper.selected) == 3 and abs(float(paper.raw.sum()) - 0.99) < 1e-9
+    assert len(scm.slsqp(s.probs, 0.67).selected) == 4
+    assert len(scm.pgd(s.probs, 0.67, rounding="vertex").selected) == 4
+
+
+def test_clip_and_renormalise_by_hand():
+    """λ = (0.5, 0.3, 0.2, 0), cap s = 0.33, at most 4 passes of λ <- min(λ/Σλ, s):
+    pass 1: Σ = 1     -> (0.33, 0.3, 0.2, 0)                       Σ = 0.83
+    pass 2: Σ = 0.83  -> (0.33, min(0.3/0.83, s) = 0.33, 0.2/0.83, 0)  Σ = 0.66 + 0.2/0.83
+    pass 3: Σ = a     -> (0.33, 0.33, 0.2/0.83/a, 0)                 (0.33/a > 0.33 is clipped)
+    pass 4: Σ = b     -> (0.33, 0.33, 0.2/0.83/a/b, 0)"""
+    lam = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+    third = 0.2 / 0.83
+    a = 0.66 + third
+    third /= a
+    b = 0.66 + third
+    third /= b
+    expect = torch.tensor([0.33, 0.33, third, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(scm.paper_normalization(lam, 0.33, 4), expect, rtol=0, atol=1e-12)
+    assert abs(third - 0.28837) < 1e-5
+    fixed = torch.tensor([0.33, 0.33, 0.33, 0.0], dtype=torch.float64)
+    torch.testing.assert_close(scm.paper_normalization(fixed, 0.33, 4), fixed)
+
+
+def test_selection_is_the_support_above_the_documented_threshold():
+    lam = torch.tensor([0.5, 2e-6, 5e-7, 0.0, 0.4999975], dtype=torch.float64)
+    np.testing.assert_array_equal(scm.support(lam), [0, 1, 4])  # 5e-7 <= SUPPORT_TOL = 1e-6
+    sel = scm.Selection(lam, lam, 0.0, 1, "given", {"gamma": 0.5})
+    np.testing.assert_array_equal(sel.selected, [0, 1, 4])
+    d = sel.to_dict()
+    assert d["raw_selected"] == [0, 1, 4] and d["vertex_selected"] == [0, 4]
 
 
 def test_vertex_counts_and_to_vertex():
@@ -95,15 +144,17 @@ def test_pgd_and_slsqp_recover_exactly_the_experts():
 
 
 def test_pgd_reaches_the_exhaustive_global_optimum_on_small_k():
-    """Theorem 9's setting (3 experts, γ = 2/3): PGD finds the global optimum in all 20
-    trials. With a remainder weight (γ = 0.7) PGD can stop at a local minimum that differs
-    only in the client holding the remainder; the chapter measures how often."""
+    """Theorem 9's setting (3 experts, γ = 2/3): PGD selects the global optimum's clients in
+    all 20 trials (Algorithm 1's step; its weights need not sum to 1), and with the exact
+    projection it reaches the optimum's objective. With a remainder weight (γ = 0.7) PGD can
+    stop at a local minimum that differs only in the client holding the remainder."""
     for seed in range(20):
         s = _sample(k=10, n=60, c=6, seed=seed, noise_alpha=0.5)
         best = scm.exhaustive(s.probs, 2 / 3)
-        found = scm.pgd(s.probs, 2 / 3)
+        assert set(scm.pgd(s.probs, 2 / 3).selected) == set(best.selected)
+        found = scm.pgd(s.probs, 2 / 3, projection="euclidean")
         assert abs(found.objective - best.objective) < 1e-9
-        other = scm.pgd(s.probs, 0.7)
+        other = scm.pgd(s.probs, 0.7, projection="euclidean")
         assert other.objective >= scm.exhaustive(s.probs, 0.7).objective - 1e-12  # nothing beats the optimum
 
 
@@ -112,10 +163,10 @@ def test_size_regulariser_prefers_larger_clients():
     s = _sample(k=6, n=50, c=4, experts=2, seed=5)
     probs = torch.cat([s.probs, s.probs])  # clients 6..11 copy clients 0..5
     sizes = torch.tensor([10.0] * 6 + [1000.0] * 6)
-    plain = scm.pgd(probs, 0.5)
+    plain = scm.pgd(probs, 0.5, projection="euclidean")
     assert set(plain.selected) & set(range(6))  # without κ a small client is picked
-    for solver in ("pgd", "slsqp"):
-        reg = scm.select(probs, 0.5, solver, kappa=5.0, sizes=sizes)
+    for solver, extra in (("pgd", {"projection": "euclidean"}), ("slsqp", {})):
+        reg = scm.select(probs, 0.5, solver, kappa=5.0, sizes=sizes, **extra)
         assert set(reg.selected) == {int(e) + 6 for e in s.experts}
         assert abs(reg.objective - scm.exhaustive(probs, 0.5, 5.0, sizes).objective) < 1e-12
 
@@ -151,6 +202,7 @@ def test_stability_metrics_match_the_loop_oracle():
     (lambda p: scm.pgd(p, 0.5, kappa=-1), "kappa: must be >= 0"),
     (lambda p: scm.pgd(p, 0.5, kappa=1.0), "sizes: kappa > 0 needs"),
     (lambda p: scm.pgd(p, 0.5, projection="l1"), "projection: must be"),
+    (lambda p: scm.pgd(p, 0.5, rounding="nearest"), "rounding: must be one of none, vertex"),
     (lambda p: scm.select(p, 0.5, "adam"), "solver: must be one of"),
     (lambda p: scm.sdea_select(p, 0), "m: must be in"),
 ])

@@ -356,12 +356,17 @@ class ExpertiseSample:
 
 
 def simulate_expertise(k: int, n: int, c: int, eta, *, noise_alpha: float = 1.0, label_smoothing: float = 0.05,
-                       seed: int = 0) -> ExpertiseSample:
+                       seed: int = 0, noise: str = "per_sample") -> ExpertiseSample:
     """h_k(X) = η_k P(·|X) + (1 − η_k) Q_{k,X}, Q_{k,X} ~ Dirichlet(α, …, α)  (Eq. 2).
 
     P(·|X) puts 1 − ``label_smoothing`` on a uniformly drawn true class and spreads the rest
     evenly (its entropy bounds the Bayes error, Assumption 5). Experts are the clients with
-    η ≥ 0.5. All K × n noise draws come from one Gamma sample."""
+    η ≥ 0.5. All K × n noise draws come from one Gamma sample.
+
+    ``noise="per_sample"`` is Def. 4 (a fresh Q for every client and input). ``"per_client"``
+    is not the paper's model: one Q_k per client for all inputs — a constant predictor, what a
+    client trained on one or two classes becomes under strong label shift; clients whose Q_k
+    share an arg-max agree on every input (the failure measured in the chapter, issue 22)."""
     eta = torch.as_tensor(eta, dtype=torch.float64)
     if eta.shape != (k,) or bool(((eta < 0) | (eta > 1)).any()):
         raise ValueError(f"eta: must be K = {k} values in [0, 1]")
@@ -369,12 +374,15 @@ def simulate_expertise(k: int, n: int, c: int, eta, *, noise_alpha: float = 1.0,
         raise ValueError(f"noise_alpha: must be > 0 (got {noise_alpha})")
     if not 0 <= label_smoothing < 1:
         raise ValueError(f"label_smoothing: must be in [0, 1) (got {label_smoothing})")
+    if noise not in ("per_sample", "per_client"):
+        raise ValueError(f"noise: must be 'per_sample' or 'per_client' (got {noise!r})")
     gen = torch.Generator().manual_seed(seed)
     labels = torch.randint(c, (n,), generator=gen)
     truth = torch.full((n, c), label_smoothing / c, dtype=torch.float64)
     truth[torch.arange(n), labels] += 1.0 - label_smoothing
-    gamma_draw = torch._standard_gamma(torch.full((k, n, c), float(noise_alpha), dtype=torch.float64),
-                                       generator=gen).clamp_min(1e-300)
+    draws = n if noise == "per_sample" else 1
+    gamma_draw = torch._standard_gamma(torch.full((k, draws, c), float(noise_alpha), dtype=torch.float64),
+                                       generator=gen).clamp_min(1e-300).expand(k, n, c)
     noise = gamma_draw / gamma_draw.sum(-1, keepdim=True)  # Q_{k,X} ~ Dir(α)
     probs = eta.view(k, 1, 1) * truth + (1 - eta.view(k, 1, 1)) * noise  # Eq. 2
     return ExpertiseSample(probs, truth, labels, eta, np.flatnonzero(eta.numpy() >= 0.5))
@@ -410,6 +418,42 @@ def estimate_expertise(probs: torch.Tensor, labels: torch.Tensor, *, noise_alpha
                                                    .clamp_min(EPS).log()) / n for e in etas])  # [G, K]
         estimates.append(etas[kl.argmin(0)])
     return torch.stack(estimates).mean(0)
+
+
+# ----------------------------------------------------------------------------- issue 22
+
+
+def prediction_structure(probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How the clients' hard predictions on the server set are organised (all clients at once):
+
+    modal_class [K]   the class a client predicts most often
+    mode_share  [K]   the share of inputs on which it predicts that class (1 = a constant
+                      predictor; under Def. 4 a non-expert's arg-max is fresh noise per input)
+    agreement [K, K]  the share of inputs on which two clients predict the same class"""
+    k, n, c = probs.shape
+    onehot = torch.nn.functional.one_hot(probs.argmax(-1), c).double()  # [K, n, C]
+    per_class = onehot.sum(1)  # [K, C]
+    share, modal = per_class.max(1)
+    return {"modal_class": modal, "mode_share": share / n,
+            "agreement": torch.einsum("knc,jnc->kj", onehot, onehot) / n}
+
+
+def agreeing_pairs(agreement: torch.Tensor, members, threshold: float = 0.9) -> float:
+    """Share of the pairs of ``members`` whose predictions agree on at least ``threshold`` of the
+    inputs (NaN for fewer than 2 members)."""
+    members = torch.as_tensor(np.asarray(members), dtype=torch.long)
+    if len(members) < 2:
+        return float("nan")
+    sub = agreement[members][:, members]
+    iu = torch.triu_indices(len(members), len(members), 1)
+    return float((sub[iu[0], iu[1]] >= threshold).double().mean())
+
+
+def tempered(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(log h / T): the client predictions at temperature T (= softmax(logits / T))."""
+    if temperature <= 0:
+        raise ValueError(f"temperature: must be > 0 (got {temperature})")
+    return torch.softmax(torch.log(probs.clamp_min(EPS)) / temperature, -1)
 
 
 # ----------------------------------------------------------------------------- baselines

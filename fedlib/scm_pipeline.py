@@ -545,7 +545,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
                              bufs)
             info = {"target_weight": kd["target"], "voted_samples": int(kd["mask"].sum()),
                     "vote_accuracy (%)": 100 * float((kd["labels"] == y_server)[kd["mask"]].double().mean())
-                    if kd["mask"].any() else float("nan")}
+                    if kd["mask"].any() else None}
             g_flat, g_bufs = init
             if config.post_rounds:
                 mask = kd["mask"]

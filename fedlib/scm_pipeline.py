@@ -17,8 +17,17 @@ target is drawn like the (K + 1)-th client, and then
 Baselines on the same client models: Random (m clients, uniform weights), Best Source (the
 single client with the best accuracy on the labelled target set: an oracle, no training),
 Source-Free one-shot (FedSCM's initial model, no post-training), FedAvg (all K clients,
-size weights, started from their size-weighted average, μ = 0) and SDEA-style selection
-(the m clients with the lowest mean prediction entropy, then the same FedProx training).
+size weights, started from their size-weighted average, μ = 0), SDEA-style selection
+(the m clients with the lowest mean prediction entropy, then the same FedProx training), and
+the domain-adaptation baselines of ``fedlib.methods.fda``: K3DA (consensus-focus weights over
+all sources plus a target client trained on knowledge-vote labels, the same rounds), Co-MDA
+(our reading: a black-box target model trained on consensus labels of the kept sources) and
+FMDA-OT (sources moved to the target by entropic OT, FedAvg with pseudo-label-accuracy
+weights, server fine-tuning on a pseudo-labelled fifth of the server set).
+
+Every federation also records issue 22's diagnosis (``diagnose``): bug checks, the trained
+clients' departure from the expertise model next to a Def. 4 simulation with the same η̂,
+and the selection at the prediction ``temperatures``.
 
 The target is drawn like a (K + 1)-th client: under label shift, its class proportions are
 those the Dirichlet split gave the (K + 1)-th client; its n unlabeled samples and a

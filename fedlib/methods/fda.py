@@ -6,8 +6,10 @@ target pseudo-labels and a mask of the samples they cover; ``fedlib.scm_pipeline
 them. Everything is vectorized over clients (and permutations, and transport problems).
 
 K3DA — KD3A, Feng et al., ICML 2021; followed: the authors' code, FengHZ/KD3A
-``lib/utils/federated_utils.py`` (``knowledge_vote`` l. 43–67, ``calculate_consensus_focus``
-l. 70–98, ``federated_average`` l. 17–40) and ``train/train.py`` (the weights, l. 96–113):
+``lib/utils/federated_utils.py`` (``federated_average`` l. 16–40, ``knowledge_vote`` l. 43–64,
+``calculate_consensus_focus`` l. 67–94) and ``train/train.py`` (the vote l. 79, the consensus
+focus l. 101, the re-weighting l. 103–121); the gate is ``confidence_gate_begin`` 0.9 of
+``config/DigitFive.yaml`` (it rises to 0.95 during training there):
 
     knowledge vote (per target sample X): each source votes for its arg-max class c_k(X) with
     its confidence p_k(X) = max_c h_k(X)_c; only sources with p_k(X) > gate vote when any does;

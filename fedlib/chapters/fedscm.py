@@ -294,17 +294,19 @@ def data_label(result: dict, model: str) -> str:
 # ----------------------------------------------------------------------------- stored runs
 
 
-def store_results(profile: str = "paper", progress: bool = True) -> list:
+def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool = False) -> list:
     """Run a profile's federations and keep each under ``results/fedscm/<key>.json`` with its
     provenance (resumes: files that exist are not recomputed). The pipeline's counterpart of
-    ``fedlib.book.store_results``, which runs round-engine configs only."""
+    ``fedlib.book.store_results``, which runs round-engine configs only. ``diagnosis=True`` runs
+    the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
     from ..book import git_commit, load_profile, results_dir
     from ..cache import ResultCache
     from ..scm_pipeline import run_pipeline
 
     store = ResultCache(results_dir("fedscm"))
     written = []
-    cfgs = configs(load_profile("fedscm", profile))
+    params = load_profile("fedscm", profile)
+    cfgs = ([c for _, c in diagnosis_configs(params)] if diagnosis else []) + configs(params)
     for i, config in enumerate(cfgs):
         if store.get(config.key()) is not None:
             continue
@@ -317,14 +319,15 @@ def store_results(profile: str = "paper", progress: bool = True) -> list:
     return written
 
 
-def stored_results(params: dict[str, Any]) -> dict[str, dict]:
-    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``."""
+def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
+    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``
+    (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
     from ..book import results_dir
     from ..cache import ResultCache
 
     store = ResultCache(results_dir("fedscm"))
     out = {}
-    for config in configs(params):
+    for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
         payload = store.get(config.key())
         if payload is not None:
             out[config.key()] = payload["result"]

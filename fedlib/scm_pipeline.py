@@ -17,8 +17,17 @@ target is drawn like the (K + 1)-th client, and then
 Baselines on the same client models: Random (m clients, uniform weights), Best Source (the
 single client with the best accuracy on the labelled target set: an oracle, no training),
 Source-Free one-shot (FedSCM's initial model, no post-training), FedAvg (all K clients,
-size weights, started from their size-weighted average, μ = 0) and SDEA-style selection
-(the m clients with the lowest mean prediction entropy, then the same FedProx training).
+size weights, started from their size-weighted average, μ = 0), SDEA-style selection
+(the m clients with the lowest mean prediction entropy, then the same FedProx training), and
+the domain-adaptation baselines of ``fedlib.methods.fda``: K3DA (consensus-focus weights over
+all sources plus a target client trained on knowledge-vote labels, the same rounds), Co-MDA
+(our reading: a black-box target model trained on consensus labels of the kept sources) and
+FMDA-OT (sources moved to the target by entropic OT, FedAvg with pseudo-label-accuracy
+weights, server fine-tuning on a pseudo-labelled fifth of the server set).
+
+Every federation also records issue 22's diagnosis (``diagnose``): bug checks, the trained
+clients' departure from the expertise model next to a Def. 4 simulation with the same η̂,
+and the selection at the prediction ``temperatures``.
 
 The target is drawn like a (K + 1)-th client: under label shift, its class proportions are
 those the Dirichlet split gave the (K + 1)-th client; its n unlabeled samples and a
@@ -45,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from . import partition as partition_module
 from .cache import ResultCache, default_cache_root
 from .config import ConfigError
-from .methods import scm
+from .methods import fda, scm
 from .models import build_model
 from .population import (
     ClientBatches,
@@ -58,8 +67,9 @@ from .population import (
     train_clients,
 )
 
-PIPELINE_FORMAT = 1  # bump when a change makes cached pipeline results invalid
-METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea")
+PIPELINE_FORMAT = 2  # bump when a change makes cached pipeline results invalid (2: support selection, diagnosis)
+RULE_VERSION = "2"  # FedSCM selection: non-zero weights, Algorithm 1's projection (was: vertex rounding)
+METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea", "k3da", "comda", "fmda_ot")
 
 
 class ScmConfig(BaseModel):
@@ -91,6 +101,15 @@ class ScmConfig(BaseModel):
     prox_mu: float = Field(0.01, ge=0)
     gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
     solver: Literal["pgd", "slsqp"] = "slsqp"
+    projection: Literal["paper", "euclidean"] = Field("paper", description="PGD step (Algorithm 1's, or Euclidean)")
+    rounding: Literal["none", "vertex"] = Field("none", description="'vertex': round the solver output first")
+    temperatures: tuple[float, ...] = Field((), description="selection-only reruns at these prediction temperatures")
+    adapt_steps: int = Field(20, ge=0, description="server-side steps on pseudo-labels (K3DA, Co-MDA, FMDA-OT)")
+    vote_gate: float = Field(0.9, gt=0, lt=1, description="K3DA's knowledge-vote confidence gate")
+    cf_permutations: int = Field(32, ge=1, description="K3DA: permutations of the Monte-Carlo consensus focus")
+    ot_reg: float = Field(0.05, gt=0, description="FMDA-OT: entropic regularisation (relative to the cost's max)")
+    ot_samples: int = Field(100, ge=1, description="FMDA-OT: source samples per client in the transport")
+    comda_clients: int = Field(3, ge=1, description="Co-MDA: sources kept")
     kappa: float = Field(0.0, ge=0, description="size regulariser of the pipeline's selection (Def. 10)")
     methods: tuple[str, ...] = METHODS
     random_sizes: tuple[int, ...] = (3, 5, 10)
@@ -116,12 +135,15 @@ class ScmConfig(BaseModel):
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"methods: unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
-        too_many = [m for m in (*self.random_sizes, self.sdea_clients) if not 1 <= m <= self.n_clients]
+        too_many = [m for m in (*self.random_sizes, self.sdea_clients, self.comda_clients)
+                    if not 1 <= m <= self.n_clients]
         if too_many:
-            raise ValueError(f"random_sizes/sdea_clients: must be in [1, n_clients = {self.n_clients}] "
+            raise ValueError(f"random_sizes/sdea_clients/comda_clients: must be in [1, n_clients = {self.n_clients}] "
                              f"(got {too_many[0]})")
         if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
             raise ValueError(f"device: must be 'cpu', 'cuda', 'cuda:N' or 'auto' (got {self.device!r})")
+        if any(t <= 0 for t in self.temperatures):
+            raise ValueError(f"temperatures: each must be > 0 (got {self.temperatures})")
         return self
 
     def key(self) -> str:
@@ -155,6 +177,10 @@ def make_scm_config(data: dict[str, Any] | ScmConfig | None = None, source: str 
         raise ConfigError(f"{source}: {prefix}{msg}{shown}".replace("\n", " ")) from None
 
 
+LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
+          "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
+
+
 def method_labels(config: ScmConfig) -> list[str]:
     """The result rows a config produces, in table order."""
     out = []
@@ -164,8 +190,7 @@ def method_labels(config: ScmConfig) -> list[str]:
         elif m == "random":
             out += [f"Random (K = {r})" for r in config.random_sizes]
         else:
-            out.append({"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg",
-                        "sdea": "SDEA"}[m])
+            out.append(LABELS[m])
     return out
 
 
@@ -221,6 +246,7 @@ def build_federation(config: ScmConfig, dataset) -> dict[str, Any]:
         "target_proportions": proportions,
         "x_server": x_test[server_idx], "y_server": y_test[server_idx],  # labels: evaluation only
         "x_eval": x_test[eval_idx], "y_eval": y_test[eval_idx],
+        "server_eval_overlap": int(len(np.intersect1d(server_idx, eval_idx))),  # drawn from disjoint halves
     }
 
 
@@ -261,13 +287,17 @@ def client_probabilities_loop(model, flat, buffers, x, batch_size=1024) -> torch
 
 
 def post_train(model, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict, config: ScmConfig,
-               device, prox_mu: float, salt: int, per_round: int | None = None) -> tuple[torch.Tensor, dict]:
-    """Algorithm 2, steps 3–5: start from Σ_k λ_k h_k of ``clients``; each round every one of
-    them (or ``per_round`` of them drawn at random, FedAvg's partial participation) runs
-    FedProx locally from the global model and the server aggregates with λ."""
+               device, prox_mu: float, salt: int, per_round: int | None = None,
+               init: tuple[torch.Tensor, dict] | None = None) -> tuple[torch.Tensor, dict]:
+    """Algorithm 2, steps 3–5: start from Σ_k λ_k h_k of ``clients`` (or ``init``); each round
+    every one of them (or ``per_round`` of them drawn at random, FedAvg's partial participation)
+    runs FedProx locally from the global model and the server aggregates with λ."""
     w_all = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
-    sel = torch.as_tensor(clients, device=flat.device)
-    global_flat, global_bufs = aggregate(flat[sel], w_all, {k: v[sel] for k, v in buffers.items()})  # step 3
+    if init is None:
+        sel = torch.as_tensor(clients, device=flat.device)
+        global_flat, global_bufs = aggregate(flat[sel], w_all, {k: v[sel] for k, v in buffers.items()})  # step 3
+    else:
+        global_flat, global_bufs = init
     rng = np.random.default_rng(config.seed * 31 + salt)
     cfg = LocalTraining(epochs=config.post_epochs, batch_size=config.batch_size, lr=config.post_lr,
                         momentum=0.0, weight_decay=config.weight_decay, prox_mu=prox_mu,
@@ -289,9 +319,124 @@ def post_train(model, flat, buffers, clients: np.ndarray, weights: np.ndarray, f
     return global_flat, global_bufs
 
 
+def with_server_client(fed: dict, x_extra: torch.Tensor, y_extra: torch.Tensor) -> dict:
+    """The federation plus one more "client" (index K) holding the server's pseudo-labelled samples."""
+    start = len(fed["y"])
+    return {**fed, "x": torch.cat([fed["x"], x_extra.to(fed["x"].dtype)]),
+            "y": torch.cat([fed["y"], y_extra.to(fed["y"].dtype)]),
+            "indices": list(fed["indices"]) + [start + np.arange(len(y_extra))]}
+
+
+def server_train(model, flat, bufs, x, y, config: ScmConfig, device, steps: int, salt: int,
+                 ) -> tuple[torch.Tensor, dict]:
+    """``steps`` SGD steps of one model on the server's pseudo-labelled samples (x, y)."""
+    if steps == 0 or len(y) == 0:
+        return flat, bufs
+    epochs = max(1, -(-steps * config.batch_size // len(y)))
+    batches = make_client_batches([np.arange(len(y))], config.batch_size, epochs, _generator(config.seed, 50_000 + salt))
+    batches = ClientBatches(batches.index[:steps].to(device), batches.mask[:steps].to(device))
+    cfg = LocalTraining(epochs=epochs, batch_size=config.batch_size, lr=config.post_lr, momentum=0.0,
+                        weight_decay=config.weight_decay)
+    out, out_bufs = train_clients(model, flat, {k: v.unsqueeze(0) for k, v in bufs.items()}, x.to(device),
+                                  y.to(device), batches, cfg)
+    return out[0], {k: v[0] for k, v in out_bufs.items()}
+
+
+def _fmda_transport(fed: dict, config: ScmConfig, c: int, chunk: int = 32) -> dict[str, Any]:
+    """FMDA-OT phase 1 on at most ``ot_samples`` samples per client: entropic OT plans to the
+    server's unlabeled samples (POT, all clients of a chunk in one batched solve), the
+    transported samples (barycentric map) and the class mass each server sample receives."""
+    rng = np.random.default_rng(config.seed + 777)
+    m = config.ot_samples
+    k = len(fed["indices"])
+    idx = np.zeros((k, m), dtype=np.int64)
+    mass = np.zeros((k, m))
+    for i, own in enumerate(fed["indices"]):  # index bookkeeping per client (no model work)
+        take = rng.choice(own, min(m, len(own)), replace=False) if len(own) else np.zeros(0, dtype=np.int64)
+        idx[i, :len(take)] = take
+        mass[i, :len(take)] = 1.0 / max(len(take), 1)
+    x_t = fed["x_server"].reshape(len(fed["x_server"]), -1).double()
+    x_s = fed["x"].reshape(len(fed["x"]), -1)
+    moved, received = [], torch.zeros(len(x_t), c, dtype=torch.float64)
+    for s in range(0, k, chunk):  # chunks of clients (memory); each chunk is one batched solve
+        ii, mm = torch.as_tensor(idx[s:s + chunk]), torch.as_tensor(mass[s:s + chunk])
+        plans = fda.transport_plans(x_s[ii], mm, x_t, config.ot_reg)
+        moved.append(fda.barycentric_map(plans, mm, x_t))
+        onehot = torch.nn.functional.one_hot(fed["y"][ii].long(), c).double() * (mm > 0).unsqueeze(-1)
+        received += torch.einsum("kmn,kmc->nc", plans, onehot)
+    return {"index": idx, "mass": mass, "moved": torch.cat(moved).to(fed["x"].dtype), "received": received}
+
+
 def _accuracy(model, flat, bufs, x, y, c) -> tuple[float, float]:
     ev = evaluate(model, flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in bufs.items()}, x, y, c)
     return float(ev.accuracy[0]), float(ev.balanced_accuracy[0])
+
+
+def select(probs: torch.Tensor, gamma: float, config: ScmConfig, **kwargs) -> scm.Selection:
+    """FedSCM's selection with the config's solver, PGD step and rounding (Alg. 2, step 2)."""
+    extra = {"projection": config.projection} if config.solver == "pgd" else {}
+    return scm.select(probs, gamma, config.solver, rounding=config.rounding, **extra, **kwargs)
+
+
+def diagnose(probs: torch.Tensor, y_server: torch.Tensor, fed: dict, selections: dict, eta_hat, config: ScmConfig,
+             c: int) -> dict[str, Any]:
+    """Issue 22's evidence on one federation: (a) bug checks, (b) how the trained clients depart
+    from Def. 4 next to a Def. 4 simulation with the same η̂, (c) selection at other
+    temperatures. Uses the server set's hidden labels (evaluation only)."""
+    acc = (probs.argmax(-1) == y_server.view(1, -1)).double().mean(1)
+    st = scm.prediction_structure(probs)
+    majority = torch.as_tensor(fed["counts"].argmax(1))
+    has_data = torch.as_tensor(fed["counts"].sum(1) > 0)
+    server_freq = np.bincount(y_server.numpy(), minlength=c) / len(y_server)
+    eval_freq = np.bincount(fed["y_eval"].numpy(), minlength=c) / len(fed["y_eval"])
+    target = np.asarray(fed["target_proportions"])
+    gamma = config.gammas[0]
+    sel = selections[gamma].selected
+    m = max(len(sel), 1)
+    top = torch.argsort(acc, descending=True)[:m]
+    top_vertex = torch.zeros(probs.shape[0], dtype=torch.float64)
+    top_vertex[top] = 1.0 / m
+    chosen_w = selections[gamma].weights / selections[gamma].weights.sum()
+    checks = {  # (a)
+        "max |Σ_c h_k(X) − 1|": float((probs.sum(-1) - 1).abs().max()),
+        "min h_k(X)": float(probs.min()),
+        "clients whose modal prediction is their majority training class": float(
+            (st["modal_class"] == majority)[has_data].double().mean()),
+        "TV(server labels, target proportions)": float(0.5 * np.abs(server_freq - target).sum()),
+        "TV(eval labels, target proportions)": float(0.5 * np.abs(eval_freq - target).sum()),
+        "server/eval overlap (samples)": fed["server_eval_overlap"],
+        "objective at the selection": float(scm.objective(chosen_w, probs)),
+        "objective at the most accurate clients": float(scm.objective(top_vertex, probs)),
+    }
+    eta = torch.as_tensor(eta_hat, dtype=torch.float64) if eta_hat is not None else None
+    out: dict[str, Any] = {"checks": checks, "gamma": gamma, "selected": sel.tolist(),
+                           "modal_class": st["modal_class"].tolist(), "mode_share": st["mode_share"].tolist(),
+                           "target_majority_class": int(np.argmax(target))}
+    if eta is not None:  # (b)
+        non_experts = np.flatnonzero(eta.numpy() < 0.5)
+        sim = scm.simulate_expertise(probs.shape[0], probs.shape[1], c, eta.clamp(0, 1), noise_alpha=1.0,
+                                     seed=config.seed)
+        sim_st = scm.prediction_structure(sim.probs)
+        out["expertise"] = {
+            "max η̂": float(eta.max()), "clients with η̂ ≥ 0.5": int((eta >= 0.5).sum()),
+            "mean η̂ of the selected": float(eta[sel].mean()) if len(sel) else float("nan"),
+            "trained: mean mode share": float(st["mode_share"].mean()),
+            "Def. 4 simulation: mean mode share": float(sim_st["mode_share"].mean()),
+            "trained: non-expert pairs agreeing on ≥ 90 % of inputs": scm.agreeing_pairs(st["agreement"], non_experts),
+            "Def. 4 simulation: non-expert pairs agreeing on ≥ 90 %": scm.agreeing_pairs(sim_st["agreement"],
+                                                                                           non_experts),
+            "trained: mean entropy of non-experts (nats)": float(scm.mean_entropy(probs)[non_experts].mean())
+            if len(non_experts) else float("nan"),
+            "Def. 4 simulation: mean entropy of non-experts (nats)": float(
+                scm.mean_entropy(sim.probs)[non_experts].mean()) if len(non_experts) else float("nan"),
+        }
+    rows = []  # (c) selection only, at other prediction temperatures
+    for t in config.temperatures:  # a handful of temperatures: the experiment's own grid
+        chosen = select(scm.tempered(probs, t), gamma, config).selected
+        rows.append({"temperature": t, "selected": chosen.tolist(),
+                     "selected accuracy (%)": 100 * float(acc[chosen].mean()) if len(chosen) else float("nan")})
+    out["temperatures"] = rows
+    return out
 
 
 def _stability(probs: torch.Tensor, sizes: np.ndarray, config: ScmConfig) -> dict[str, Any]:
@@ -307,9 +452,8 @@ def _stability(probs: torch.Tensor, sizes: np.ndarray, config: ScmConfig) -> dic
         for _ in range(config.stability_runs):  # repeated runs: the experiment's own repetitions
             init = scm.project_capped_simplex(torch.from_numpy(rng.dirichlet(np.ones(len(sizes)))), 1 - gamma)
             sub = probs[:, rng.choice(n, take, replace=False)]
-            sel = scm.select(sub, gamma, config.solver, kappa=kappa, sizes=torch.as_tensor(sizes, dtype=torch.float64),
-                             init=init)
-            rows.append(sel.weights.numpy() > scm.TOL)
+            sel = select(sub, gamma, config, kappa=kappa, sizes=torch.as_tensor(sizes, dtype=torch.float64), init=init)
+            rows.append(np.isin(np.arange(len(sizes)), sel.selected))
         out[label] = scm.stability(np.array(rows))
         out[label + " selections"] = [np.flatnonzero(r).tolist() for r in rows]
     return out
@@ -345,6 +489,9 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     model = build_model(config.model, tuple(ds.input_shape), c).to(device)
     timings = {}
 
+    layout0 = ParamLayout(model)
+    layout_flat0, bufs0 = layout0.flat_of(model).clone(), {k: v.unsqueeze(0).clone() for k, v in
+                                                             layout0.buffers_of(model).items()}
     t0 = time.perf_counter()
     flat, bufs = train_local_models(model, fed, config, device)
     timings["local_training"] = time.perf_counter() - t0
@@ -370,8 +517,8 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     t0 = time.perf_counter()
     selections = {}
     for gamma in config.gammas:
-        sel = scm.select(probs, gamma, config.solver, kappa=config.kappa,
-                         sizes=torch.as_tensor(sizes, dtype=torch.float64) if config.kappa else None)  # step 2
+        sel = select(probs, gamma, config, kappa=config.kappa,
+                     sizes=torch.as_tensor(sizes, dtype=torch.float64) if config.kappa else None)  # step 2
         selections[gamma] = sel
     timings["selection"] = time.perf_counter() - t0
     for m in config.methods:
@@ -394,9 +541,60 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         elif m == "best_source":
             best = int(server_acc.argmax())  # oracle: labels of the target set
             plans.append(("Best Source", np.array([best]), np.ones(1), 0.0, False))
+        elif m in ("k3da", "comda", "fmda_ot"):
+            plans.append((LABELS[m], np.arange(config.n_clients), np.ones(config.n_clients), 0.0, m))
+    x_server = fed["x_server"]
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
         t0 = time.perf_counter()
-        if train and config.post_rounds:
+        info: dict[str, Any] = {}
+        if train == "k3da":  # KD3A: CF-weighted sources + the target trained on knowledge-vote labels
+            kd = fda.kd3a_weights(probs, config.vote_gate, config.cf_permutations, config.seed)
+            weights = kd["sources"].numpy()
+            init = aggregate(flat, torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device),
+                             bufs)
+            info = {"target_weight": kd["target"], "voted_samples": int(kd["mask"].sum()),
+                    "vote_accuracy (%)": 100 * float((kd["labels"] == y_server)[kd["mask"]].double().mean())
+                    if kd["mask"].any() else None}
+            g_flat, g_bufs = init
+            if config.post_rounds:
+                mask = kd["mask"]
+                aug = with_server_client(fed, x_server[mask], kd["labels"][mask]) if mask.any() else fed
+                who = np.arange(config.n_clients + (1 if mask.any() else 0))
+                w = np.append(weights, kd["target"]) if mask.any() else weights
+                g_flat, g_bufs = post_train(model, flat, bufs, who, w, aug, config, device, 0.0, salt, None, init)
+            clients = np.flatnonzero(weights > 0)
+        elif train == "comda":  # Co-MDA (our reading): black-box consensus labels, a target model from scratch
+            co = fda.comda_weights(probs, config.comda_clients)
+            weights, clients = co["weights"].numpy()[co["selected"]], co["selected"]
+            start = (layout_flat0.to(flat.device), {k: v[0] for k, v in bufs0.items()})
+            g_flat, g_bufs = server_train(model, *start, x_server, co["labels"], config, device, config.adapt_steps,
+                                          salt)
+            own = torch.softmax(predict(model, g_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in g_bufs.items()},
+                                        x_server.to(device))[0].double().cpu(), -1)
+            refined = (0.5 * co["mixture"] + 0.5 * own).argmax(-1)  # co-learning: consensus and target model
+            g_flat, g_bufs = server_train(model, g_flat, g_bufs, x_server, refined, config, device,
+                                          config.adapt_steps, salt + 1)
+            info = {"pseudo-label accuracy (%)": 100 * float((refined == y_server).double().mean())}
+        elif train == "fmda_ot":  # FMDA-OT: OT-transported sources, weights from a pseudo-labelled subset
+            tr = _fmda_transport(fed, config, c)
+            pseudo = tr["received"].argmax(-1)
+            n_val = max(1, len(pseudo) // 5)
+            weights = fda.fmda_ot_weights(probs[:, :n_val], pseudo[:n_val]).numpy()
+            moved_fed = {**fed, "x": tr["moved"].reshape(-1, *fed["x"].shape[1:]),
+                         "y": fed["y"][torch.as_tensor(tr["index"].reshape(-1))],
+                         "indices": [i * config.ot_samples + np.flatnonzero(tr["mass"][i] > 0)
+                                     for i in range(config.n_clients)]}
+            init = aggregate(flat, torch.as_tensor(weights, dtype=flat.dtype, device=flat.device), bufs)
+            g_flat, g_bufs = init
+            if config.post_rounds:
+                g_flat, g_bufs = post_train(model, flat, bufs, np.arange(config.n_clients), weights, moved_fed, config,
+                                            device, 0.0, salt, config.fedavg_per_round, init)
+            g_flat, g_bufs = server_train(model, g_flat, g_bufs, x_server[:n_val], pseudo[:n_val], config, device,
+                                          config.adapt_steps, salt)
+            info = {"pseudo-label accuracy (%)": 100 * float((pseudo == y_server).double().mean())}
+            clients = np.flatnonzero(weights > 0)
+            weights = weights[clients]
+        elif train and config.post_rounds:
             g_flat, g_bufs = post_train(model, flat, bufs, clients, weights, fed, config, device, mu, salt,
                                         config.fedavg_per_round if label == "FedAvg" else None)
         else:
@@ -407,7 +605,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         methods[label] = {"clients": np.asarray(clients).tolist() if len(clients) <= 50 else f"all {len(clients)}",
                           "weights": (np.asarray(weights) / np.sum(weights)).tolist() if len(clients) <= 50 else None,
                           "accuracy": acc, "balanced_accuracy": bal, "post_trained": bool(train and config.post_rounds),
-                          "seconds": time.perf_counter() - t0}
+                          "seconds": time.perf_counter() - t0, **info}
         log(f"{label}: {100 * acc:.2f}% ({time.perf_counter() - t0:.1f} s)")
 
     result: dict[str, Any] = {
@@ -423,11 +621,15 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         },
         "target_proportions": np.asarray(target_p).tolist(),
     }
+    eta_hat = None
     if config.expertise_repeats:
         t0 = time.perf_counter()
-        result["clients"]["eta_hat"] = scm.estimate_expertise(probs, y_server, repeats=config.expertise_repeats,
-                                                              grid=51, seed=config.seed).tolist()
+        eta_hat = scm.estimate_expertise(probs, y_server, repeats=config.expertise_repeats, grid=51, seed=config.seed)
+        result["clients"]["eta_hat"] = eta_hat.tolist()
         timings["expertise"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    result["diagnosis"] = diagnose(probs, y_server, fed, selections, eta_hat, config, c)
+    timings["diagnosis"] = time.perf_counter() - t0
     if config.stability_runs:
         t0 = time.perf_counter()
         result["stability"] = _stability(probs, sizes, config)

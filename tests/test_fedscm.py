@@ -41,7 +41,8 @@ def _config(**overrides):
     base = {"dataset": "synthetic", "model": "mlp", "n_clients": 12, "alpha": 0.5, "server_samples": 60,
             "eval_samples": 80, "local_epochs": 1, "batch_size": 32, "lr": 0.05, "post_rounds": 2, "post_lr": 0.05,
             "gammas": (0.67, 0.8), "solver": "pgd", "random_sizes": (3,), "sdea_clients": 3, "fedavg_per_round": 4,
-            "stability_runs": 4, "expertise_repeats": 2}
+            "stability_runs": 4, "expertise_repeats": 2, "temperatures": (1.0, 4.0), "adapt_steps": 2,
+            "ot_samples": 10, "cf_permutations": 4}
     return make_scm_config({**base, **overrides})
 
 
@@ -113,9 +114,18 @@ def test_the_whole_pipeline_runs_every_method_and_caches(data, tmp_path):
     assert set(result["methods"]) == set(method_labels(cfg))
     for g in cfg.gammas:
         sel = result["selections"][f"{g:g}"]
-        assert scm.is_sparse_vertex(sel["weights"], g)
+        assert sel["rounding"] == "none" and sel["selected"] == sel["raw_selected"]  # selected = non-zero weight
+        assert sel["selected"] == scm.support(torch.tensor(sel["weights"])).tolist()
+        assert len(sel["vertex_selected"]) == scm.vertex_counts(g)[2]
         label = f"FedSCM (γ = {g:g})"
         assert result["methods"][label]["clients"] == sel["selected"]
+    for label in ("K3DA", "Co-MDA", "FMDA-OT"):
+        assert result["methods"][label]["post_trained"]
+    assert result["methods"]["Co-MDA"]["clients"] == sorted(result["methods"]["Co-MDA"]["clients"])
+    assert len(result["methods"]["Co-MDA"]["clients"]) == cfg.comda_clients
+    checks = result["diagnosis"]["checks"]
+    assert checks["server/eval overlap (samples)"] == 0 and checks["max |Σ_c h_k(X) − 1|"] < 1e-5
+    assert [r["temperature"] for r in result["diagnosis"]["temperatures"]] == list(cfg.temperatures)
     acc = np.asarray(result["clients"]["target_accuracy"])
     assert result["methods"]["Best Source"]["clients"] == [int(acc.argmax())]
     assert result["methods"]["FedAvg"]["clients"] == list(range(12))
@@ -133,9 +143,20 @@ def test_source_free_is_fedscm_initial_model(data):
     assert result["methods"]["FedSCM (γ = 0.67)"]["accuracy"] == result["methods"]["Source Free"]["accuracy"]
 
 
+def test_vertex_rounding_is_an_option_of_the_pipeline(data):
+    result = execute(_config(post_rounds=0, methods=("fedscm",), stability_runs=0, expertise_repeats=0,
+                             rounding="vertex", temperatures=()), data)
+    for g in (0.67, 0.8):
+        sel = result["selections"][f"{g:g}"]
+        assert scm.is_sparse_vertex(sel["weights"], g) and sel["selected"] == sel["vertex_selected"]
+
+
 def test_chapter_profiles_make_valid_configs():
     for profile in book.PROFILES:
         params = book.load_profile("fedscm", profile)
+        variants = chapter.diagnosis_configs(params)
+        assert variants[0][0] == "as profiled" and len(variants) == 1 + len(params["diagnosis_variants"])
+        assert all(c.post_rounds == 0 and c.methods == ("fedscm", "best_source") for _, c in variants)
         cfgs = chapter.configs(params)
         assert len(cfgs) == len(params["alphas"]) * len(params["seeds"]) + len(params["seeds"])
         assert sum(c.stability_runs > 0 for c in cfgs) == 1

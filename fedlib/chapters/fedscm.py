@@ -24,12 +24,15 @@ from ..scm_pipeline import ScmConfig, make_scm_config, method_labels
 PIPELINE_KEYS = ("dataset", "model", "fraction", "n_clients", "sigma", "server_samples", "eval_samples",
                  "local_epochs", "batch_size", "lr", "momentum", "post_rounds", "post_steps", "post_lr", "prox_mu", "gammas",
                  "solver", "random_sizes", "sdea_clients", "fedavg_per_round")
+OPTIONAL_KEYS = ("projection", "rounding", "temperatures", "adapt_steps", "vote_gate", "cf_permutations", "ot_reg",
+                 "ot_samples", "comda_clients")  # ScmConfig's defaults when a profile omits them
 
 
 def pipeline_config(params: dict[str, Any], shift: str, alpha: float, seed: int) -> ScmConfig:
     """One federation of the chapter's protocol; Table 1's repeated selections ride on the
     federation with ``alpha == stability_alpha`` (seed 0 of the profile)."""
     data = {k: params[k] for k in PIPELINE_KEYS}
+    data.update({k: params[k] for k in OPTIONAL_KEYS if params.get(k) is not None})
     stability = (shift == "label" and alpha == params["stability_alpha"] and seed == params["seeds"][0])
     return make_scm_config(data, source="fedscm params", shift=shift, alpha=alpha, seed=seed,
                            stability_runs=params["stability_runs"] if stability else 0,
@@ -45,8 +48,81 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[ScmConfi
 
 
 def configs(params: dict[str, Any]) -> list[ScmConfig]:
-    """Every federation the chapter runs."""
+    """Every federation the chapter runs (Tables 1–4; the issue-22 variants: ``diagnosis_configs``)."""
     return [c for e in params["experiments"] for c in experiment_configs(params, e)]
+
+
+def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
+    """Issue 22 (c): selection-only federations (no post-training, FedSCM and Best Source
+    only) at label shift α = ``stability_alpha``, first seed, each with one protocol change
+    from ``diagnosis_variants`` (a list of ScmConfig overrides) — the profile's own protocol
+    first, as ``as profiled``."""
+    base = pipeline_config(params, "label", params["stability_alpha"], params["seeds"][0]).to_dict()
+    base.update(methods=("fedscm", "best_source"), post_rounds=0, stability_runs=0,
+                expertise_repeats=max(base["expertise_repeats"], 2))
+    out = [("as profiled", make_scm_config(base, source="fedscm params"))]
+    for change in params.get("diagnosis_variants") or []:
+        name = ", ".join(f"{k} = {v}" for k, v in change.items())
+        out.append((name, make_scm_config({**base, **change}, source=f"fedscm params: diagnosis_variants {name}")))
+    return out
+
+
+def selection_quality(result: dict, gamma_key: str | None = None) -> dict[str, float]:
+    """Did the selection recover the right clients? The selected clients' mean accuracy on the
+    target set against the best client, the mean client and the m most accurate clients
+    (m = number selected), and the share of the selection among those m."""
+    gk = gamma_key or f"{result['config']['gammas'][0]:g}"
+    acc = 100 * np.asarray(result["clients"]["target_accuracy"])
+    chosen = np.asarray(result["selections"][gk]["selected"], dtype=int)
+    m = max(len(chosen), 1)
+    top = np.argsort(-acc, kind="stable")[:m]
+    return {"selected": len(chosen), "selected accuracy (%)": float(acc[chosen].mean()) if len(chosen) else np.nan,
+            "top-m accuracy (%)": float(acc[top].mean()), "mean client (%)": float(acc.mean()),
+            "best client (%)": float(acc.max()),
+            "share of selection in top-m": float(np.isin(chosen, top).mean()) if len(chosen) else np.nan}
+
+
+def diagnosis_rows(results: dict[str, dict]) -> "pd.DataFrame":
+    """One row per issue-22 variant: selection quality and how far the clients are from Def. 4."""
+    import pandas as pd
+
+    rows = []
+    for name, result in results.items():
+        cfg, dg = result["config"], result["diagnosis"]
+        ex = dg.get("expertise", {})
+        rows.append({"variant": name, "data": cfg["dataset"], "model": cfg["model"], "K": cfg["n_clients"],
+                     "local epochs": cfg["local_epochs"], "α": cfg["alpha"],
+                     "mean client size": float(np.mean(result["clients"]["sizes"])),
+                     **selection_quality(result),
+                     "max η̂": ex.get("max η̂", np.nan), "clients η̂ ≥ 0.5": ex.get("clients with η̂ ≥ 0.5", np.nan),
+                     "mode share (trained)": ex.get("trained: mean mode share", np.nan),
+                     "mode share (Def. 4)": ex.get("Def. 4 simulation: mean mode share", np.nan),
+                     "agreeing non-expert pairs (trained)":
+                         ex.get("trained: non-expert pairs agreeing on ≥ 90 % of inputs", np.nan),
+                     "agreeing non-expert pairs (Def. 4)":
+                         ex.get("Def. 4 simulation: non-expert pairs agreeing on ≥ 90 %", np.nan)})
+    return pd.DataFrame(rows)
+
+
+def selection_counts(results: dict[str, dict], gammas) -> "pd.DataFrame":
+    """Issue 18.4: per γ, the solver's raw support (the selection), the count after vertex
+    rounding (Theorem 3's ⌈1/(1−γ)⌉), the paper's stated count, and Σλ of the raw output."""
+    import pandas as pd
+
+    paper_count = {0.67: 3, 0.7: 4, 0.8: 5, 0.9: 10}
+    rows = []
+    for g in gammas:
+        gk = f"{g:g}"
+        raw = [len(r["selections"][gk]["raw_selected"]) for r in results.values() if gk in r.get("selections", {})]
+        vert = [len(r["selections"][gk]["vertex_selected"]) for r in results.values() if gk in r.get("selections", {})]
+        total = [float(np.sum(r["selections"][gk]["raw_weights"])) for r in results.values()
+                 if gk in r.get("selections", {})]
+        full, rest, count = scm.vertex_counts(g)
+        rows.append({"γ": g, "cap 1 − γ": round(1 - g, 4), "raw support (selected), runs": ", ".join(map(str, raw)),
+                     "Σλ raw (min)": min(total) if total else np.nan,
+                     "vertex rounding": ", ".join(map(str, vert)), "⌈1/(1−γ)⌉": count,
+                     "clients at the cap": full, "remainder": round(rest, 4), "paper says": paper_count.get(g, "—")})
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------- theory
@@ -58,23 +134,28 @@ def _expert_sample(k, n, c, experts, seed, hard: bool, noise_alpha: float):
     return scm.simulate_expertise(k, n, c, eta, noise_alpha=noise_alpha, seed=seed)
 
 
+SOLVER_VARIANTS = {"PGD (Alg. 1 step)": ("pgd", {"projection": "paper"}),
+                   "PGD (Euclidean)": ("pgd", {"projection": "euclidean"}), "SLSQP": ("slsqp", {})}
+
+
 def sparsity_table(gammas, k: int = 50, n: int = 200, c: int = 10, trials: int = 5, seed: int = 0):
-    """Theorem 3 per γ: non-zero weights of each solver's raw output (before moving to the
-    vertex), how far that output is from the vertex, and whether it has the structure."""
+    """Theorem 3 per γ: non-zero weights of each solver's raw output (the selection), Σλ, how
+    far the output is from the vertex its weights rank highest, and whether it has the structure."""
     import pandas as pd
 
     rows = []
     for gamma in gammas:
         full, rest, count = scm.vertex_counts(gamma)
-        for solver in ("pgd", "slsqp"):
-            nonzero, dist, structured = [], [], []
+        for label, (solver, extra) in SOLVER_VARIANTS.items():
+            nonzero, dist, structured, total = [], [], [], []
             for t in range(trials):
                 s = _expert_sample(k, n, c, 3, seed + t, hard=False, noise_alpha=1.0)
-                out = scm.select(s.probs, gamma, solver)
-                nonzero.append(int((out.raw > 1e-6).sum()))
-                dist.append(float((out.raw - out.weights).abs().sum()))
+                out = scm.select(s.probs, gamma, solver, **extra)
+                nonzero.append(len(out.selected))
+                total.append(float(out.raw.sum()))
+                dist.append(float((out.raw - scm.to_vertex(out.raw, gamma)).abs().sum()))
                 structured.append(scm.is_sparse_vertex(out.raw, gamma, atol=1e-5))
-            rows.append({"γ": gamma, "solver": solver.upper(), "⌈1/(1−γ)⌉": count,
+            rows.append({"γ": gamma, "solver": label, "⌈1/(1−γ)⌉": count, "Σλ (min)": min(total),
                          "weights at 1−γ": full, "remainder weight": round(rest, 4),
                          "non-zero (raw, mean)": float(np.mean(nonzero)),
                          "L1 to vertex (raw, max)": float(np.max(dist)),
@@ -102,22 +183,28 @@ def recovery_curve(values, vary: str, fixed: dict, trials: int, seed: int = 0, g
 
 
 def optimum_table(gammas, k: int = 10, n: int = 60, c: int = 6, trials: int = 20, seed: int = 0):
-    """How often PGD and SLSQP reach the global optimum found by exhaustive search over all
-    vertices of the feasible set (small K), and the worst objective gap."""
+    """How often PGD (Algorithm 1's step) and SLSQP select the clients of the global optimum
+    found by exhaustive search over all vertices (small K), and the worst objective gap at
+    the vertex of their output (Algorithm 1's step can leave Σλ < 1, so its raw objective is
+    not comparable)."""
     import pandas as pd
 
     rows = []
     for gamma in gammas:
         gaps = {"pgd": [], "slsqp": []}
+        same = {"pgd": 0, "slsqp": 0}
         for t in range(trials):
             s = _expert_sample(k, n, c, 3, seed + t, hard=False, noise_alpha=0.5)
-            best = scm.exhaustive(s.probs, gamma).objective
+            best = scm.exhaustive(s.probs, gamma)
             for solver, found in gaps.items():
-                found.append(scm.select(s.probs, gamma, solver).objective - best)
+                out = scm.select(s.probs, gamma, solver)
+                found.append(float(scm.objective(scm.to_vertex(out.raw, gamma), s.probs)) - best.objective)
+                same[solver] += set(out.selected) == set(best.selected)
         for solver, g in gaps.items():
             g = np.asarray(g)
             rows.append({"γ": gamma, "solver": solver.upper(), "vertices searched": len(scm.all_vertices(k, gamma)),
                          "global optimum reached": f"{int((g < 1e-9).sum())}/{trials}",
+                         "same clients as the optimum": f"{same[solver]}/{trials}",
                          "max objective gap": float(g.max())})
     return pd.DataFrame(rows)
 
@@ -207,17 +294,19 @@ def data_label(result: dict, model: str) -> str:
 # ----------------------------------------------------------------------------- stored runs
 
 
-def store_results(profile: str = "paper", progress: bool = True) -> list:
+def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool = False) -> list:
     """Run a profile's federations and keep each under ``results/fedscm/<key>.json`` with its
     provenance (resumes: files that exist are not recomputed). The pipeline's counterpart of
-    ``fedlib.book.store_results``, which runs round-engine configs only."""
+    ``fedlib.book.store_results``, which runs round-engine configs only. ``diagnosis=True`` runs
+    the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
     from ..book import git_commit, load_profile, results_dir
     from ..cache import ResultCache
     from ..scm_pipeline import run_pipeline
 
     store = ResultCache(results_dir("fedscm"))
     written = []
-    cfgs = configs(load_profile("fedscm", profile))
+    params = load_profile("fedscm", profile)
+    cfgs = ([c for _, c in diagnosis_configs(params)] if diagnosis else []) + configs(params)
     for i, config in enumerate(cfgs):
         if store.get(config.key()) is not None:
             continue
@@ -230,18 +319,47 @@ def store_results(profile: str = "paper", progress: bool = True) -> list:
     return written
 
 
-def stored_results(params: dict[str, Any]) -> dict[str, dict]:
-    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``."""
+def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
+    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``
+    (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
     from ..book import results_dir
     from ..cache import ResultCache
 
     store = ResultCache(results_dir("fedscm"))
     out = {}
-    for config in configs(params):
+    for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
         payload = store.get(config.key())
         if payload is not None:
             out[config.key()] = payload["result"]
     return out
+
+
+def constant_predictor_demo(trials: int, k: int = 50, n: int = 200, c: int = 10, seed: int = 0,
+                            noise_alpha: float = 0.1, label_smoothing: float = 0.2) -> "pd.DataFrame":
+    """Issue 22 in simulation: the same expertise levels (3 experts η ∈ [0.9, 1], the rest
+    η ∈ [0, 0.1]) with Def. 4's per-input Dirichlet noise and with per-client noise (one Q_k
+    for all inputs: constant, confident non-experts, as trained clients under label shift).
+    Per noise model: exact recovery of the experts, experts among the selected, and the share
+    of selections whose clients all predict one constant class."""
+    import pandas as pd
+
+    rows = []
+    for noise in ("per_sample", "per_client"):
+        exact, experts_in, constant = 0, [], 0
+        for t in range(trials):
+            eta = scm.expertise_levels(k, 3, seed=seed + t)
+            s = scm.simulate_expertise(k, n, c, eta, noise_alpha=noise_alpha, label_smoothing=label_smoothing,
+                                       seed=seed + t, noise=noise)
+            chosen = scm.select(s.probs, 2 / 3, "pgd").selected
+            st = scm.prediction_structure(s.probs)
+            exact += set(chosen) == set(s.experts)
+            experts_in.append(float(np.isin(chosen, s.experts).mean()))
+            constant += bool((st["mode_share"][chosen] == 1).all() and len(set(st["modal_class"][chosen].tolist())) == 1)
+        rows.append({"non-expert noise": {"per_sample": "Def. 4: fresh Q per input",
+                                          "per_client": "one Q per client (constant predictor)"}[noise],
+                     "exact recovery": exact / trials, "experts among the selected": float(np.mean(experts_in)),
+                     "selection = constant predictors of one class": constant / trials})
+    return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------- the results queue

@@ -8,11 +8,24 @@ mixed prediction (Def. 2), optionally plus the quantity-shift penalty ``κ Σ λ
 ``einsum``, the gradient and Hessian of Proposition 7 are a KL/entropy reduction and one
 ``[K, nC] @ [nC, K]`` product.
 
-Solvers (Algorithm 1): projected gradient descent from the uniform start and scipy's
-SLSQP with the analytic gradient and the box + simplex constraints. By Theorem 3 the
-optimum is a vertex of the feasible set — ⌊1/s⌋ weights equal to s, at most one equal to
-the remainder ``1 − ⌊1/s⌋ s``, the rest 0, i.e. ⌈1/s⌉ non-zero weights — so both solvers
-finish by moving to the vertex of the support they converged to (:func:`to_vertex`).
+Solvers (Algorithm 1): projected gradient descent from the uniform start — by default with
+Algorithm 1's own step, ``max(λ − αg, 0)`` then at most ⌈1/(1−γ)⌉ clip-and-renormalise passes
+``min(λ/Σλ, 1 − γ)`` (the exact Euclidean projection onto the capped simplex is the option
+``projection="euclidean"``) — and scipy's SLSQP with the analytic gradient and the box + simplex
+constraints. As the paper says (Def. 2, §6.3.1), the selected clients are those with a non-zero
+weight in the solver's output: ``λ_k > SUPPORT_TOL`` (1e-6; the PGD step leaves exact zeros,
+SLSQP leaves round-off of order 1e-10). By Theorem 3 the optimum is a vertex of the feasible
+set — ⌊1/s⌋ weights equal to s, at most one equal to the remainder ``1 − ⌊1/s⌋ s``, the rest 0;
+moving the output to the vertex its weights rank highest (:func:`to_vertex`) is the option
+``rounding="vertex"``, never the default (it would hide whether the solver found Theorem 3's
+structure). Note the count: γ = 0.67 gives s = 0.33, three clients at 0.33 leave 0.01 for a
+fourth, so ⌈1/s⌉ = 4 non-zero weights at the vertex, where the paper's text says 3.
+
+Algorithm 1's "SLSQP" line is ``q = argmin_q ½ qᵀ H q + qᵀ g`` with the Hessian of Eq. 5, then
+``λ <- max(λ + α q, 0)`` and the renormalisation. The objective is concave, H is negative
+semi-definite, so that unconstrained quadratic has no minimiser; scipy's SLSQP (used here)
+solves the quadratic subproblem with a positive-definite quasi-Newton (BFGS) matrix in place
+of H and the linearised constraints Σλ = 1, 0 ≤ λ ≤ 1 − γ, with a line search instead of α_t.
 
 Also here: the Dirichlet expertise model of Def. 4 as a simulator of client predictions,
 the expertise estimate η̂ of §6.3.5, exhaustive search over vertices (the test oracle for
@@ -29,7 +42,10 @@ import numpy as np
 import torch
 
 EPS = 1e-12  # floor inside logarithms (predictions of trained models are never exactly 0)
-TOL = 1e-9  # a weight above this counts as selected
+TOL = 1e-9  # numerical tolerance of the vertex arithmetic
+SUPPORT_TOL = 1e-6  # a solver weight above this counts as selected (the paper: non-zero weight)
+ROUNDINGS = ("none", "vertex")
+PROJECTIONS = ("paper", "euclidean")
 
 
 # ----------------------------------------------------------------------------- Def. 2 / 10
@@ -133,12 +149,18 @@ def project_capped_simplex(v: torch.Tensor, cap: float, iters: int = 60) -> torc
 
 
 def paper_normalization(lam: torch.Tensor, cap: float, times: int) -> torch.Tensor:
-    """Algorithm 1's projection step: at most ⌈1/(1−γ)⌉ times, λ <- min(λ / Σλ, 1 − γ)."""
+    """Algorithm 1's projection step: at most ⌈1/(1−γ)⌉ times, ``λ <- min(λ / Σλ, 1 − γ)``
+    (stops early once a pass changes nothing). Not the Euclidean projection: the result can
+    sum to less than 1 — with γ = 0.67, three weights at 0.33 are a fixed point (Σλ = 0.99)."""
+    cap_t = torch.tensor(cap, dtype=lam.dtype)
     for _ in range(times):
         total = lam.sum()
-        if total <= 0 or abs(float(total) - 1.0) < 1e-12:
+        if total <= 0:
             break
-        lam = torch.minimum(lam / total, torch.tensor(cap, dtype=lam.dtype))
+        new = torch.minimum(lam / total, cap_t)
+        if torch.equal(new, lam):
+            break
+        lam = new
     return lam
 
 
@@ -149,25 +171,49 @@ def paper_normalization(lam: torch.Tensor, cap: float, times: int) -> torch.Tens
 class Selection:
     """A solver's output: the weights, the selected clients and how it got there."""
 
-    weights: torch.Tensor  # [K] on a vertex of the feasible set
-    raw: torch.Tensor  # [K] before moving to the vertex
-    objective: float
+    weights: torch.Tensor  # [K] the weights used: the solver's output, or its vertex with rounding="vertex"
+    raw: torch.Tensor  # [K] the solver's output
+    objective: float  # at ``weights``
     iterations: int
     solver: str
     info: dict = field(default_factory=dict)
+    rounding: str = "none"
 
     @property
     def selected(self) -> np.ndarray:
-        return np.flatnonzero(self.weights.cpu().numpy() > TOL)
+        """The clients with a non-zero weight (> SUPPORT_TOL), as the paper selects."""
+        return support(self.weights)
+
+    @property
+    def raw_selected(self) -> np.ndarray:
+        return support(self.raw)
 
     def to_dict(self) -> dict:
+        gamma = self.info.get("gamma")
+        vertex = to_vertex(self.raw, gamma) if gamma is not None else self.weights
         return {"weights": self.weights.tolist(), "selected": self.selected.tolist(), "objective": self.objective,
-                "iterations": self.iterations, "solver": self.solver,
-                "raw_distance_to_vertex": float((self.weights - self.raw).abs().sum()), **self.info}
+                "iterations": self.iterations, "solver": self.solver, "rounding": self.rounding,
+                "raw_weights": self.raw.tolist(), "raw_selected": self.raw_selected.tolist(),
+                "vertex_selected": support(vertex).tolist(),
+                "raw_distance_to_vertex": float((vertex - self.raw).abs().sum()), **self.info}
 
 
-def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes) -> None:
+def support(lam) -> np.ndarray:
+    """Indices of the non-zero weights, ``λ_k > SUPPORT_TOL`` (Def. 2: selected = non-zero)."""
+    return np.flatnonzero(torch.as_tensor(lam).detach().cpu().numpy() > SUPPORT_TOL)
+
+
+def _finish(raw: torch.Tensor, gamma: float, rounding: str, probs, kappa, sizes, iterations: int, solver: str,
+            info: dict) -> Selection:
+    weights = to_vertex(raw, gamma) if rounding == "vertex" else raw
+    return Selection(weights, raw, float(objective(weights, probs, kappa, sizes)), iterations, solver,
+                     {**info, "gamma": gamma}, rounding)
+
+
+def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes, rounding: str = "none") -> None:
     check_gamma(gamma)
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding: must be one of {', '.join(ROUNDINGS)} (got {rounding!r})")
     if probs.dim() != 3:
         raise ValueError(f"probs: must be [K, n, C] (got shape {tuple(probs.shape)})")
     if vertex_counts(gamma)[2] > probs.shape[0]:
@@ -180,20 +226,22 @@ def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes) -> None:
 
 
 def pgd(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, steps: int = 500,
-        lr: float | None = None, init: torch.Tensor | None = None, projection: str = "euclidean",
-        tol: float = 1e-10) -> Selection:
+        lr: float | None = None, init: torch.Tensor | None = None, projection: str = "paper",
+        tol: float = 1e-10, rounding: str = "none") -> Selection:
     """Projected gradient descent (Algorithm 1) from λ⁽⁰⁾ = 1/K (or ``init``).
 
-    Each step ``λ <- Π(λ − α g(λ))``. ``projection="euclidean"`` is the exact projection
-    onto the capped simplex; ``"paper"`` is Algorithm 1's ``max(·, 0)`` followed by at most
-    ⌈1/(1−γ)⌉ renormalisations ``min(λ/Σλ, 1 − γ)``. The paper leaves α_t open; our default
+    Each step ``λ <- Π(λ − α g(λ))``. ``projection="paper"`` (default) is Algorithm 1's
+    ``max(·, 0)`` followed by at most ⌈1/(1−γ)⌉ clip-and-renormalise passes
+    ``min(λ/Σλ, 1 − γ)``; ``"euclidean"`` is the exact projection onto the capped simplex
+    (an option). The selection is the support of the output (``rounding="vertex"`` moves it
+    to Theorem 3's vertex first, an option). The paper leaves α_t open; our default
     is constant: ``s / (4 spread)`` (euclidean; ``spread`` = range of the first gradient, so
     the first step moves the best client by s/4) or ``1 / (2 K max|g|)`` (paper: no weight
     leaves the simplex in the first step, so the renormalisation acts as a multiplicative
     update). Stops when λ no longer changes."""
-    _check(probs, gamma, kappa, sizes)
-    if projection not in ("euclidean", "paper"):
-        raise ValueError(f"projection: must be 'euclidean' or 'paper' (got {projection!r})")
+    _check(probs, gamma, kappa, sizes, rounding)
+    if projection not in PROJECTIONS:
+        raise ValueError(f"projection: must be 'paper' or 'euclidean' (got {projection!r})")
     if steps < 1:
         raise ValueError(f"steps: must be >= 1 (got {steps})")
     if lr is not None and lr <= 0:
@@ -221,18 +269,18 @@ def pgd(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, st
         lam = new
         if moved < tol:
             break
-    vertex = to_vertex(lam, gamma)
-    return Selection(vertex, lam, float(objective(vertex, probs, kappa, sizes)), it, "pgd",
-                     {"step": step, "projection": projection})
+    return _finish(lam, gamma, rounding, probs, kappa, sizes, it, "pgd", {"step": step, "projection": projection})
 
 
 def slsqp(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, init: torch.Tensor | None = None,
-          maxiter: int = 200, ftol: float = 1e-10) -> Selection:
+          maxiter: int = 200, ftol: float = 1e-10, rounding: str = "none") -> Selection:
     """SLSQP (scipy) with the analytic objective and gradient (Eq. 1, 4, 7), bounds
-    0 ≤ λ_k ≤ 1 − γ and the equality Σλ = 1, from λ⁽⁰⁾ = 1/K (or ``init``)."""
+    0 ≤ λ_k ≤ 1 − γ and the equality Σλ = 1, from λ⁽⁰⁾ = 1/K (or ``init``). Where scipy's
+    step differs from Algorithm 1's: see the module docstring (a BFGS matrix replaces the
+    negative semi-definite Hessian of Eq. 5, whose quadratic has no minimiser)."""
     from scipy.optimize import minimize
 
-    _check(probs, gamma, kappa, sizes)
+    _check(probs, gamma, kappa, sizes, rounding)
     probs = probs.double()
     sizes_t = None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
     k, cap = probs.shape[0], 1.0 - gamma
@@ -248,9 +296,8 @@ def slsqp(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, 
                    constraints=[{"type": "eq", "fun": lambda x: x.sum() - 1.0, "jac": lambda x: np.ones_like(x)}],
                    options={"maxiter": maxiter, "ftol": ftol})
     raw = torch.from_numpy(np.clip(res.x, 0.0, cap))
-    vertex = to_vertex(raw, gamma)
-    return Selection(vertex, raw, float(objective(vertex, probs, kappa, sizes_t)), int(res.nit), "slsqp",
-                     {"converged": bool(res.success), "message": str(res.message)})
+    return _finish(raw, gamma, rounding, probs, kappa, sizes_t, int(res.nit), "slsqp",
+                   {"converged": bool(res.success), "message": str(res.message)})
 
 
 SOLVERS = {"pgd": pgd, "slsqp": slsqp}
@@ -290,7 +337,8 @@ def exhaustive(probs: torch.Tensor, gamma: float, kappa: float = 0.0, sizes=None
     values = torch.cat([objective(vertices[i:i + chunk], probs, kappa, sizes_t)
                         for i in range(0, len(vertices), chunk)])
     best = int(values.argmin())
-    return Selection(vertices[best], vertices[best], float(values[best]), len(vertices), "exhaustive")
+    return Selection(vertices[best], vertices[best], float(values[best]), len(vertices), "exhaustive",
+                     {"gamma": gamma})
 
 
 # ----------------------------------------------------------------------------- Def. 4
@@ -308,12 +356,17 @@ class ExpertiseSample:
 
 
 def simulate_expertise(k: int, n: int, c: int, eta, *, noise_alpha: float = 1.0, label_smoothing: float = 0.05,
-                       seed: int = 0) -> ExpertiseSample:
+                       seed: int = 0, noise: str = "per_sample") -> ExpertiseSample:
     """h_k(X) = η_k P(·|X) + (1 − η_k) Q_{k,X}, Q_{k,X} ~ Dirichlet(α, …, α)  (Eq. 2).
 
     P(·|X) puts 1 − ``label_smoothing`` on a uniformly drawn true class and spreads the rest
     evenly (its entropy bounds the Bayes error, Assumption 5). Experts are the clients with
-    η ≥ 0.5. All K × n noise draws come from one Gamma sample."""
+    η ≥ 0.5. All K × n noise draws come from one Gamma sample.
+
+    ``noise="per_sample"`` is Def. 4 (a fresh Q for every client and input). ``"per_client"``
+    is not the paper's model: one Q_k per client for all inputs — a constant predictor, what a
+    client trained on one or two classes becomes under strong label shift; clients whose Q_k
+    share an arg-max agree on every input (the failure measured in the chapter, issue 22)."""
     eta = torch.as_tensor(eta, dtype=torch.float64)
     if eta.shape != (k,) or bool(((eta < 0) | (eta > 1)).any()):
         raise ValueError(f"eta: must be K = {k} values in [0, 1]")
@@ -321,12 +374,15 @@ def simulate_expertise(k: int, n: int, c: int, eta, *, noise_alpha: float = 1.0,
         raise ValueError(f"noise_alpha: must be > 0 (got {noise_alpha})")
     if not 0 <= label_smoothing < 1:
         raise ValueError(f"label_smoothing: must be in [0, 1) (got {label_smoothing})")
+    if noise not in ("per_sample", "per_client"):
+        raise ValueError(f"noise: must be 'per_sample' or 'per_client' (got {noise!r})")
     gen = torch.Generator().manual_seed(seed)
     labels = torch.randint(c, (n,), generator=gen)
     truth = torch.full((n, c), label_smoothing / c, dtype=torch.float64)
     truth[torch.arange(n), labels] += 1.0 - label_smoothing
-    gamma_draw = torch._standard_gamma(torch.full((k, n, c), float(noise_alpha), dtype=torch.float64),
-                                       generator=gen).clamp_min(1e-300)
+    draws = n if noise == "per_sample" else 1
+    gamma_draw = torch._standard_gamma(torch.full((k, draws, c), float(noise_alpha), dtype=torch.float64),
+                                       generator=gen).clamp_min(1e-300).expand(k, n, c)
     noise = gamma_draw / gamma_draw.sum(-1, keepdim=True)  # Q_{k,X} ~ Dir(α)
     probs = eta.view(k, 1, 1) * truth + (1 - eta.view(k, 1, 1)) * noise  # Eq. 2
     return ExpertiseSample(probs, truth, labels, eta, np.flatnonzero(eta.numpy() >= 0.5))
@@ -362,6 +418,42 @@ def estimate_expertise(probs: torch.Tensor, labels: torch.Tensor, *, noise_alpha
                                                    .clamp_min(EPS).log()) / n for e in etas])  # [G, K]
         estimates.append(etas[kl.argmin(0)])
     return torch.stack(estimates).mean(0)
+
+
+# ----------------------------------------------------------------------------- issue 22
+
+
+def prediction_structure(probs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How the clients' hard predictions on the server set are organised (all clients at once):
+
+    modal_class [K]   the class a client predicts most often
+    mode_share  [K]   the share of inputs on which it predicts that class (1 = a constant
+                      predictor; under Def. 4 a non-expert's arg-max is fresh noise per input)
+    agreement [K, K]  the share of inputs on which two clients predict the same class"""
+    k, n, c = probs.shape
+    onehot = torch.nn.functional.one_hot(probs.argmax(-1), c).double()  # [K, n, C]
+    per_class = onehot.sum(1)  # [K, C]
+    share, modal = per_class.max(1)
+    return {"modal_class": modal, "mode_share": share / n,
+            "agreement": torch.einsum("knc,jnc->kj", onehot, onehot) / n}
+
+
+def agreeing_pairs(agreement: torch.Tensor, members, threshold: float = 0.9) -> float:
+    """Share of the pairs of ``members`` whose predictions agree on at least ``threshold`` of the
+    inputs (NaN for fewer than 2 members)."""
+    members = torch.as_tensor(np.asarray(members), dtype=torch.long)
+    if len(members) < 2:
+        return float("nan")
+    sub = agreement[members][:, members]
+    iu = torch.triu_indices(len(members), len(members), 1)
+    return float((sub[iu[0], iu[1]] >= threshold).double().mean())
+
+
+def tempered(probs: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(log h / T): the client predictions at temperature T (= softmax(logits / T))."""
+    if temperature <= 0:
+        raise ValueError(f"temperature: must be > 0 (got {temperature})")
+    return torch.softmax(torch.log(probs.clamp_min(EPS)) / temperature, -1)
 
 
 # ----------------------------------------------------------------------------- baselines

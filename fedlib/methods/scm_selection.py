@@ -11,8 +11,14 @@ never read):
     w^{t+1} = Σ_k λ_k^t w_k                                  the selection is the aggregation
     s_k = (1/t) Σ_τ λ_k^τ                                    contribution: mean weight so far
 
-By FedSCM's Theorem 3, λ^t is a vertex: ⌈1/(1 − γ)⌉ clients are selected each round, ⌊1/(1 − γ)⌋
-of them with weight 1 − γ. A client that was not trained this round gets λ = 0.
+The selected clients are those with a non-zero weight (λ_k > ``scm.SUPPORT_TOL``), as the paper
+selects; the solver's weights are used as they come (``rounding="vertex"`` moves them to
+Theorem 3's vertex first, an option) and renormalised to sum 1 for the aggregation (Algorithm 1's
+clip-and-renormalise step can leave Σλ < 1, e.g. 3 × 0.33 at γ = 0.67). A client that was not
+trained this round gets λ = 0.
+
+Rule version 2: selection by support (was: the vertex's clients), Algorithm 1's clip-and-renormalise
+PGD step by default (was: the Euclidean projection).
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ def client_probabilities(fed: Federation, updates: ClientUpdates, batch_size: in
 @dataclass
 class FedSCMSelection(Method):
     name = "fedscm_select"
+    rule_version = "2"  # support selection + Algorithm 1's projection by default
     needs_validation = True  # the inputs only: FedSCM's target set is unlabeled
 
     gamma: float = 0.5  # sparsity: at most 1 − γ weight per client, ⌈1/(1 − γ)⌉ clients selected
     solver: str = "pgd"
     kappa: float = 0.0  # quantity-shift penalty κ Σ λ_k / n_k (FedSCM Def. 10); 0 = off
+    projection: str = "paper"  # PGD step: Algorithm 1's clip-and-renormalise, or "euclidean"
+    rounding: str = "none"  # "vertex": move the solver's output to Theorem 3's vertex first
 
     def validate(self) -> None:
         scm.check_gamma(self.gamma)
@@ -50,6 +59,12 @@ class FedSCMSelection(Method):
                              f"(got {self.solver!r})")
         if self.kappa < 0:
             raise ValueError(f"method 'fedscm_select': kappa must be >= 0 (got {self.kappa})")
+        if self.projection not in scm.PROJECTIONS:
+            raise ValueError(f"method 'fedscm_select': projection must be one of {', '.join(scm.PROJECTIONS)} "
+                             f"(got {self.projection!r})")
+        if self.rounding not in scm.ROUNDINGS:
+            raise ValueError(f"method 'fedscm_select': rounding must be one of {', '.join(scm.ROUNDINGS)} "
+                             f"(got {self.rounding!r})")
 
     def check_run(self, rounds: int, n_clients: int) -> None:
         selected = scm.vertex_counts(self.gamma)[2]
@@ -71,9 +86,11 @@ class FedSCMSelection(Method):
             objective = float(scm.objective(lam, probs))
         else:
             sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float64)
-            chosen = scm.select(probs, self.gamma, self.solver, kappa=self.kappa,
-                                sizes=sizes if self.kappa else None)  # Eq. 1 (+ Eq. 7), Alg. 1
-            lam, objective = chosen.weights, chosen.objective
+            extra = {"projection": self.projection} if self.solver == "pgd" else {}
+            chosen = scm.select(probs, self.gamma, self.solver, kappa=self.kappa, rounding=self.rounding,
+                                sizes=sizes if self.kappa else None, **extra)  # Eq. 1 (+ Eq. 7), Alg. 1
+            lam = torch.where(chosen.weights > scm.SUPPORT_TOL, chosen.weights, torch.zeros_like(chosen.weights))
+            lam, objective = lam / lam.sum(), chosen.objective
         self.rounds_seen += 1
         self.total[updates.clients] += lam.cpu().numpy()  # s_k: mean λ_k over the rounds so far
         self.last = {"lambda": lam.tolist(), "objective": objective}

@@ -263,7 +263,7 @@ def queue_items(params: dict[str, Any]) -> list:
     if "table1" in experiments:
         items += [QueueItem("fedms", "Table 1", f"{data} {s}", METHOD_LABELS[m], seed, run_config(params, s, m, seed),
                             run_round, headline=s == "Dir(0.1)", first_seed=seed == first)
-                  for s in params["splits"] for m in params["methods"] for seed in seeds]
+                  for s in params["splits"] for m in table1_methods(params) for seed in seeds]
     if "table1_cifar10" in experiments:
         items += [QueueItem("fedms", "Table 1", f"CIFAR-10 {s}", METHOD_LABELS[m], seed,
                             run_config(params, s, m, seed, cifar10=True), run_round, headline=s == "Dir(0.1)",

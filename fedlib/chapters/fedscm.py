@@ -14,12 +14,15 @@ Pipeline (``fedlib.scm_pipeline``; one federation per shift, α and seed):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..methods import scm
 from ..scm_pipeline import ScmConfig, make_scm_config, method_labels
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PIPELINE_KEYS = ("dataset", "model", "fraction", "n_clients", "sigma", "server_samples", "eval_samples",
                  "local_epochs", "batch_size", "lr", "momentum", "post_rounds", "post_steps", "post_lr", "prox_mu", "gammas",

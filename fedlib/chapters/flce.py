@@ -272,7 +272,7 @@ def queue_items(params: dict[str, Any]) -> list:
                                    backs=backs) for seed in seeds]
             if "table3" in experiments:
                 items += [item("Table 3", row, v, seed, variant_config(params, d, split_spec(params, s), v, seed), 1)
-                          for v in params["ablations"] for seed in seeds]
+                          for v in list(params["ablations"]) + list(params.get("simplifications", [])) for seed in seeds]
     d0 = DATASET_LABELS.get(datasets[0], datasets[0])
     if "fig4" in experiments:
         items += [item("Fig. 4", f"{d0} Non-IID", "exact FedSV", seed, c, 2)

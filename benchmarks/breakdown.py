@@ -46,9 +46,10 @@ VALUATIONS = {  # label -> (method spec, which rounds carry the method's server 
 }
 
 
-def fedavg_base(n_clients: int, rounds: int, fraction: float, device: str, **extra) -> dict:
-    return dict(dataset="fmnist", model="mlp", n_clients=n_clients, rounds=rounds, lr=0.1, batch_size=128,
-                local_epochs=1, fraction=fraction, device=device, seed=0, **extra)
+def fedavg_base(n_clients: int, rounds: int, fraction: float, device: str, dataset: str = "fmnist",
+                data_root: str | None = None, **extra) -> dict:
+    return dict(dataset=dataset, data_root=data_root, model="mlp", n_clients=n_clients, rounds=rounds, lr=0.1,
+                batch_size=128, local_epochs=1, fraction=fraction, device=device, seed=0, **extra)
 
 
 def _median(history, key):
@@ -56,11 +57,12 @@ def _median(history, key):
     return statistics.median(values) if values else 0.0
 
 
-def round_breakdown(clients, rounds: int, fraction: float, device: str = "cpu") -> list[dict]:
+def round_breakdown(clients, rounds: int, fraction: float, device: str = "cpu", dataset: str = "fmnist",
+                    data_root: str | None = None) -> list[dict]:
     """Median seconds per round of each part of a FedAvg round, for each N."""
     rows = []
     for n in clients:
-        result = fedlib.run(make_config(fedavg_base(n, rounds, fraction, device), method="fedavg"),
+        result = fedlib.run(make_config(fedavg_base(n, rounds, fraction, device, dataset, data_root), method="fedavg"),
                             cache=False, progress=False)
         hist = result.history
         parts = {k: _median(hist, f"time_{k}") for k in ("train", "eval", "server", "round")}
@@ -117,14 +119,15 @@ def _counted_server_flops(config) -> list[int]:
     return per_round
 
 
-def valuation_arithmetic(n_clients: int, rounds: int, fraction: float, device: str = "cpu") -> list[dict]:
+def valuation_arithmetic(n_clients: int, rounds: int, fraction: float, device: str = "cpu",
+                         dataset: str = "fmnist", data_root: str | None = None) -> list[dict]:
     """Server seconds per round of each valuation method, as a multiple of a FedAvg round and of
     the time its counted arithmetic takes at the measured training FLOP rate."""
     from fedlib.methods import scm
     from fedlib.models import build_model
     from torch.utils.flop_counter import FlopCounterMode
 
-    base = fedavg_base(n_clients, rounds, fraction, device, test_samples=1000)
+    base = fedavg_base(n_clients, rounds, fraction, device, dataset, data_root, test_samples=1000)
     fedavg = fedlib.run(make_config(base, method="fedavg"), cache=False, progress=False)
     hist = fedavg.history[1:] or fedavg.history
     fedavg_round = statistics.median(h["time_train"] + h["time_server"] for h in hist)
@@ -157,7 +160,7 @@ def valuation_arithmetic(n_clients: int, rounds: int, fraction: float, device: s
                  "server_s": server, "ratio": server / fedavg_round, "flops": work,
                  "forward_samples": work / fwd, "arithmetic_s": work / rate,
                  "multiple": server / (work / rate) if work else None})
-    print(f"\nServer step per round, {n_clients} clients, {fraction:.0%} of Fashion-MNIST, MLP; training runs at "
+    print(f"\nServer step per round, {n_clients} clients, {fraction:.0%} of {dataset}, MLP; training runs at "
           f"{rate / 1e9:.1f} GFLOP/s (3 x {fwd / 1e3:.0f} kFLOP forward per sample)")
     print(f"  {'method':<62} {'server s':>9} {'x FedAvg':>9} {'GFLOP':>9} {'x arithmetic':>12}")
     for row in rows:
@@ -173,15 +176,18 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fraction", type=float, default=1.0)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dataset", default="fmnist")
+    ap.add_argument("--data-root", default=None)
     ap.add_argument("--valuation-clients", type=int, default=10, help="0: skip the valuation lines")
     ap.add_argument("--valuation-rounds", type=int, default=4)
     ap.add_argument("--valuation-fraction", type=float, default=0.2)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    out = {"breakdown": round_breakdown(args.clients, args.rounds, args.fraction, args.device)}
+    out = {"breakdown": round_breakdown(args.clients, args.rounds, args.fraction, args.device, args.dataset,
+                                        args.data_root)}
     if args.valuation_clients:
         out["valuation"] = valuation_arithmetic(args.valuation_clients, args.valuation_rounds,
-                                                args.valuation_fraction, args.device)
+                                                args.valuation_fraction, args.device, args.dataset, args.data_root)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return out

@@ -263,7 +263,7 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
         return 1  # (torch.compile is not run from several threads at once)
     wanted = cfg.workers if cfg.workers is not None else os.environ.get("FEDLIB_CPU_WORKERS")
     if wanted is None:
-        wanted = torch.get_num_threads()
+        wanted = _caller_threads()
     try:
         wanted = int(wanted)
     except ValueError:
@@ -278,7 +278,7 @@ def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | st
     """What ``train_clients`` will do for this shape (benchmarks report it)."""
     workers = cpu_workers(cfg, n_clients, device)
     return {"step": step_backend(cfg, device), "workers": workers,
-            "intra_op_threads": 1 if workers > 1 else torch.get_num_threads()}
+            "intra_op_threads": 1 if workers > 1 else _caller_threads()}
 
 
 def train_clients(
@@ -323,11 +323,38 @@ def train_clients(
     return flat, bufs
 
 
+_THREADS_LOCK = threading.Lock()
+_THREADS_SAVED = 1  # torch's intra-op threads outside the worker sections
+_SECTIONS = 0  # worker sections running now (several runs may train at once in one process)
+
+
+def _caller_threads() -> int:
+    """torch's intra-op threads as the caller set them, not the 1 used inside a worker section."""
+    with _THREADS_LOCK:
+        return _THREADS_SAVED if _SECTIONS else torch.get_num_threads()
+
+
+def _enter_section():
+    global _SECTIONS, _THREADS_SAVED
+    with _THREADS_LOCK:
+        if _SECTIONS == 0:
+            _THREADS_SAVED = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _SECTIONS += 1
+
+
+def _leave_section():
+    global _SECTIONS
+    with _THREADS_LOCK:
+        _SECTIONS -= 1
+        if _SECTIONS == 0:
+            torch.set_num_threads(_THREADS_SAVED)
+
+
 def _in_worker_threads(model, groups, train_group, workers):
     """Client groups on ``workers`` threads, one intra-op thread each (torch ops release the GIL).
 
     functional_call swaps tensors into the module it is given, so every thread has its own copy."""
-    threads_before = torch.get_num_threads()
     models = [model] + [copy.deepcopy(model) for _ in range(workers - 1)]
     results: list = [None] * len(groups)
     errors: list[BaseException] = []
@@ -340,7 +367,7 @@ def _in_worker_threads(model, groups, train_group, workers):
         except BaseException as err:  # re-raised in the calling thread
             errors.append(err)
 
-    torch.set_num_threads(1)
+    _enter_section()
     try:
         pool = [threading.Thread(target=work, args=(w,), name=f"fedlib-worker-{w}") for w in range(workers)]
         for t in pool:
@@ -348,7 +375,7 @@ def _in_worker_threads(model, groups, train_group, workers):
         for t in pool:
             t.join()
     finally:
-        torch.set_num_threads(threads_before)
+        _leave_section()
     if errors:
         raise errors[0]
     return results

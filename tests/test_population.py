@@ -1,5 +1,6 @@
 """The vectorized population engine against the per-client loop oracle."""
 
+import copy
 import os
 from dataclasses import replace
 
@@ -192,6 +193,21 @@ def test_cpu_worker_groups_equal_one_vectorized_call(one_thread):
     torch.testing.assert_close(two, one, atol=1e-6, rtol=0)
     torch.testing.assert_close(two, loop, atol=1e-5, rtol=0)
     assert torch.get_num_threads() == 1  # the caller's thread setting is restored
+    # two trainings at once in one process (run_many on threads): the same numbers, and the
+    # intra-op setting (here 3) comes back when the last one finishes
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.set_num_threads(3)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda net: train_clients(net, layout.flat_of(model), {}, x, y, batches,
+                                                           replace(cfg, workers=2))[0],
+                                 [copy.deepcopy(model) for _ in range(4)]))  # one model per run, as in run()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(1)
+    for out in both:
+        assert torch.equal(out, two)
 
 
 def test_step_backend_and_workers_choices(monkeypatch):

@@ -7,6 +7,13 @@ draws its own shuffled mini-batches, shorter clients are padded and masked, and 
 with no samples left in a step is not updated. Evaluation of M models is one vmapped
 forward pass per test chunk, and aggregation is a matmul (``w_g = c @ W``).
 
+How the steps run is chosen per shape (``execution_plan``): on CUDA the step after a round's
+first one is captured once per shape as a CUDA graph and replayed (``LocalTraining.compile``;
+the eager step is the oracle, the replay is bit-identical to it); on a CPU the clients are
+split into one group per intra-op thread, each group trained by its own thread with one
+intra-op thread (``LocalTraining.workers``). ``warm_up`` pays torch.func's one-time costs
+before a run's first round.
+
 ``train_clients_loop`` is the plain per-client implementation, kept only as the test
 oracle and benchmark baseline; it consumes exactly the same batches.
 """
@@ -585,8 +592,10 @@ def warm_up(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     index = torch.arange(n, device=x.device).view(1, 1, n).expand(1, 2, n).contiguous()
     batches = ClientBatches(index, torch.ones(1, 2, n, device=x.device))
     buffers = {k: v.unsqueeze(0) for k, v in layout.buffers_of(model).items()}
-    train_clients(model, layout.flat_of(model), buffers, x, y, batches,
-                  LocalTraining(batch_size=n, compile="off", workers=1))
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # dropout in the warm-up must not shift the run's RNG
+        train_clients(model, layout.flat_of(model), buffers, x, y, batches,
+                      LocalTraining(batch_size=n, compile="off", workers=1))
     _WARM.add(key)
     return time.perf_counter() - t0
 

@@ -258,3 +258,29 @@ def test_compiled_step_equals_eager():
         else:
             torch.testing.assert_close(fast, eager, atol=1e-5, rtol=0)
     assert (eager - layout.flat_of(model)).abs().max() > 1e-2
+
+
+def test_warm_up_runs_once_per_architecture_and_leaves_the_rng_alone(one_thread):
+    import fedlib.population as population
+
+    model = build_model("mlp", (1, 5, 5), 3)
+    x, y = torch.randn(10, 1, 5, 5), torch.randint(0, 3, (10,))
+    population._WARM.discard((type(model), ParamLayout(model).size, "cpu"))
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    assert population.warm_up(model, x, y) > 0.0
+    assert population.warm_up(model, x, y) == 0.0  # the same architecture: nothing left to warm
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_run_reports_set_up_apart_from_its_rounds(one_thread):
+    """The first round no longer carries the one-time costs: they are in meta and the summary."""
+    import fedlib
+    from fedlib.config import make_config
+
+    r = fedlib.run(make_config(dict(dataset="synthetic", model="mlp", n_clients=3, rounds=2, batch_size=16,
+                                    local_epochs=1, lr=0.1, seed=0)), cache=False, progress=False)
+    assert r.meta["time_load"] > 0 and r.meta["warmup_s"] >= 0
+    for h in r.history:  # a round's parts never exceed the round
+        assert h["time_train"] + h["time_server"] + h.get("time_eval", 0.0) <= h["time_round"]
+    assert "not in wall: data and model" in r.summary()

@@ -3,7 +3,9 @@
 Fashion-MNIST, CELM's MLP (784-256-128-64-10), 1 local epoch, batch 128, SGD lr 0.1, every
 client selected, IID split of the 60,000 training samples over N clients:
 
-  (a) fedlib's vectorized engine (vmap over the stacked population),
+  (a) fedlib's vectorized engine (vmap over the stacked population; the steps after a round's
+      first one replayed from a CUDA graph on CUDA; on CPU the clients split into one group per
+      core, each on its own thread with one intra-op thread: the plan is printed per N),
   (b) fedlib's per-client loop (the test oracle),
   (c) Flower's simulation engine (flwr + Ray; a standard NumPyClient wrapping the same
       PyTorch model and data; Ray's start-up reported separately),
@@ -12,9 +14,13 @@ client selected, IID split of the 60,000 training samples over N clients:
 Each engine runs ``--rounds`` timed rounds after one warm-up round, all from the same initial
 model; the table gives the median seconds per round, the ratios to (a), and the test accuracy
 after all rounds (similar accuracy shows the same work was done). ``--json`` writes the table.
+The optional engine ``eager`` is (a) as it was before capture and worker threads (every step
+eager, one vectorized call using all intra-op threads), to show what they gain. ``--breakdown``
+adds where a fedlib round's time goes (``benchmarks/breakdown.py``).
 
     python benchmarks/peers.py [--clients 5 20 100 500] [--rounds 3] [--device cpu]
-                               [--engines vectorized loop flower central] [--json out.json]
+                               [--engines vectorized eager loop flower central] [--json out.json]
+                               [--compile off|auto|on] [--workers K] [--breakdown]
 
 Flower is an optional dependency of the benchmark only: ``pip install "flwr[simulation]==1.42.0"``.
 """
@@ -39,14 +45,23 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from breakdown import round_breakdown, valuation_arithmetic  # noqa: E402
 from round_speed import _sync, centralized_epoch, fedavg_round  # noqa: E402
 
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
 from fedlib.partition import iid  # noqa: E402
-from fedlib.population import LocalTraining, ParamLayout, evaluate, train_clients, train_clients_loop  # noqa: E402
+from fedlib.population import (  # noqa: E402
+    LocalTraining,
+    ParamLayout,
+    evaluate,
+    execution_plan,
+    train_clients,
+    train_clients_loop,
+)
 
-ENGINES = ("vectorized", "loop", "flower", "central")
+ENGINES = ("vectorized", "eager", "loop", "flower", "central")
+DEFAULT_ENGINES = ("vectorized", "loop", "flower", "central")
 BATCH, LR = 128, 0.1
 
 
@@ -60,9 +75,9 @@ def accuracy(model, flat, x_test, y_test, n_classes) -> float:
     return float(evaluate(model, flat[None], {}, x_test, y_test, n_classes).accuracy[0])
 
 
-def run_fedlib(engine, model, flat0, x, y, indices, rounds, device):
+def run_fedlib(engine, model, flat0, x, y, indices, rounds, device, compile_mode=None, workers=None):
     """rounds + 1 FedAvg rounds (the first is the warm-up); returns (round seconds, final flat)."""
-    cfg = LocalTraining(epochs=1, batch_size=BATCH, lr=LR)
+    cfg = LocalTraining(epochs=1, batch_size=BATCH, lr=LR, compile=compile_mode, workers=workers)
     flat, times = flat0.clone(), []
     for r in range(rounds + 1):
         _sync(device)
@@ -184,46 +199,7 @@ def run_flower(dataset, data_root, flat0, n, rounds, device, cpus_per_client, gp
     return times[1:], flat, startup
 
 
-# -- valuation overhead ------------------------------------------------------------------------
-VALUATIONS = {  # label -> (method spec, which rounds carry the method's server work)
-    "CELM probing (warm-up rounds)": ({"name": "celm", "warmup_fraction": 0.5}, "warmup"),
-    "GTG-Shapley rewards": ({"name": "shapley_rewards", "estimator": "gtg"}, "all"),
-    "FedMS (MS-GTG)": ({"name": "fedms"}, "all"),
-    "exact class-wise Shapley": ({"name": "shapley_rewards", "estimator": "exact"}, "all"),
-    "FLCE": ({"name": "flce"}, "all"),
-}
-
-
-def valuation_overhead(n_clients: int, rounds: int, device: str, fraction: float) -> list[dict]:
-    """Server seconds per round of each valuation method over a FedAvg round (train + server),
-    measured by fedlib.run on one federation (Fashion-MNIST MLP, IID, all clients selected)."""
-    import fedlib
-    from fedlib.config import make_config
-    from fedlib.methods import scm
-
-    base = dict(dataset="fmnist", model="mlp", n_clients=n_clients, rounds=rounds, lr=0.1, batch_size=128,
-                local_epochs=1, fraction=fraction, test_samples=1000, device=device, seed=0)
-    fedavg = fedlib.run(make_config(base, method="fedavg"), cache=False, progress=False)
-    fedavg_round = statistics.median(h["time_train"] + h["time_server"] for h in fedavg.history[1:])
-    rows = [{"method": "FedAvg (one whole round)", "server_s": fedavg_round, "ratio": 1.0}]
-    for label, (spec, which) in VALUATIONS.items():
-        r = fedlib.run(make_config(base, method=spec), cache=False, progress=False)
-        hist = r.history[:max(1, round(0.5 * rounds))] if which == "warmup" else r.history[1:]
-        server = statistics.median(h["time_server"] for h in hist)
-        rows.append({"method": label, "server_s": server, "ratio": server / fedavg_round})
-    sample = scm.simulate_expertise(n_clients, 1000, 10, scm.expertise_levels(n_clients, 3), seed=0)
-    times = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        scm.select(sample.probs, 2 / 3, "pgd")
-        times.append(time.perf_counter() - t0)
-    rows.append({"method": f"FedSCM selection (PGD, K = {n_clients}, n = 1,000; once per run)",
-                 "server_s": statistics.median(times), "ratio": statistics.median(times) / fedavg_round})
-    print(f"\nServer overhead per round, {n_clients} clients, {fraction:.0%} of Fashion-MNIST, MLP "
-          f"(median over rounds; ratio to one whole FedAvg round)")
-    for row in rows:
-        print(f"  {row['method']:<60} {row['server_s']:>8.3f} s {row['ratio']:>8.2f}x")
-    return rows
+# -- valuation overhead: benchmarks/breakdown.py -----------------------------------------------------
 
 
 def main(argv=None):
@@ -234,7 +210,12 @@ def main(argv=None):
     ap.add_argument("--dataset", default="fmnist", help="fmnist (default) or mnist: the same shapes and sizes")
     ap.add_argument("--data-root", default=None)
     ap.add_argument("--fraction", type=float, default=1.0, help="use this share of the training set (smoke runs)")
-    ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
+    ap.add_argument("--compile", choices=("off", "auto", "on"), default=None,
+                    help="fedlib's captured step (default: FEDLIB_COMPILE, else auto: CUDA graphs on CUDA)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="fedlib's CPU client groups (default: FEDLIB_CPU_WORKERS, else one per intra-op thread)")
+    ap.add_argument("--breakdown", action="store_true", help="also time the parts of a fedlib.run round at each N")
     ap.add_argument("--skip-loop-above", type=int, default=10**9)
     ap.add_argument("--skip-flower-above", type=int, default=10**9)
     ap.add_argument("--flower-cpus", type=float, default=1.0, help="Ray CPUs per Flower client (actors = cores / this)")
@@ -269,8 +250,11 @@ def main(argv=None):
             args.engines = [e for e in args.engines if e != "flower"]
         logging.getLogger("flwr").setLevel(logging.WARNING)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
-    print(f"device: {device} ({device_name(device)}); " + ", ".join(f"{k} {v}" for k, v in versions.items()))
-    print(f"FedAvg, {ds.source} MLP, 1 local epoch, batch {BATCH}, lr {LR}, all clients, {len(y)} samples; "
+    dataset = ds.source.split(" from ")[0]  # the dataset's name, not where it sat
+    threads = torch.get_num_threads()
+    print(f"device: {device} ({device_name(device)}); " + ", ".join(f"{k} {v}" for k, v in versions.items())
+          + f"; torch intra-op threads {threads}")
+    print(f"FedAvg, {dataset} MLP, 1 local epoch, batch {BATCH}, lr {LR}, all clients, {len(y)} samples; "
           f"median of {args.rounds} rounds after a warm-up round")
     central = None
     if "central" in args.engines:
@@ -279,7 +263,7 @@ def main(argv=None):
     rows = [{"N": n, "samples_per_client": len(y) // n} for n in args.clients]
     # fedlib's engines first for every N, Flower last: Ray's actor processes (and their CUDA
     # contexts) may linger after a simulation and would slow whatever runs next
-    for engine in ("vectorized", "loop", "flower"):
+    for engine in ("vectorized", "eager", "loop", "flower"):
         for row in rows:
             n = row["N"]
             if engine not in args.engines or (engine == "loop" and n > args.skip_loop_above) or \
@@ -292,20 +276,27 @@ def main(argv=None):
                 row["flower_startup_s"] = startup
             else:
                 indices = iid(y.cpu().numpy(), n, seed=0).indices
-                fn = train_clients if engine == "vectorized" else train_clients_loop
-                t, f = run_fedlib(fn, model, flat0, x, y, indices, args.rounds, device)
+                fn = train_clients_loop if engine == "loop" else train_clients
+                mode, workers = ("off", 1) if engine == "eager" else (args.compile, args.workers)
+                if engine == "vectorized":
+                    row["vectorized_plan"] = execution_plan(LocalTraining(compile=mode, workers=workers), n, device)
+                t, f = run_fedlib(fn, model, flat0, x, y, indices, args.rounds, device, mode, workers)
             row[f"{engine}_s"] = statistics.median(t)
             row[f"{engine}_accuracy"] = accuracy(model, f, ds.x_test, ds.y_test, 10)
     for i, row in enumerate(rows):
         if central:
             row["central_s"], row["central_accuracy"] = central["seconds"], central["accuracy"]
         print_row(row, first=i == 0)
-    valuation = (valuation_overhead(args.valuation_clients, args.valuation_rounds, args.device,
-                                    args.valuation_fraction) if args.valuation_clients else [])
+    breakdown = (round_breakdown(args.clients, args.rounds, args.fraction, args.device, args.dataset, args.data_root)
+                 if args.breakdown else [])
+    valuation = (valuation_arithmetic(args.valuation_clients, args.valuation_rounds, args.valuation_fraction,
+                                      args.device, args.dataset, args.data_root) if args.valuation_clients else [])
     if args.json:
         out = {"device": str(device), "device_name": device_name(device), "versions": versions,
-               "dataset": ds.source, "fraction": args.fraction, "rounds": args.rounds, "rows": rows, "valuation": valuation,
-               "valuation_clients": args.valuation_clients,
+               "dataset": dataset, "fraction": args.fraction, "rounds": args.rounds, "rows": rows, "valuation": valuation,
+               "valuation_clients": args.valuation_clients, "breakdown": breakdown, "threads": threads,
+               "environment": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
+                                                              "FEDLIB_COMPILE", "FEDLIB_CPU_WORKERS")},
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         Path(args.json).write_text(json.dumps(out, indent=1))
     return rows
@@ -313,9 +304,9 @@ def main(argv=None):
 
 def print_row(row, first: bool):
     if first:
-        print(f"{'N':>5} {'vec s':>7} {'loop s':>7} {'flower s':>8} {'central s':>9} | {'loop/vec':>8} "
-              f"{'flower/vec':>10} {'vec/central':>11} | {'acc vec':>7} {'loop':>6} {'flower':>6} {'central':>7}"
-              f" | {'Ray start s':>11}")
+        print(f"{'N':>5} {'vec s':>7} {'eager s':>7} {'loop s':>7} {'flower s':>8} {'central s':>9} | "
+              f"{'eager/vec':>9} {'loop/vec':>8} {'flower/vec':>10} {'vec/central':>11} | {'acc vec':>7} "
+              f"{'eager':>6} {'loop':>6} {'flower':>6} {'central':>7} | {'Ray start s':>11} | fedlib plan")
 
     def s(k, fmt="{:.3f}"):
         return fmt.format(row[k]) if k in row else "-"
@@ -323,11 +314,15 @@ def print_row(row, first: bool):
     def ratio(a, b):
         return f"{row[a] / row[b]:.2f}x" if a in row and b in row else "-"
 
-    print(f"{row['N']:>5} {s('vectorized_s'):>7} {s('loop_s'):>7} {s('flower_s'):>8} {s('central_s'):>9} | "
-          f"{ratio('loop_s', 'vectorized_s'):>8} {ratio('flower_s', 'vectorized_s'):>10} "
-          f"{ratio('vectorized_s', 'central_s'):>11} | {s('vectorized_accuracy', '{:.4f}'):>7} "
+    plan = row.get("vectorized_plan")
+    plan = (f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
+            if plan else "-")
+    print(f"{row['N']:>5} {s('vectorized_s'):>7} {s('eager_s'):>7} {s('loop_s'):>7} {s('flower_s'):>8} "
+          f"{s('central_s'):>9} | {ratio('eager_s', 'vectorized_s'):>9} {ratio('loop_s', 'vectorized_s'):>8} "
+          f"{ratio('flower_s', 'vectorized_s'):>10} {ratio('vectorized_s', 'central_s'):>11} | "
+          f"{s('vectorized_accuracy', '{:.4f}'):>7} {s('eager_accuracy', '{:.4f}'):>6} "
           f"{s('loop_accuracy', '{:.4f}'):>6} {s('flower_accuracy', '{:.4f}'):>6} {s('central_accuracy', '{:.4f}'):>7}"
-          f" | {s('flower_startup_s', '{:.1f}'):>11}", flush=True)
+          f" | {s('flower_startup_s', '{:.1f}'):>11} | {plan}", flush=True)
 
 
 if __name__ == "__main__":

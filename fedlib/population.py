@@ -7,6 +7,13 @@ draws its own shuffled mini-batches, shorter clients are padded and masked, and 
 with no samples left in a step is not updated. Evaluation of M models is one vmapped
 forward pass per test chunk, and aggregation is a matmul (``w_g = c @ W``).
 
+How the steps run is chosen per shape (``execution_plan``): on CUDA the step after a round's
+first one is captured once per shape as a CUDA graph and replayed (``LocalTraining.compile``;
+the eager step is the oracle, the replay is bit-identical to it); on a CPU the clients are
+split into one group per intra-op thread, each group trained by its own thread with one
+intra-op thread (``LocalTraining.workers``). ``warm_up`` pays torch.func's one-time costs
+before a run's first round.
+
 ``train_clients_loop`` is the plain per-client implementation, kept only as the test
 oracle and benchmark baseline; it consumes exactly the same batches.
 """
@@ -15,6 +22,9 @@ from __future__ import annotations
 
 import copy
 import math
+import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -198,6 +208,14 @@ class LocalTraining:
     # True: extra_loss also receives the batch as ``inputs=xb`` (MOON runs other models on it)
     extra_loss_inputs: bool = False
     chunk_size: int | None = None  # clients trained together; None = all
+    # "off": eager steps; "on": capture the per-client step once per shape and replay it (CUDA
+    # graph on CUDA, torch.compile/inductor on CPU); "auto": CUDA graph on CUDA, eager on CPU.
+    # None reads FEDLIB_COMPILE (default "auto"). Steps with an extra_loss always run eagerly.
+    compile: str | None = None
+    # CPU only: client groups trained in parallel Python threads with one intra-op thread each
+    # (None reads FEDLIB_CPU_WORKERS, default: torch.get_num_threads()); 1 = one vectorized call
+    # using all intra-op threads. Results equal the single call up to float blocking (1e-6).
+    workers: int | None = None
 
 
 def _per_client_loss(model, cfg: LocalTraining):
@@ -225,6 +243,51 @@ def _per_client_loss(model, cfg: LocalTraining):
     return loss_fn
 
 
+COMPILE_MODES = ("off", "auto", "on")
+
+
+def step_backend(cfg: LocalTraining, device: torch.device | str) -> str:
+    """How the per-client steps after a round's first one run: "eager", "graph" (CUDA graph
+    replay) or "inductor" (torch.compile on CPU)."""
+    mode = cfg.compile if cfg.compile is not None else os.environ.get("FEDLIB_COMPILE", "auto")
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"LocalTraining.compile (or FEDLIB_COMPILE): must be one of "
+                         f"{', '.join(COMPILE_MODES)} (got {mode!r})")
+    if mode == "off" or cfg.extra_loss is not None:
+        return "eager"
+    if torch.device(device).type == "cuda":
+        return "graph"
+    return "inductor" if mode == "on" else "eager"
+
+
+def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) -> int:
+    """Parallel client groups for a CPU round (1 on CUDA, with an extra_loss, or for one client).
+
+    Each group runs the vectorized step on its clients with one intra-op thread. On a small
+    CPU this replaces OpenMP's 2-thread GEMMs, whose barriers cost a lot on small matrices and
+    collapse when the cores are shared with other processes (measured 10-30x slower under load)."""
+    if torch.device(device).type != "cpu" or cfg.extra_loss is not None or step_backend(cfg, device) != "eager":
+        return 1  # (torch.compile is not run from several threads at once)
+    wanted = cfg.workers if cfg.workers is not None else os.environ.get("FEDLIB_CPU_WORKERS")
+    if wanted is None:
+        wanted = _caller_threads()
+    try:
+        wanted = int(wanted)
+    except ValueError:
+        raise ValueError(f"LocalTraining.workers (or FEDLIB_CPU_WORKERS): must be an integer >= 1 "
+                         f"(got {wanted!r})") from None
+    if wanted < 1:
+        raise ValueError(f"LocalTraining.workers (or FEDLIB_CPU_WORKERS): must be >= 1 (got {wanted})")
+    return max(1, min(wanted, n_clients))
+
+
+def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | str) -> dict[str, Any]:
+    """What ``train_clients`` will do for this shape (benchmarks report it)."""
+    workers = cpu_workers(cfg, n_clients, device)
+    return {"step": step_backend(cfg, device), "workers": workers,
+            "intra_op_threads": 1 if workers > 1 else _caller_threads()}
+
+
 def train_clients(
     model: nn.Module,
     start: torch.Tensor,
@@ -240,26 +303,89 @@ def train_clients(
     n = batches.index.shape[1]
     start = start.detach()
     bufs = {k: (v.expand(n, *v.shape[1:]) if v.shape[0] == 1 else v).clone() for k, v in buffers.items()}
-    chunk = cfg.chunk_size or n
-    flats, out_bufs = [], []
+    workers = cpu_workers(cfg, n, start.device)
+    chunk = min(cfg.chunk_size or n, math.ceil(n / workers))
+    groups = [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]  # memory-bounded chunks
+
+    def train_group(sl: slice, net: nn.Module):
+        ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
+            lambda t: t[sl], cfg.client_context
+        )
+        chunk_start = start if start.dim() == 1 else start[sl].clone()
+        return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
+                            x, y, batches.index[:, sl], batches.mask[:, sl], cfg, ctx)
+
     was_training = model.training
     model.train()
     try:
-        for lo in range(0, n, chunk):  # memory-bounded chunks of clients, not a per-client loop
-            sl = slice(lo, min(n, lo + chunk))
-            ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
-                lambda t: t[sl], cfg.client_context
-            )
-            chunk_start = start if start.dim() == 1 else start[sl].clone()
-            f, b = _train_chunk(model, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
-                                x, y, batches.index[:, sl], batches.mask[:, sl], cfg, ctx)
-            flats.append(f)
-            out_bufs.append(b)
+        if workers == 1:
+            results = [train_group(sl, model) for sl in groups]
+        else:
+            results = _in_worker_threads(model, groups, train_group, workers)
     finally:
         model.train(was_training)
+    flats = [f for f, _ in results]
     flat = flats[0] if len(flats) == 1 else torch.cat(flats)
-    bufs = {k: torch.cat([b[k] for b in out_bufs]) for k in bufs}
+    bufs = {k: torch.cat([b[k] for _, b in results]) for k in bufs}
     return flat, bufs
+
+
+_THREADS_LOCK = threading.Lock()
+_THREADS_SAVED = 1  # torch's intra-op threads outside the worker sections
+_SECTIONS = 0  # worker sections running now (several runs may train at once in one process)
+
+
+def _caller_threads() -> int:
+    """torch's intra-op threads as the caller set them, not the 1 used inside a worker section."""
+    with _THREADS_LOCK:
+        return _THREADS_SAVED if _SECTIONS else torch.get_num_threads()
+
+
+def _enter_section():
+    global _SECTIONS, _THREADS_SAVED
+    with _THREADS_LOCK:
+        if _SECTIONS == 0:
+            _THREADS_SAVED = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _SECTIONS += 1
+
+
+def _leave_section():
+    global _SECTIONS
+    with _THREADS_LOCK:
+        _SECTIONS -= 1
+        if _SECTIONS == 0:
+            torch.set_num_threads(_THREADS_SAVED)
+
+
+def _in_worker_threads(model, groups, train_group, workers):
+    """Client groups on ``workers`` threads, one intra-op thread each (torch ops release the GIL).
+
+    functional_call swaps tensors into the module it is given, so every thread has its own copy."""
+    models = [model] + [copy.deepcopy(model) for _ in range(workers - 1)]
+    results: list = [None] * len(groups)
+    errors: list[BaseException] = []
+
+    def work(w: int):
+        torch.set_num_threads(1)
+        try:
+            for g in range(w, len(groups), workers):
+                results[g] = train_group(groups[g], models[w])
+        except BaseException as err:  # re-raised in the calling thread
+            errors.append(err)
+
+    _enter_section()
+    try:
+        pool = [threading.Thread(target=work, args=(w,), name=f"fedlib-worker-{w}") for w in range(workers)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        _leave_section()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
@@ -268,6 +394,7 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
     While every client still holds the shared start (the first step of a round) the
     parameters enter the vmapped step unbatched, so the forward pass and the input
     gradients are single large matmuls; only the weight gradients are per client.
+    The later steps run eagerly or, per ``step_backend``, replay a captured step.
     """
     n = index.shape[1]
     loss_fn = _per_client_loss(model, cfg)
@@ -280,11 +407,19 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
     flat, velocity = (None if shared else start), None
     step_active = (mask.sum(2) > 0).to(mask.dtype)  # [steps, n]
     live_steps = step_active.any(1).tolist()  # one host sync per round, not one per step
+    backend = step_backend(cfg, start.device)
+    replay = None
     with torch.no_grad():
         for s in range(index.shape[0]):
             if not live_steps[s]:
                 continue
             mb, active = mask[s], step_active[s]
+            if replay is None and backend != "eager" and flat is not None:
+                replay = _captured_step(backend, model, layout, cfg, n, index.shape[2], x, y, bufs)
+                replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr)
+            if replay is not None:
+                replay.step(index[s], mb, active)
+                continue
             xb, yb = x[index[s]], y[index[s]]
             dims = (None if shared else 0, 0, anchor_dim, 0, 0, 0, ctx_dim)
             if dims not in steppers:
@@ -312,10 +447,157 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
                     p.addcmul_(on, g, value=-cfg.lr)  # clients without samples this step stay put
             if shared:
                 params, shared = per_client, False
+    if replay is not None:
+        flat, bufs = replay.result()
     if flat is None:  # no client had a sample
         flat = start.expand(n, -1).clone()
     # MaskedBatchNorm left the statistics of empty steps unchanged
     return flat, {k: v.detach() for k, v in bufs.items()}
+
+
+# ----------------------------------------------------------------------------- captured steps
+
+
+class _StaticStep:
+    """One per-client SGD step of a fixed shape on static tensors, captured once, replayed.
+
+    Every input lives at a fixed address (parameters ``[n, P]``, buffers, momentum, the prox
+    anchor, this step's sample indices, mask and active flags, the learning rate), so a
+    captured program (a CUDA graph, or an inductor-compiled function) can be replayed each
+    step after copying the step's indices in. The arithmetic is the eager step's (the
+    learning rate enters as ``on * lr`` instead of ``-lr`` with ``on`` in {0, 1}: exact).
+    Backend "static" runs the same function eagerly on the static tensors (tests on CPU)."""
+
+    def __init__(self, backend, model, layout, cfg, n, batch, x, y, bufs):
+        dev = x.device
+        self.backend, self.model, self.layout, self.n = backend, model, layout, n
+        self.x, self.y = x, y
+        self.momentum, self.weight_decay, self.prox_mu = cfg.momentum, cfg.weight_decay, cfg.prox_mu
+        self.flat = torch.zeros(n, layout.size, device=dev)
+        self.params = layout.unflatten(self.flat)
+        self.bufs = {k: torch.zeros_like(v) for k, v in bufs.items()}
+        self.velocity = {k: torch.zeros_like(p) for k, p in self.params.items()} if cfg.momentum else None
+        self.anchor_flat = torch.zeros(n, layout.size, device=dev) if cfg.prox_mu else None
+        self.anchor = layout.unflatten(self.anchor_flat) if cfg.prox_mu else None
+        self.index = torch.zeros(n, batch, dtype=torch.long, device=dev)
+        self.mask = torch.zeros(n, batch, device=dev)
+        self.active = torch.zeros(n, device=dev)
+        self.lr = torch.zeros((), device=dev)
+        loss_fn = _per_client_loss(model, LocalTraining(prox_mu=cfg.prox_mu))
+        self.stepper = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0 if cfg.prox_mu else None, 0, 0, 0, None))
+        self.run = self._capture()
+
+    def _step(self):
+        with torch.no_grad():
+            xb, yb = self.x[self.index], self.y[self.index]
+            with torch.enable_grad():
+                grads, bufs = self.stepper(self.params, self.bufs, self.anchor, xb, yb, self.mask, None)
+            for k, b in bufs.items():
+                self.bufs[k].copy_(b)
+            on_lr = self.active * self.lr
+            for k, p in self.params.items():
+                on = self.active.view(self.n, *([1] * (p.dim() - 1)))
+                g = grads[k]
+                if self.weight_decay:
+                    g.add_(p, alpha=self.weight_decay)
+                if self.momentum:
+                    v = self.velocity[k]
+                    v.addcmul_(on, g + (self.momentum - 1.0) * v)
+                    g = v
+                p.addcmul_(on_lr.view_as(on), g, value=-1.0)
+
+    def _capture(self):
+        if self.backend == "static":
+            return self._step
+        if self.backend == "inductor":
+            return torch.compile(self._step, dynamic=False)
+        if self.backend != "graph":
+            raise ValueError(f"unknown step backend {self.backend!r}")
+        stream = torch.cuda.Stream(self.x.device)  # warm-up off the default stream, as CUDA graphs need
+        stream.wait_stream(torch.cuda.current_stream(self.x.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream(self.x.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step()
+        self.graph = graph
+        return graph.replay
+
+    def load(self, flat, bufs, velocity, anchor, shared_anchor, lr):
+        """Copy a chunk's state in (after its first, eager step)."""
+        self.flat.copy_(flat)
+        for k, b in bufs.items():
+            self.bufs[k].copy_(b)
+        if self.velocity is not None:
+            for k, v in self.velocity.items():
+                v.copy_(velocity[k]) if velocity is not None and k in velocity else v.zero_()
+        if self.anchor_flat is not None:
+            self.anchor_flat.copy_(self.layout.flatten(anchor, (self.n,)) if shared_anchor is None
+                                   else shared_anchor.expand_as(self.anchor_flat))
+        self.lr.fill_(lr)
+
+    def step(self, index, mask, active):
+        self.index.copy_(index)
+        self.mask.copy_(mask)
+        self.active.copy_(active)
+        self.run()
+
+    def result(self):
+        return self.flat.clone(), {k: v.clone() for k, v in self.bufs.items()}
+
+
+_CAPTURED: OrderedDict = OrderedDict()  # shape key -> _StaticStep, least recently used first
+_CAPTURED_LOCK = threading.Lock()
+CAPTURED_KEEP = 4
+
+
+def _captured_step(backend, model, layout, cfg, n, batch, x, y, bufs) -> _StaticStep:
+    """The captured step for this shape, made on first use (the model is kept alive by the
+    entry, so its id stays unique; x and y are keyed by address: a new tensor at the same
+    address with the same shape is read correctly by the replay)."""
+    key = (backend, id(model), n, batch, str(x.device),
+           x.data_ptr(), tuple(x.shape), x.dtype, y.data_ptr(), tuple(y.shape),
+           tuple((k, tuple(v.shape), v.dtype) for k, v in bufs.items()),
+           cfg.momentum, cfg.weight_decay, cfg.prox_mu)
+    with _CAPTURED_LOCK:
+        entry = _CAPTURED.pop(key, None)
+        if entry is None:
+            entry = _StaticStep(backend, model, layout, cfg, n, batch, x, y, bufs)
+        _CAPTURED[key] = entry
+        while len(_CAPTURED) > CAPTURED_KEEP:
+            _CAPTURED.popitem(last=False)
+    return entry
+
+
+_WARM: set = set()
+
+
+def warm_up(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """One tiny vectorized step (2 clients, 2 samples) so a run's first round is not charged
+    for one-time costs; returns its seconds (0.0 when this architecture was warmed already).
+
+    Profiled on a 2-core CPU: ~96 % of the first step's extra time is Python imports that
+    torch.func.grad triggers on first use (torch._dynamo and with it sympy, ~870 modules);
+    the rest is the first dispatch of each op under vmap/grad."""
+    import time
+
+    key = (type(model), ParamLayout(model).size, str(x.device))
+    if key in _WARM:
+        return 0.0
+    t0 = time.perf_counter()
+    layout = ParamLayout(model)
+    n = min(2, len(y))
+    index = torch.arange(n, device=x.device).view(1, 1, n).expand(1, 2, n).contiguous()
+    batches = ClientBatches(index, torch.ones(1, 2, n, device=x.device))
+    buffers = {k: v.unsqueeze(0) for k, v in layout.buffers_of(model).items()}
+    devices = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):  # dropout in the warm-up must not shift the run's RNG
+        train_clients(model, layout.flat_of(model), buffers, x, y, batches,
+                      LocalTraining(batch_size=n, compile="off", workers=1))
+    _WARM.add(key)
+    return time.perf_counter() - t0
 
 
 def train_clients_loop(

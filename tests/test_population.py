@@ -1,5 +1,9 @@
 """The vectorized population engine against the per-client loop oracle."""
 
+import copy
+import os
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -131,3 +135,152 @@ def test_evaluate_matches_per_model_forward():
         assert ev.confusion[m].sum().item() == 300
         expected_loss = torch.nn.functional.cross_entropy(ref, y).item()
         assert ev.loss[m].item() == pytest.approx(expected_loss, rel=1e-5)
+
+
+# -- the captured step and CPU worker groups (fedlib.population.step_backend / cpu_workers) --------
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LocalTraining(epochs=2, batch_size=16, lr=0.1),
+        LocalTraining(epochs=2, batch_size=16, lr=0.05, momentum=0.9, weight_decay=5e-4, prox_mu=0.1),
+    ],
+    ids=["sgd", "momentum-wd-prox"],
+)
+def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread):
+    """The static-buffer step that CUDA graphs and inductor capture, run eagerly on CPU: the same
+    kernels on the same values (lr enters as (on * lr) * g with on in {0, 1}: exact), so the
+    parameters and BatchNorm statistics must be bit-identical to the eager engine's."""
+    import fedlib.population as population
+
+    for name, shape, n_clients, low, high in (("mlp", (1, 8, 8), 7, 5, 60), ("resnet20", (3, 8, 8), 4, 6, 30)):
+        torch.manual_seed(0)
+        model = build_model(name, shape, 10)
+        x, y, indices = _federation(n_clients, shape, 10, low=low, high=high)
+        layout = ParamLayout(model)
+        batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(1))
+        start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
+        eager = train_clients(model, start, bufs, x, y, batches, replace(cfg, compile="off", workers=1))
+        monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+        population._CAPTURED.clear()
+        for per_client_start in (False, True):  # a shared [P] start and a per-client [N, P] start
+            s = start.expand(n_clients, -1).clone() if per_client_start else start
+            replayed = train_clients(model, s, bufs, x, y, batches, replace(cfg, workers=1))
+            ref = eager if not per_client_start else train_clients(
+                model, start.expand(n_clients, -1).clone(), bufs, x, y, batches,
+                replace(cfg, compile="off", workers=1))
+            assert torch.equal(replayed[0], ref[0]), name
+            for k in ref[1]:
+                assert torch.equal(replayed[1][k], ref[1][k]), (name, k)
+        assert len(population._CAPTURED) == 1  # one shape, captured once, replayed for both calls
+        monkeypatch.undo()
+        assert (eager[0] - start).abs().max() > 1e-2
+
+
+def test_cpu_worker_groups_equal_one_vectorized_call(one_thread):
+    """Two threads, each training a group of clients with one intra-op thread, give the same
+    parameters as one call over all clients (chunking differs only by GEMM blocking, <= 1e-6)."""
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y, indices = _federation(5, (1, 8, 8), 10)
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, 16, 2, torch.Generator().manual_seed(2))
+    cfg = LocalTraining(batch_size=16, lr=0.1, momentum=0.5, compile="off")
+    one, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches, replace(cfg, workers=1))
+    two, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches, replace(cfg, workers=2))
+    loop, _ = train_clients_loop(model, layout.flat_of(model), {}, x, y, batches, cfg)
+    torch.testing.assert_close(two, one, atol=1e-6, rtol=0)
+    torch.testing.assert_close(two, loop, atol=1e-5, rtol=0)
+    assert torch.get_num_threads() == 1  # the caller's thread setting is restored
+    # two trainings at once in one process (run_many on threads): the same numbers, and the
+    # intra-op setting (here 3) comes back when the last one finishes
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.set_num_threads(3)
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            both = list(pool.map(lambda net: train_clients(net, layout.flat_of(model), {}, x, y, batches,
+                                                           replace(cfg, workers=2))[0],
+                                 [copy.deepcopy(model) for _ in range(4)]))  # one model per run, as in run()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(1)
+    for out in both:
+        assert torch.equal(out, two)
+
+
+def test_step_backend_and_workers_choices(monkeypatch):
+    monkeypatch.delenv("FEDLIB_COMPILE", raising=False)
+    monkeypatch.delenv("FEDLIB_CPU_WORKERS", raising=False)
+    from fedlib.population import cpu_workers, step_backend
+
+    assert step_backend(LocalTraining(), "cpu") == "eager"  # auto: CPU results stay the eager ones
+    assert step_backend(LocalTraining(), "cuda") == "graph"
+    assert step_backend(LocalTraining(compile="on"), "cpu") == "inductor"
+    assert step_backend(LocalTraining(compile="off"), "cuda") == "eager"
+    assert step_backend(LocalTraining(compile="on", extra_loss=lambda *a: 0), "cuda") == "eager"
+    monkeypatch.setenv("FEDLIB_COMPILE", "off")
+    assert step_backend(LocalTraining(), "cuda") == "eager"
+    monkeypatch.setenv("FEDLIB_COMPILE", "fast")
+    with pytest.raises(ValueError, match="FEDLIB_COMPILE.*off, auto, on.*'fast'"):
+        step_backend(LocalTraining(), "cpu")
+    monkeypatch.delenv("FEDLIB_COMPILE")
+    assert cpu_workers(LocalTraining(workers=2), 5, "cpu") == 2
+    assert cpu_workers(LocalTraining(workers=8), 3, "cpu") == 3  # never more groups than clients
+    assert cpu_workers(LocalTraining(workers=2), 5, "cuda") == 1
+    assert cpu_workers(LocalTraining(workers=2, compile="on"), 5, "cpu") == 1
+    monkeypatch.setenv("FEDLIB_CPU_WORKERS", "1")
+    assert cpu_workers(LocalTraining(), 5, "cpu") == 1
+    with pytest.raises(ValueError, match="workers.*>= 1"):
+        cpu_workers(LocalTraining(workers=0), 5, "cpu")
+
+
+@pytest.mark.skipif(os.environ.get("FEDLIB_TEST_COMPILE") != "1",
+                    reason="torch.compile takes ~20-80 s on 2 cores; benchmarks/gpu_check.sh sets FEDLIB_TEST_COMPILE=1")
+def test_compiled_step_equals_eager():
+    """compile="on": inductor on CPU, a CUDA graph on CUDA. A CUDA graph replays the eager kernels
+    (bit-identical); inductor may fuse a*b+c into one rounding, so 1e-5 (the loop oracle's bound)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10).to(device)
+    x, y, indices = _federation(6, (1, 8, 8), 10)
+    x, y = x.to(device), y.to(device)
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, 16, 2, torch.Generator().manual_seed(1))
+    batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
+    cfg = LocalTraining(batch_size=16, lr=0.1, momentum=0.9, weight_decay=5e-4, prox_mu=0.1, workers=1)
+    eager, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches, replace(cfg, compile="off"))
+    for _ in range(2):  # the second call replays the step captured by the first
+        fast, _ = train_clients(model, layout.flat_of(model), {}, x, y, batches, replace(cfg, compile="on"))
+        if device.type == "cuda":
+            assert torch.equal(fast, eager)
+        else:
+            torch.testing.assert_close(fast, eager, atol=1e-5, rtol=0)
+    assert (eager - layout.flat_of(model)).abs().max() > 1e-2
+
+
+def test_warm_up_runs_once_per_architecture_and_leaves_the_rng_alone(one_thread):
+    import fedlib.population as population
+
+    model = build_model("mlp", (1, 5, 5), 3)
+    x, y = torch.randn(10, 1, 5, 5), torch.randint(0, 3, (10,))
+    population._WARM.discard((type(model), ParamLayout(model).size, "cpu"))
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    assert population.warm_up(model, x, y) > 0.0
+    assert population.warm_up(model, x, y) == 0.0  # the same architecture: nothing left to warm
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_run_reports_set_up_apart_from_its_rounds(one_thread):
+    """The first round no longer carries the one-time costs: they are in meta and the summary."""
+    import fedlib
+    from fedlib.config import make_config
+
+    r = fedlib.run(make_config(dict(dataset="synthetic", model="mlp", n_clients=3, rounds=2, batch_size=16,
+                                    local_epochs=1, lr=0.1, seed=0)), cache=False, progress=False)
+    assert r.meta["time_load"] > 0 and r.meta["warmup_s"] >= 0
+    for h in r.history:  # a round's parts never exceed the round
+        assert h["time_train"] + h["time_server"] + h.get("time_eval", 0.0) <= h["time_round"]
+    assert "not in wall: data and model" in r.summary()

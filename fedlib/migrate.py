@@ -163,3 +163,54 @@ def format_report(report: dict[str, list]) -> str:
     lines += [f"  re-keyed {c}/{old}.json -> {new}.json" for c, old, new in report["rekeyed"]]
     lines += [f"  stale {c}/{name}: {why}" for c, name, why in report["stale"]]
     return "\n".join(lines)
+
+
+def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dry_run: bool = False,
+                    today: str | None = None) -> list[tuple[str, str, str]]:
+    """Store, for each of ``configs`` that runs with update clipping off, a run already stored
+    (under any chapter) with the same config but clipping on, where its history shows that no
+    update was ever clipped: the two runs are then the same computation. The copy carries the
+    requested config and a provenance note; its history is byte-identical. Returns
+    ``[(source file, new key, note)]``."""
+    from .book import _parse_config, repo_root
+    from .run import _key_provenance, check_result, result_check
+
+    root = Path(root) if root is not None else repo_root() / "results"
+    today = today or _dt.date.today().isoformat()
+    wanted = {}
+    for config in configs:
+        if getattr(config, "update_clip", 0) is None:
+            wanted[json.dumps({**config.resolved(), "update_clip": None}, sort_keys=True)] = config
+    target_store = ResultCache(root / chapter, protect=True)
+    adopted = []
+    for path in sorted(root.glob("*/*.json")):
+        payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
+        result = (payload or {}).get("result")
+        if problem or check_result(result):
+            continue
+        stored = _parse_config(payload.get("config"))
+        if stored is None or getattr(stored, "update_clip", None) is None:
+            continue
+        config = wanted.get(json.dumps({**stored.resolved(), "update_clip": None}, sort_keys=True))
+        if config is None or any(h.get("clipped") for h in result["history"]):
+            continue
+        fingerprint = config.data_fingerprint()
+        if result_check(stored, fingerprint)(result) is not None:
+            continue  # not current under its own config (other rule, other data)
+        new = config.key(fingerprint)
+        if target_store.path(new).exists():
+            if path.parent.name == chapter and not dry_run:
+                os.unlink(path)  # adopted earlier
+            continue
+        note = (f"re-keyed from {path.parent.name}/{path.stem} on {today}: computed with update_clip "
+                f"{stored.update_clip:g}, and its history shows no update was ever clipped, so it is the run "
+                f"with clipping off")
+        adopted.append((f"{path.parent.name}/{path.name}", new, note))
+        if dry_run:
+            continue
+        meta = {**result["meta"], **_key_provenance(config, fingerprint, new), "rekeyed": note}
+        target_store.put(new, {**payload, "config": config.to_dict(),
+                               "result": {**result, "config": config.to_dict(), "meta": meta}})
+        if path.parent.name == chapter:  # within one chapter this is a rename
+            os.unlink(path)
+    return adopted

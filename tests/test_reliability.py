@@ -588,3 +588,33 @@ def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
     report = migrate_results(ROOT / "results", dry_run=True)
     assert not report["rekeyed"], "run: python -m fedlib migrate-results"
     assert len(report["current"]) + len(report["stale"]) == len(list((ROOT / "results").glob("*/*.json")))
+
+
+def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp_path, monkeypatch):
+    """Paper profiles run with clipping off; a stored clipped run whose history shows no clip is
+    the same computation, so it is stored under the unclipped config (history byte-identical),
+    while a run that did clip is not adopted."""
+    from fedlib.migrate import adopt_unclipped
+
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    root = tmp_path / "results"
+    clipped = make_config(TINY, method={"name": "fedavg"}, update_clip=10.0)
+    unclipped = make_config(TINY, method={"name": "fedavg"}, update_clip=None)
+    result = fedlib.run(clipped, cache=False, progress=False)
+    assert not any(h["clipped"] for h in result.history)
+    source = ResultCache(root / "other", protect=True).put(clipped.key(), {"config": clipped.to_dict(),
+                                                                           "result": result.to_dict()})
+    acted = make_config(TINY, method={"name": "fedprox"}, update_clip=10.0)
+    forged = result.to_dict()
+    forged["history"] = [{**forged["history"][0], "clipped": [1]}, *forged["history"][1:]]
+    forged["config"] = acted.to_dict()
+    ResultCache(root / "other", protect=True).put(acted.key(), {"config": acted.to_dict(), "result": forged})
+    wanted = [unclipped, make_config(TINY, method={"name": "fedprox"}, update_clip=None)]
+    adopted = adopt_unclipped("demo", wanted, root, today="2026-11-26")
+    assert [(src, key) for src, key, _ in adopted] == [(f"other/{source.name}", unclipped.key())]
+    new = ResultCache(root / "demo").get(unclipped.key())
+    assert new["config"]["update_clip"] is None and source.exists()  # another chapter's file is copied
+    assert json.dumps(new["result"]["history"]) == json.dumps(result.to_dict()["history"])
+    assert "no update was ever clipped" in new["result"]["meta"]["rekeyed"]
+    assert book.stored_results("demo", wanted).results.keys() == {unclipped.key()}
+    assert adopt_unclipped("demo", wanted, root) == []  # idempotent

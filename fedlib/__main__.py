@@ -62,18 +62,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _book(args) -> int:
-    import time
-
     from .book import BookError, build
 
-    t0 = time.perf_counter()
-    print(f"Building the book with profile {args.profile!r}")
+    print(f"Building the book with profile {args.profile!r} (runs shown on stderr; results cached)", flush=True)
     try:
-        index = build(args.profile, only=args.only, html=not args.no_html, force=args.force)
-    except (BookError, ValueError, FileNotFoundError) as err:
+        index = build(args.profile, only=args.only, html=not args.no_html, force=args.force,
+                      log=lambda line: print(line, flush=True))
+    except BookError as err:
+        print(f"fedlib book: {err}", file=sys.stderr, flush=True)
+        if getattr(err, "index", None):
+            print(err.index)
+        return 1
+    except (ValueError, FileNotFoundError) as err:
         print(f"fedlib book: {err}", file=sys.stderr)
         return 1
-    print(f"Done in {time.perf_counter() - t0:.0f} s: {index}")
+    print(index)
     return 0
 
 

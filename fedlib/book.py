@@ -88,16 +88,36 @@ def device_description() -> str:
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__})"
 
 
+def parameters_table(chapter: str, params: dict[str, Any]):
+    """This build's parameters next to the paper profile's, for the parameters that differ
+    (a DataFrame: parameter, this build, paper; empty when the build follows the paper)."""
+    import pandas as pd
+
+    try:
+        paper = load_profile(chapter, "paper")
+    except FileNotFoundError:
+        paper = {}
+    rows = [(key, _short(params.get(key, "—")), _short(paper.get(key, "—")))
+            for key in sorted(set(paper) | set(params))
+            if key not in ("profile", "notes") and params.get(key, "—") != paper.get(key, "—")]
+    return pd.DataFrame(rows, columns=["parameter", "this build", "paper"])
+
+
 def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
-    """The first output of every chapter: profile, device, and the protocol differences."""
+    """The first output of every chapter: profile, device, and this build's parameters vs the
+    paper's as a small table (the injected parameters cell itself is not shown)."""
     from IPython.display import Markdown
 
-    diffs = protocol_differences(chapter, params)
-    if profile == "paper" and not diffs:
+    table = parameters_table(chapter, params)
+    if profile == "paper" and table.empty:
         protocol = "This run follows the paper's protocol."
+    elif table.empty:
+        protocol = "Same settings as the paper profile."
     else:
-        protocol = ("**Reduced protocol.** This profile differs from the paper's protocol in:\n"
-                    + "\n".join(f"- {d}" for d in diffs)) if diffs else "Same settings as the paper profile."
+        cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
+        rows = "\n".join(f"| `{r.parameter}` | {cell(r._2)} | {cell(r.paper)} |" for r in table.itertuples())
+        protocol = ("**Reduced protocol.** This build's parameters vs the paper's:\n\n"
+                    f"| parameter | this build | paper |\n|---|---|---|\n{rows}")
     return Markdown(
         f"**Profile:** `{profile}` &nbsp;·&nbsp; **Device:** {device_description()} &nbsp;·&nbsp; "
         f"**fedlib** {_fedlib_version()}\n\n{protocol}"
@@ -338,23 +358,30 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     return h.hexdigest()
 
 
-def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False) -> tuple[Path, bool]:
+def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False,
+                    progress_file: Path | None = None) -> tuple[Path, bool]:
     """Execute one chapter with papermill into the stage; skipped when nothing changed.
 
+    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`).
     Returns (executed notebook, whether it ran)."""
     import papermill
 
     out = stage / f"{chapter}.ipynb"
     stamp = stage / ".stamps" / f"{chapter}.sha256"
     fingerprint = _fingerprint(chapter, profile, stage)
-    if not force and out.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
+    if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
     params = {**load_profile(chapter, profile), "profile": profile} if chapter != STATUS_PAGE else {
         "profile": profile}
-    env_before = {k: os.environ.get(k) for k in ("FEDLIB_BOOK_STAGE", "MPLBACKEND")}
-    os.environ["FEDLIB_BOOK_STAGE"] = str(stage)
-    # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    from .progress import ENV as PROGRESS_ENV
+
+    env = {"FEDLIB_BOOK_STAGE": str(stage),
+           # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+           PROGRESS_ENV: str(progress_file) if progress_file else None}
+    env_before = {k: os.environ.get(k) for k in env}
+    for key, value in env.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
     try:
         papermill.execute_notebook(
             str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params, cwd=str(stage),
@@ -362,8 +389,8 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
         )
     except papermill.PapermillExecutionError as err:
         stamp.unlink(missing_ok=True)
-        raise BookError(f"chapter {chapter!r} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
-                        f"{_strip_ansi(''.join(err.traceback[-3:]))}\n(executed notebook: {out})") from None
+        _tag_for_reading(out)
+        raise BookError(describe_failure(chapter, err, out)) from None
     finally:
         for key, value in env_before.items():
             if value is None:
@@ -372,8 +399,54 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
                 os.environ[key] = value
     from .cache import atomic_write_text
 
+    _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+def is_current(chapter: str, profile: str, stage: Path, fingerprint: str | None = None) -> bool:
+    """Whether the stage holds this chapter executed from its current sources and parameters."""
+    stamp = stage / ".stamps" / f"{chapter}.sha256"
+    fingerprint = fingerprint or _fingerprint(chapter, profile, stage)
+    return (stage / f"{chapter}.ipynb").is_file() and stamp.is_file() and stamp.read_text() == fingerprint
+
+
+def describe_failure(chapter: str, err, notebook: Path, traceback_lines: int = 12) -> str:
+    """One screen: the chapter, the failing cell (number and first line), the error, the end
+    of the traceback, and where the executed notebook is."""
+    source = (getattr(err, "source", "") or "").strip().splitlines()
+    first = next((line for line in source if line.strip() and not line.lstrip().startswith("#")), "")
+    cell = f"cell {err.exec_count}" + (f" (`{first[:70]}`)" if first else "")
+    trace = _strip_ansi("".join(err.traceback or [])).rstrip().splitlines()[-traceback_lines:]
+    return (f"chapter {chapter!r} failed in {cell}: {err.ename}: {err.evalue}\n"
+            + "\n".join("    " + line for line in trace) + f"\n(executed notebook: {notebook})")
+
+
+LONG_OUTPUT_LINES = 15  # stream outputs longer than this go into a collapsed block
+
+
+def _tag_for_reading(path: Path) -> None:
+    """After execution: papermill's injected-parameters cell is removed from the page (the
+    chapter header shows the parameters as a table), and cells printing long logs get their
+    output collapsed (Jupyter Book's hide-output)."""
+    import nbformat
+
+    if not path.is_file():
+        return
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        tags = list(cell.metadata.get("tags", []))
+        if "injected-parameters" in tags:
+            tags.append("remove-cell")
+        if cell.cell_type == "code":
+            lines = sum(str(o.get("text", "")).count("\n") for o in cell.outputs if o.get("output_type") == "stream")
+            if lines > LONG_OUTPUT_LINES:
+                tags.append("hide-output")
+        if tags != list(cell.metadata.get("tags", [])):
+            cell.metadata["tags"] = list(dict.fromkeys(tags))
+    from .cache import atomic_write_text
+
+    atomic_write_text(path, nbformat.writes(nb))
 
 
 def _strip_ansi(text: str) -> str:
@@ -382,9 +455,69 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+TIMINGS = "timings.json"  # in the stage: each chapter's last execution (wall time, runs)
+
+
+def load_timings(stage: Path) -> dict[str, dict[str, Any]]:
+    """chapter -> {"wall", "runs", "cached", "date"} of its last execution in this stage."""
+    try:
+        data = json.loads((stage / TIMINGS).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data.get("chapters", {}) if isinstance(data, dict) else {}
+
+
+def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
+    from .cache import atomic_write_text
+
+    timings = load_timings(stage)
+    timings[chapter] = record
+    atomic_write_text(stage / TIMINGS, json.dumps({"chapters": timings}, indent=1))
+
+
+def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
+                       expected: dict[str, Any] | None, remaining_after: float) -> tuple[bool, dict[str, Any]]:
+    """execute_chapter with a terminal bar fed by the kernel's progress events."""
+    import tempfile
+    import threading
+
+    from .progress import ChapterBar, ProgressFile
+
+    handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
+    os.close(handle)
+    channel = Path(name)
+    bar = ChapterBar(label, expected.get("wall") if expected else None, remaining_after,
+                     expected_runs=int(expected.get("runs", 0)) if expected else 0)
+    reader = ProgressFile(channel)
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            bar.update(reader.read())
+            bar.draw()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel)
+    finally:
+        stop.set()
+        thread.join()
+        bar.update(reader.read())
+        bar.close()
+        channel.unlink(missing_ok=True)
+    return ran, {"runs": bar.done, "cached": bar.cached}
+
+
 def build(profile: str = "quick", only: list[str] | None = None, html: bool = True, force: bool = False,
           log=print) -> Path:
-    """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage)."""
+    """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage).
+
+    ``log`` gets one line per chapter as it starts and as it ends (executed or unchanged, its
+    time), with an estimate of the time left from the last build's timings (``timings.json``
+    in the stage); the runs inside a chapter are shown as a bar on stderr. A failing chapter
+    is reported and the others still build (the HTML too); then BookError lists the failures.
+    """
     if profile not in PROFILES:
         raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
     chapters = toc_chapters()
@@ -393,28 +526,70 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
     stage = stage_dir(profile)
     _stage_sources(stage)
-    failures = []
-    for chapter in chapters:
-        if only and chapter not in only and chapter != STATUS_PAGE and (stage / f"{chapter}.ipynb").is_file():
-            continue  # --only: other chapters keep their executed notebooks (executed once if missing)
+    todo = [c for c in chapters
+            if not (only and c not in only and c != STATUS_PAGE and (stage / f"{c}.ipynb").is_file())]
+    # --only: other chapters keep their executed notebooks (executed once if missing)
+    forced = {c: force and (not only or c in only) for c in todo}
+    will_run = {c: forced[c] or c == STATUS_PAGE or not is_current(c, profile, stage) for c in todo}
+    timings = load_timings(stage)
+    expected = {c: timings.get(c, {}).get("wall") for c in todo}
+    unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
+    left = sum(expected[c] or 0.0 for c in todo if will_run[c])
+    from .progress import format_seconds
+
+    log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"
+        + (f"; about {format_seconds(left)} by the last build's timings" if left else "")
+        + (f" (no timing yet for {', '.join(unknown_time)})" if unknown_time else ""))
+    failures, summary = [], []
+    started = time.perf_counter()
+    for n, chapter in enumerate(todo, 1):
+        label = f"[{n}/{len(todo)}] {chapter}"
+        if will_run[chapter]:
+            log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
+                                           if expected[chapter] else ""))
+        left -= (expected[chapter] or 0.0) if will_run[chapter] else 0.0
         t0 = time.perf_counter()
         try:
-            _, ran = execute_chapter(chapter, profile, stage, force=force and (not only or chapter in only))
+            ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
+                                             timings.get(chapter), max(left, 0.0))
         except BookError as err:
             failures.append(str(err))
-            log(f"  {chapter}: FAILED\n{err}")
+            summary.append((chapter, "FAILED", time.perf_counter() - t0))
+            log(f"  {label}: FAILED after {format_seconds(time.perf_counter() - t0)}\n{err}")
             continue
-        log(f"  {chapter}: {'executed' if ran else 'unchanged'} in {time.perf_counter() - t0:.1f} s")
+        seconds = time.perf_counter() - t0
+        summary.append((chapter, "executed" if ran else "unchanged", seconds))
+        if ran:
+            _save_timing(stage, chapter, {"wall": seconds, **counts, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            runs = f", {counts['runs']} runs ({counts['cached']} from the cache)" if counts["runs"] else ""
+            log(f"  {label}: executed in {format_seconds(seconds)}{runs}"
+                + (f"; about {format_seconds(left)} left" if left > 0 else ""))
+        else:
+            log(f"  {label}: unchanged, kept ({seconds:.1f} s)")
+    index = stage
+    if html:
+        t0 = time.perf_counter()
+        log("  HTML: building with Jupyter Book")
+        jb = Path(sys.executable).parent / "jupyter-book"
+        proc = subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--quiet", "-W",
+                               "--keep-going"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            failures.append(f"jupyter-book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        index = stage / "_build" / "html" / "index.html"
+        summary.append(("HTML", "built" if proc.returncode == 0 else "FAILED", time.perf_counter() - t0))
+        log(f"  HTML: {'built' if proc.returncode == 0 else 'FAILED'} in {format_seconds(time.perf_counter() - t0)}")
+    log(closing_note(summary, time.perf_counter() - started))
     if failures:
-        raise BookError(f"{len(failures)} chapter(s) failed with profile {profile!r}:\n\n" + "\n\n".join(failures))
-    if not html:
-        return stage
-    t0 = time.perf_counter()
-    jb = Path(sys.executable).parent / "jupyter-book"
-    proc = subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--quiet", "-W",
-                           "--keep-going"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BookError(f"jupyter-book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    index = stage / "_build" / "html" / "index.html"
-    log(f"  HTML built in {time.perf_counter() - t0:.1f} s")
+        error = BookError(f"{len(failures)} part(s) failed with profile {profile!r}:\n\n" + "\n\n".join(failures))
+        error.index = index if html and index.is_file() else None  # the pages that did build
+        raise error
     return index
+
+
+def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
+    """The time of each chapter (and the HTML) in this build, one line each, then the total."""
+    from .progress import format_seconds
+
+    width = max([len(name) for name, _, _ in summary] + [5])
+    lines = [f"  {name:<{width}}  {state:<9}  {format_seconds(seconds):>12}" for name, state, seconds in summary]
+    return "\n".join(["Time per chapter:", *lines, f"  {'total':<{width}}  {'':<9}  {format_seconds(total):>12}"])

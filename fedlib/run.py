@@ -27,6 +27,7 @@ from .config import ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import ClientData, ClientUpdates, Federation, RoundState, build_method
 from .models import build_model
+from .progress import report as report_progress
 from .screening import screen_updates
 from .population import (
     LocalTraining,
@@ -275,11 +276,13 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     key = config.key()
     if store is not None and (hit := store.get(key)) is not None:
+        report_progress("run", cached=True, wall=0.0)
         return RunResult.from_dict(hit)
     fresh = _execute(prepare(config, dataset), progress, on_round)
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict())))
     if store is not None:
         store.put(key, result.to_dict())
+    report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 
 
@@ -455,6 +458,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     its workers need fedlib installed and the data root, and send results back here."""
     configs = [make_config(c) if not isinstance(c, RunConfig) else c for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
     results: dict[int, RunResult] = {}
@@ -463,6 +467,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         hit = store.get(c.key()) if store is not None else None
         if hit is not None:
             results[i] = RunResult.from_dict(hit)
+            report_progress("run", cached=True, wall=0.0)
         else:
             pending[i] = executor.submit(_run_in_worker, c.to_dict())
     bar = _progress_bar(len(pending), progress)

@@ -160,3 +160,14 @@ def test_parameters_table_compares_this_build_with_the_paper():
     row = table.set_index("parameter").loc["rounds"]
     assert (row["this build"], row["paper"]) == ("20", "100")
     assert book.parameters_table("fedavg", book.load_profile("fedavg", "paper")).empty
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_pages_read_like_papers_code_is_collapsed_and_parameters_removed(path):
+    nb = nbformat.read(path, as_version=4)
+    for cell in (c for c in nb.cells if c.cell_type == "code"):
+        tags = set(cell.metadata.get("tags", []))
+        if "parameters" in tags:
+            assert "remove-cell" in tags, f"{path.name}: the parameters cell is shown (the header has the table)"
+        else:
+            assert tags & {"hide-input", "remove-input", "remove-cell"}, f"{path.name}: code shown in {cell.id}"

@@ -11,7 +11,7 @@ ifneq ($(SHARED),)
 export FEDLIB_DATA ?= $(abspath $(SHARED))
 endif
 
-.PHONY: test book results demo bench clean
+.PHONY: test book explore results demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: $(VENV)/.book-installed
 
 book: $(VENV)/.book-installed
 	$(BIN)/python -m fedlib book --profile $(PROFILE)
+
+# The live explorer in a browser (Voila on localhost; prints the URL)
+explore: $(VENV)/.book-installed
+	$(BIN)/python -m fedlib explore
 
 # Full-protocol runs kept in the repository: make results CHAPTER=fedavg PROFILE=paper
 results: $(VENV)/.test-installed

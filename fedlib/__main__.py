@@ -36,7 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     p_res = sub.add_parser("results", help="run a chapter's profile and store each run under results/<chapter>/")
     p_res.add_argument("--chapter", required=True)
     p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
+    p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
+    p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
+    p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
     args = parser.parse_args(argv)
+    if args.command == "explore":
+        from .explore import serve
+
+        return serve(port=args.port, open_browser=args.open)
     if args.command == "book":
         return _book(args)
     if args.command == "results":

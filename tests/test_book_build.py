@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from fedlib import book
+from fedlib.pagecheck import page_problems
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -58,6 +59,10 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
     assert "<h1" in dom
     assert not re.search(r'class="[^"]*(output traceback|output stderr|output error)', dom), chapter
     assert "Traceback (most recent call last)" not in dom
+    assert page_problems(dom) == [], chapter  # no traceback, figure repr, NaN cell or empty table
+    assert "tag_injected-parameters" not in dom and "tag_parameters" not in dom  # shown as the header's table
+    if chapter not in ("intro", "explore"):  # code is collapsed, one click away
+        assert 'class="cell tag_hide-input' in dom or "tag_remove-input" in dom
     if chapter == "fedavg":
         assert dom.count("<img") >= 2 and "<table" in dom and "Reduced protocol" in dom
     if chapter == "celm":

@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -382,16 +383,19 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     env_before = {k: os.environ.get(k) for k in env}
     for key, value in env.items():
         os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+    sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
     try:
         papermill.execute_notebook(
             str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params, cwd=str(stage),
             kernel_name="python3", progress_bar=False, log_output=False,
+            kernel_manager_class=_local_kernel_manager(Path(sockets.name)),
         )
     except papermill.PapermillExecutionError as err:
         stamp.unlink(missing_ok=True)
         _tag_for_reading(out)
         raise BookError(describe_failure(chapter, err, out)) from None
     finally:
+        sockets.cleanup()
         for key, value in env_before.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -402,6 +406,20 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+def _local_kernel_manager(folder: Path):
+    """A kernel manager talking to its kernel over local IPC sockets in ``folder`` instead of
+    unencrypted TCP: the kernel then prints no warning on the terminal."""
+    from jupyter_client import AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+            self.ip = str(folder / "kernel")
+
+    return LocalKernelManager
 
 
 def is_current(chapter: str, profile: str, stage: Path, fingerprint: str | None = None) -> bool:

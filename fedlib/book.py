@@ -77,7 +77,8 @@ def protocol_differences(chapter: str, params: dict[str, Any]) -> list[str]:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
+    plain = lambda o: o.model_dump() if hasattr(o, "model_dump") else str(o)  # noqa: E731
+    text = json.dumps(value, default=plain) if not isinstance(value, str) else value
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -107,21 +108,24 @@ def parameters_table(chapter: str, params: dict[str, Any]):
 def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
     """The first output of every chapter: profile, device, and this build's parameters vs the
     paper's as a small table (the injected parameters cell itself is not shown)."""
-    from IPython.display import Markdown
+    from html import escape
+
+    from IPython.display import HTML
 
     table = parameters_table(chapter, params)
     if profile == "paper" and table.empty:
-        protocol = "This run follows the paper's protocol."
+        protocol = "<p>This run follows the paper's protocol.</p>"
     elif table.empty:
-        protocol = "Same settings as the paper profile."
+        protocol = "<p>Same settings as the paper profile.</p>"
     else:
-        cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
-        rows = "\n".join(f"| `{r.parameter}` | {cell(r._2)} | {cell(r.paper)} |" for r in table.itertuples())
-        protocol = ("**Reduced protocol.** This build's parameters vs the paper's:\n\n"
-                    f"| parameter | this build | paper |\n|---|---|---|\n{rows}")
-    return Markdown(
-        f"**Profile:** `{profile}` &nbsp;·&nbsp; **Device:** {device_description()} &nbsp;·&nbsp; "
-        f"**fedlib** {_fedlib_version()}\n\n{protocol}"
+        rows = "".join(f"<tr><td><code>{escape(r.parameter)}</code></td><td>{escape(r._2)}</td>"
+                       f"<td>{escape(r.paper)}</td></tr>" for r in table.itertuples())
+        protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
+                    "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
+                    f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
+    return HTML(
+        f"<p><b>Profile:</b> <code>{escape(profile)}</code> &nbsp;·&nbsp; <b>Device:</b> "
+        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(_fedlib_version())}</p>{protocol}"
     )
 
 
@@ -343,6 +347,54 @@ def _stage_sources(stage: Path) -> None:
             shutil.copy2(item, target)
 
 
+API_TABLES = ("api_config.md", "api_methods.md")  # generated into the stage, included by api.md
+
+
+def write_api_tables(stage: Path) -> list[Path]:
+    """The API page's generated parts: RunConfig's fields, and every registered method with its
+    hyper-parameters, the source it follows and its docstring (equations included)."""
+    import dataclasses
+    import inspect as _inspect
+    import re
+
+    from .cache import atomic_write_text
+    from .config import RunConfig
+    from .methods import METHODS
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for name, field in RunConfig.model_fields.items():
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+        default = "required" if field.is_required() else _short(field.get_default(call_default_factory=True)
+                                                                if field.default_factory else field.default)
+        rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(field.description or '')} |")
+    config_md = "\n".join(rows) + "\n"
+
+    source = re.compile(r"(github\.com/[\w.\-]+/[\w.\-]+[^\s,;)]*|Algorithm \d+|§\s?\d+(\.\d+)*|Eq\.\s?\(\d+\)|Eq\.\s?\d+)")
+    table = ["| method | class | hyper-parameters (defaults) | follows (from its docstring) |", "|---|---|---|---|"]
+    sections = []
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        doc = _inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") \
+            else ""
+        params = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        hyper = ", ".join(f"`{k}={_short(v)}`" for k, v in params.items()) or "none"
+        cites = list(dict.fromkeys(m.group(0) for m in source.finditer(doc)))
+        follows = ", ".join(cites[:3]) or "see the docstring"
+        table.append(f"| [`{name}`](method-{name}) | `{cls.__module__}.{cls.__name__}` | {cell(hyper)} | "
+                     f"{cell(follows)} |")
+        sections.append(f"(method-{name})=\n### `{name}`: `{cls.__module__}.{cls.__name__}`\n\n"
+                        f"Hyper-parameters: {hyper}.\n\n```text\n{doc or '(no docstring)'}\n```\n")
+    methods_md = "\n".join(table) + "\n\n" + "\n".join(sections)
+    out = []
+    for name, text in zip(API_TABLES, (config_md, methods_md)):
+        atomic_write_text(stage / name, text)
+        out.append(stage / name)
+    return out
+
+
 def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     """Hash of what a chapter's output depends on: source, parameters, fedlib, references."""
     h = hashlib.sha256()
@@ -544,11 +596,12 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
     stage = stage_dir(profile)
     _stage_sources(stage)
+    write_api_tables(stage)
     todo = [c for c in chapters
             if not (only and c not in only and c != STATUS_PAGE and (stage / f"{c}.ipynb").is_file())]
     # --only: other chapters keep their executed notebooks (executed once if missing)
     forced = {c: force and (not only or c in only) for c in todo}
-    will_run = {c: forced[c] or c == STATUS_PAGE or not is_current(c, profile, stage) for c in todo}
+    will_run = {c: forced[c] or not is_current(c, profile, stage) for c in todo}  # status: decided at its turn
     timings = load_timings(stage)
     expected = {c: timings.get(c, {}).get("wall") for c in todo}
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
@@ -562,6 +615,8 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     started = time.perf_counter()
     for n, chapter in enumerate(todo, 1):
         label = f"[{n}/{len(todo)}] {chapter}"
+        if chapter == STATUS_PAGE:  # its inputs, the chapters' headlines, are final only now
+            will_run[chapter] = forced[chapter] or not is_current(chapter, profile, stage)
         if will_run[chapter]:
             log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
                                            if expected[chapter] else ""))

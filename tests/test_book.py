@@ -171,3 +171,11 @@ def test_pages_read_like_papers_code_is_collapsed_and_parameters_removed(path):
             assert "remove-cell" in tags, f"{path.name}: the parameters cell is shown (the header has the table)"
         else:
             assert tags & {"hide-input", "remove-input", "remove-cell"}, f"{path.name}: code shown in {cell.id}"
+
+
+def test_chapter_header_is_one_small_html_table_of_differences():
+    html = book.chapter_header("fedavg", "quick", book.load_profile("fedavg", "quick")).data
+    assert "<b>Reduced protocol.</b>" in html and html.count("<tr>") == 6  # header + fraction, lr_milestones, rounds, seeds, test_samples
+    assert "<td><code>rounds</code></td><td>20</td><td>100</td>" in html
+    same = book.chapter_header("fedavg", "paper", book.load_profile("fedavg", "paper")).data
+    assert "follows the paper's protocol" in same and "<table" not in same

@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROFILE ?= quick
+JOBS ?= 2
 
 # Data root: FEDLIB_DATA if set; else ../shared/datasets when that folder exists.
 SHARED := $(wildcard ../shared/datasets)
@@ -29,7 +30,7 @@ test: $(VENV)/.book-installed
 	$(BIN)/python -m pytest
 
 book: $(VENV)/.book-installed
-	$(BIN)/python -m fedlib book --profile $(PROFILE)
+	$(BIN)/python -m fedlib book --profile $(PROFILE) --jobs $(JOBS)
 
 # The live explorer in a browser (Voila on localhost; prints the URL)
 explore: $(VENV)/.book-installed

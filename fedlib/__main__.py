@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import sys
 
 import yaml
@@ -33,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
+    p_book.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="chapters executing at a time (default: 2, or 1 on a 1-core machine)")
     p_res = sub.add_parser("results", help="run a chapter's profile and store each run under results/<chapter>/")
     p_res.add_argument("--chapter", required=True)
     p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
@@ -74,7 +77,7 @@ def _book(args) -> int:
     print(f"Building the book with profile {args.profile!r} (runs shown on stderr; results cached)", flush=True)
     try:
         index = build(args.profile, only=args.only, html=not args.no_html, force=args.force,
-                      log=lambda line: print(line, flush=True))
+                      log=lambda line: print(line, flush=True), jobs=args.jobs)
     except BookError as err:
         print(f"fedlib book: {err}", file=sys.stderr, flush=True)
         if getattr(err, "index", None):

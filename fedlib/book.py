@@ -430,17 +430,15 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
 
     env = {"FEDLIB_BOOK_STAGE": str(stage),
            # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
-           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-           PROGRESS_ENV: str(progress_file) if progress_file else None}
-    env_before = {k: os.environ.get(k) for k in env}
-    for key, value in env.items():
-        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    if progress_file:
+        env[PROGRESS_ENV] = str(progress_file)
     sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
-    try:
+    try:  # the kernel gets its cwd and environment from its manager: chapters can run side by side
         papermill.execute_notebook(
-            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params, cwd=str(stage),
+            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params,
             kernel_name="python3", progress_bar=False, log_output=False,
-            kernel_manager_class=_local_kernel_manager(Path(sockets.name)),
+            kernel_manager_class=_local_kernel_manager(Path(sockets.name), stage, env),
         )
     except papermill.PapermillExecutionError as err:
         stamp.unlink(missing_ok=True)
@@ -448,11 +446,6 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
         raise BookError(describe_failure(chapter, err, out)) from None
     finally:
         sockets.cleanup()
-        for key, value in env_before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     from .cache import atomic_write_text
 
     _tag_for_reading(out)
@@ -460,9 +453,10 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     return out, True
 
 
-def _local_kernel_manager(folder: Path):
-    """A kernel manager talking to its kernel over local IPC sockets in ``folder`` instead of
-    unencrypted TCP: the kernel then prints no warning on the terminal."""
+def _local_kernel_manager(folder: Path, cwd: Path, env: dict[str, str]):
+    """A kernel manager whose kernel runs in ``cwd`` with ``env`` added to this process's
+    environment (without touching it, so chapters can execute in parallel threads), and talks
+    over local IPC sockets in ``folder`` instead of unencrypted TCP (no warning on the terminal)."""
     from jupyter_client import AsyncKernelManager
 
     class LocalKernelManager(AsyncKernelManager):
@@ -470,6 +464,11 @@ def _local_kernel_manager(folder: Path):
             super().__init__(**kwargs)
             self.transport = "ipc"
             self.ip = str(folder / "kernel")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["env"] = {**(kw.get("env") or os.environ), **env}
+            kw["cwd"] = str(cwd)
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
 
     return LocalKernelManager
 
@@ -546,50 +545,47 @@ def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
 
 
 def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
-                       expected: dict[str, Any] | None, remaining_after: float) -> tuple[bool, dict[str, Any]]:
-    """execute_chapter with a terminal bar fed by the kernel's progress events."""
-    import tempfile
-    import threading
-
+                       expected: dict[str, Any] | None, board) -> tuple[bool, dict[str, Any]]:
+    """execute_chapter, its runs shown on ``board`` (fed by the kernel's progress events)."""
     from .progress import ChapterBar, ProgressFile
 
     handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
     os.close(handle)
     channel = Path(name)
-    bar = ChapterBar(label, expected.get("wall") if expected else None, remaining_after,
-                     expected_runs=int(expected.get("runs", 0)) if expected else 0)
-    reader = ProgressFile(channel)
-    stop = threading.Event()
-
-    def watch():
-        while not stop.wait(0.5):
-            bar.update(reader.read())
-            bar.draw()
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
+    bar = ChapterBar(label, expected.get("wall") if expected else None, 0.0,
+                     expected_runs=int(expected.get("runs", 0)) if expected else 0, stream=board.stream)
+    bar.reader = ProgressFile(channel)  # read by the build's watcher thread, under board.lock
+    with board.lock:
+        board.bars[chapter] = bar
     try:
         _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel)
     finally:
-        stop.set()
-        thread.join()
-        bar.update(reader.read())
-        bar.close()
+        with board.lock:
+            bar.update(bar.reader.read())
+            board.bars.pop(chapter, None)
         channel.unlink(missing_ok=True)
     return ran, {"runs": bar.done, "cached": bar.cached}
 
 
 def build(profile: str = "quick", only: list[str] | None = None, html: bool = True, force: bool = False,
-          log=print) -> Path:
+          log=print, jobs: int = 1) -> Path:
     """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage).
 
-    ``log`` gets one line per chapter as it starts and as it ends (executed or unchanged, its
-    time), with an estimate of the time left from the last build's timings (``timings.json``
-    in the stage); the runs inside a chapter are shown as a bar on stderr. A failing chapter
-    is reported and the others still build (the HTML too); then BookError lists the failures.
+    ``jobs`` chapters execute at a time (each kernel trains with one thread; the status page
+    runs last, alone). ``log`` gets one line per chapter as it starts and as it ends (executed
+    or unchanged, its time), with an estimate of the time left from the last build's timings
+    (``timings.json`` in the stage); the runs inside the chapters are shown as bars on stderr.
+    A failing chapter is reported and the others still build (the HTML too); then BookError
+    lists the failures.
     """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .progress import Board, format_seconds
+
     if profile not in PROFILES:
         raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
+    if jobs < 1:
+        raise ValueError(f"jobs: must be >= 1 (got {jobs})")
     chapters = toc_chapters()
     unknown = sorted(set(only or []) - set(chapters))
     if unknown:
@@ -605,40 +601,73 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     timings = load_timings(stage)
     expected = {c: timings.get(c, {}).get("wall") for c in todo}
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
-    left = sum(expected[c] or 0.0 for c in todo if will_run[c])
-    from .progress import format_seconds
-
+    board = Board(jobs=jobs)
+    board.queued_seconds = sum(expected[c] or 0.0 for c in todo if will_run[c])
+    left = board.queued_seconds / jobs
     log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"
+        + (f", {jobs} at a time" if jobs > 1 else "")
         + (f"; about {format_seconds(left)} by the last build's timings" if left else "")
         + (f" (no timing yet for {', '.join(unknown_time)})" if unknown_time else ""))
-    failures, summary = [], []
+    failures, summary = [], {}
     started = time.perf_counter()
-    for n, chapter in enumerate(todo, 1):
+
+    def one(n: int, chapter: str):
         label = f"[{n}/{len(todo)}] {chapter}"
         if chapter == STATUS_PAGE:  # its inputs, the chapters' headlines, are final only now
             will_run[chapter] = forced[chapter] or not is_current(chapter, profile, stage)
         if will_run[chapter]:
+            with board.lock:
+                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or 0.0), 0.0)
             log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
                                            if expected[chapter] else ""))
-        left -= (expected[chapter] or 0.0) if will_run[chapter] else 0.0
         t0 = time.perf_counter()
         try:
             ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
-                                             timings.get(chapter), max(left, 0.0))
+                                             timings.get(chapter), board)
         except BookError as err:
             failures.append(str(err))
-            summary.append((chapter, "FAILED", time.perf_counter() - t0))
+            summary[chapter] = ("FAILED", time.perf_counter() - t0)
+            board.clear()
             log(f"  {label}: FAILED after {format_seconds(time.perf_counter() - t0)}\n{err}")
-            continue
+            return
         seconds = time.perf_counter() - t0
-        summary.append((chapter, "executed" if ran else "unchanged", seconds))
+        summary[chapter] = ("executed" if ran else "unchanged", seconds)
+        board.clear()
         if ran:
-            _save_timing(stage, chapter, {"wall": seconds, **counts, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            _save_timing(stage, chapter, {"wall": seconds, "runs": counts["runs"], "cached": counts["cached"],
+                                          "jobs": jobs, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
             runs = f", {counts['runs']} runs ({counts['cached']} from the cache)" if counts["runs"] else ""
+            rest = board.remaining()
             log(f"  {label}: executed in {format_seconds(seconds)}{runs}"
-                + (f"; about {format_seconds(left)} left" if left > 0 else ""))
+                + (f"; about {format_seconds(rest)} left" if rest else ""))
         else:
             log(f"  {label}: unchanged, kept ({seconds:.1f} s)")
+
+    import threading
+
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            with board.lock:
+                for bar in board.bars.values():
+                    bar.update(bar.reader.read())
+            board.draw()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        numbered = list(enumerate(todo, 1))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(lambda item: one(*item), [i for i in numbered if i[1] != STATUS_PAGE]))
+        for n, chapter in numbered:
+            if chapter == STATUS_PAGE:
+                one(n, chapter)
+    finally:
+        stop.set()
+        watcher.join()
+        board.clear()
+    order = [(c, *summary[c]) for c in todo if c in summary]
     index = stage
     if html:
         t0 = time.perf_counter()
@@ -649,9 +678,9 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         if proc.returncode != 0:
             failures.append(f"jupyter-book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         index = stage / "_build" / "html" / "index.html"
-        summary.append(("HTML", "built" if proc.returncode == 0 else "FAILED", time.perf_counter() - t0))
+        order.append(("HTML", "built" if proc.returncode == 0 else "FAILED", time.perf_counter() - t0))
         log(f"  HTML: {'built' if proc.returncode == 0 else 'FAILED'} in {format_seconds(time.perf_counter() - t0)}")
-    log(closing_note(summary, time.perf_counter() - started))
+    log(closing_note(order, time.perf_counter() - started))
     if failures:
         error = BookError(f"{len(failures)} part(s) failed with profile {profile!r}:\n\n" + "\n\n".join(failures))
         error.index = index if html and index.is_file() else None  # the pages that did build

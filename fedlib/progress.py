@@ -144,3 +144,58 @@ class ChapterBar:
         if self.tty and self._drawn:
             self.stream.write("\r\x1b[2K")
             self.stream.flush()
+
+    def short(self) -> str:
+        """E.g. "celm [######......] 12/58" for a line shared with other chapters."""
+        total = max(self.announced, self.expected_runs)
+        filled = int(12 * self.done / total) if total else 0
+        return f"{self.label} [{'#' * filled}{'.' * (12 - filled)}] {self.done}/{total or '?'}"
+
+
+class Board:
+    """One status line for the chapters executing now (several when the build runs chapters in
+    parallel): each chapter's bar and an estimate of the time left for the whole build, that is
+    (what is left of the running chapters + the stored times of those still queued) / jobs."""
+
+    def __init__(self, jobs: int = 1, stream=None, log_every: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic):
+        import threading
+
+        self.jobs = max(1, jobs)
+        self.bars: dict[str, ChapterBar] = {}
+        self.queued_seconds = 0.0
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.log_every = log_every
+        self.clock = clock
+        self._last_log = clock()
+        self.lock = threading.Lock()
+
+    def remaining(self) -> float | None:
+        with self.lock:
+            parts = [bar.remaining() for bar in self.bars.values()]
+        if any(part is None for part in parts):
+            return None
+        return (sum(parts) + self.queued_seconds) / self.jobs
+
+    def line(self) -> str:
+        with self.lock:
+            bars = list(self.bars.values())
+        left = self.remaining()
+        eta = f" | about {format_seconds(left)} left" if left is not None else ""
+        return "    " + " | ".join(bar.short() for bar in bars) + eta
+
+    def draw(self) -> None:
+        if not self.bars:
+            return
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line())
+        elif self.clock() - self._last_log >= self.log_every:
+            self.stream.write(self.line() + "\n")
+            self._last_log = self.clock()
+        self.stream.flush()
+
+    def clear(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()

@@ -179,3 +179,22 @@ def test_chapter_header_is_one_small_html_table_of_differences():
     assert "<td><code>rounds</code></td><td>20</td><td>100</td>" in html
     same = book.chapter_header("fedavg", "paper", book.load_profile("fedavg", "paper")).data
     assert "follows the paper's protocol" in same and "<table" not in same
+
+
+def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypatch):
+    cell = "import os\nprint(os.getcwd(), os.environ['FEDLIB_BOOK_STAGE'], value)"
+    repo = _mini_repo(tmp_path, cell)
+    shutil.copy(repo / "book" / "mini.ipynb", repo / "book" / "twin.ipynb")
+    shutil.copytree(repo / "params" / "mini", repo / "params" / "twin")
+    (repo / "book" / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: mini\n  - file: twin\n")
+    monkeypatch.setenv("FEDLIB_REPO", str(repo))
+    monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
+    monkeypatch.delenv("FEDLIB_BOOK_STAGE", raising=False)
+    lines = []
+    stage = book.build("smoke", html=False, log=lines.append, jobs=2)
+    assert "2 to execute, 2 at a time" in lines[0]
+    for chapter in ("mini", "twin"):
+        text = nbformat.read(stage / f"{chapter}.ipynb", as_version=4).cells[-1].outputs[0]["text"]
+        assert text.split() == [str(stage), str(stage), "2"]  # the kernel's cwd and environment
+        assert book.load_timings(stage)[chapter]["jobs"] == 2
+    assert "FEDLIB_BOOK_STAGE" not in __import__("os").environ  # the builder's own environment is untouched

@@ -58,3 +58,20 @@ def test_without_stored_timings_the_estimate_comes_from_the_runs_done():
 
 def test_format_seconds():
     assert [progress.format_seconds(s) for s in (4.4, 65, 3725)] == ["4 s", "1 min 05 s", "1 h 02 min"]
+
+
+def test_board_shares_one_line_and_divides_the_time_left_by_the_jobs():
+    now = [0.0]
+    out = io.StringIO()
+    board = progress.Board(jobs=2, stream=out, log_every=10.0, clock=lambda: now[0])
+    celm = progress.ChapterBar("celm", 200.0, 0.0, expected_runs=12, stream=out, clock=lambda: now[0])
+    fedms = progress.ChapterBar("fedms", 100.0, 0.0, expected_runs=4, stream=out, clock=lambda: now[0])
+    board.bars.update(celm=celm, fedms=fedms)
+    board.queued_seconds = 300.0
+    celm.update([{"event": "run", "cached": False}] * 6)
+    now[0] = 50.0
+    # (150 s left of celm + 50 s of fedms + 300 s queued) / 2 jobs
+    assert board.remaining() == 250.0
+    assert board.line() == "    celm [######......] 6/12 | fedms [............] 0/4 | about 4 min 10 s left"
+    board.draw()
+    assert out.getvalue() == board.line() + "\n"

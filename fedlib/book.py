@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -536,12 +537,16 @@ def load_timings(stage: Path) -> dict[str, dict[str, Any]]:
     return data.get("chapters", {}) if isinstance(data, dict) else {}
 
 
+_TIMINGS_LOCK = threading.Lock()  # chapters executing in parallel threads finish at any time
+
+
 def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
     from .cache import atomic_write_text
 
-    timings = load_timings(stage)
-    timings[chapter] = record
-    atomic_write_text(stage / TIMINGS, json.dumps({"chapters": timings}, indent=1))
+    with _TIMINGS_LOCK:
+        timings = load_timings(stage)
+        timings[chapter] = record
+        atomic_write_text(stage / TIMINGS, json.dumps({"chapters": timings}, indent=1))
 
 
 def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
@@ -624,7 +629,9 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         try:
             ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
                                              timings.get(chapter), board)
-        except BookError as err:
+        except Exception as err:  # noqa: BLE001 - a dead kernel, a missing profile...: the others still build
+            if not isinstance(err, BookError):
+                err = BookError(f"chapter {chapter!r} failed: {type(err).__name__}: {err}")
             failures.append(str(err))
             summary[chapter] = ("FAILED", time.perf_counter() - t0)
             board.clear()
@@ -642,8 +649,6 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
                 + (f"; about {format_seconds(rest)} left" if rest else ""))
         else:
             log(f"  {label}: unchanged, kept ({seconds:.1f} s)")
-
-    import threading
 
     stop = threading.Event()
 

@@ -198,3 +198,15 @@ def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypa
         assert text.split() == [str(stage), str(stage), "2"]  # the kernel's cwd and environment
         assert book.load_timings(stage)[chapter]["jobs"] == 2
     assert "FEDLIB_BOOK_STAGE" not in __import__("os").environ  # the builder's own environment is untouched
+
+
+def test_a_chapter_without_its_profile_fails_alone(tmp_path, monkeypatch):
+    repo = _mini_repo(tmp_path, "print('fine')")
+    shutil.copy(repo / "book" / "mini.ipynb", repo / "book" / "orphan.ipynb")  # no params/orphan/
+    (repo / "book" / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: orphan\n  - file: mini\n")
+    monkeypatch.setenv("FEDLIB_REPO", str(repo))
+    monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
+    lines = []
+    with pytest.raises(book.BookError, match="chapter 'orphan' failed: FileNotFoundError: orphan: no parameter file"):
+        book.build("smoke", html=False, log=lines.append, jobs=2)
+    assert any("mini: executed" in line for line in lines)

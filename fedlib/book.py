@@ -607,6 +607,12 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     expected = {c: timings.get(c, {}).get("wall") for c in todo}
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
     board = Board(jobs=jobs)
+    raw_log = log
+
+    def log(line: str) -> None:  # noqa: F811 - a log line replaces the bars' line on a terminal
+        board.clear()
+        raw_log(line)
+
     board.queued_seconds = sum(expected[c] or 0.0 for c in todo if will_run[c])
     left = board.queued_seconds / jobs
     log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"

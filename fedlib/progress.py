@@ -182,7 +182,7 @@ class Board:
         with self.lock:
             bars = list(self.bars.values())
         left = self.remaining()
-        eta = f" | about {format_seconds(left)} left" if left is not None else ""
+        eta = "" if left is None else f" | about {format_seconds(left)} left" if left >= 1 else " | finishing"
         return "    " + " | ".join(bar.short() for bar in bars) + eta
 
     def draw(self) -> None:

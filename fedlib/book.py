@@ -373,7 +373,8 @@ def write_api_tables(stage: Path) -> list[Path]:
         rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(field.description or '')} |")
     config_md = "\n".join(rows) + "\n"
 
-    source = re.compile(r"(github\.com/[\w.\-]+/[\w.\-]+[^\s,;)]*|Algorithm \d+|§\s?\d+(\.\d+)*|Eq\.\s?\(\d+\)|Eq\.\s?\d+)")
+    source = re.compile(r"(github\.com/[\w.\-]+/[\w.\-]+[^\s,;)]*"  # the authors' repository
+                        r"|Algorithm \d+|§\s?\d+(\.\d+)*|Eq\.\s?\(\d+\)|Eq\.\s?\d+)")
     table = ["| method | class | hyper-parameters (defaults) | follows (from its docstring) |", "|---|---|---|---|"]
     sections = []
     for name in sorted(METHODS):

@@ -131,7 +131,8 @@ def test_a_failure_names_chapter_cell_and_error_and_the_other_chapters_still_bui
     broken.cells[-1].source = "# a comment first\nnumbers = [1, 2]\nnumbers[value]"
     nbformat.write(broken, repo / "book" / "broken.ipynb")
     shutil.copytree(repo / "params" / "mini", repo / "params" / "broken")
-    (repo / "book" / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: broken\n  - file: mini\n")
+    toc = "format: jb-book\nroot: intro\nchapters:\n  - file: broken\n  - file: mini\n"
+    (repo / "book" / "_toc.yml").write_text(toc)
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     lines = []
@@ -175,7 +176,8 @@ def test_pages_read_like_papers_code_is_collapsed_and_parameters_removed(path):
 
 def test_chapter_header_is_one_small_html_table_of_differences():
     html = book.chapter_header("fedavg", "quick", book.load_profile("fedavg", "quick")).data
-    assert "<b>Reduced protocol.</b>" in html and html.count("<tr>") == 6  # header + fraction, lr_milestones, rounds, seeds, test_samples
+    # the header row + fraction, lr_milestones, rounds, seeds, test_samples
+    assert "<b>Reduced protocol.</b>" in html and html.count("<tr>") == 6
     assert "<td><code>rounds</code></td><td>20</td><td>100</td>" in html
     same = book.chapter_header("fedavg", "paper", book.load_profile("fedavg", "paper")).data
     assert "follows the paper's protocol" in same and "<table" not in same
@@ -203,10 +205,25 @@ def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypa
 def test_a_chapter_without_its_profile_fails_alone(tmp_path, monkeypatch):
     repo = _mini_repo(tmp_path, "print('fine')")
     shutil.copy(repo / "book" / "mini.ipynb", repo / "book" / "orphan.ipynb")  # no params/orphan/
-    (repo / "book" / "_toc.yml").write_text("format: jb-book\nroot: intro\nchapters:\n  - file: orphan\n  - file: mini\n")
+    toc = "format: jb-book\nroot: intro\nchapters:\n  - file: orphan\n  - file: mini\n"
+    (repo / "book" / "_toc.yml").write_text(toc)
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     lines = []
     with pytest.raises(book.BookError, match="chapter 'orphan' failed: FileNotFoundError: orphan: no parameter file"):
         book.build("smoke", html=False, log=lines.append, jobs=2)
     assert any("mini: executed" in line for line in lines)
+
+
+def test_api_tables_list_every_config_field_and_every_registered_method(tmp_path):
+    from fedlib.config import RunConfig
+    from fedlib.methods import METHODS
+
+    config_md, methods_md = (path.read_text() for path in book.write_api_tables(tmp_path))
+    assert all(f"| `{name}` |" in config_md for name in RunConfig.model_fields)
+    assert "| `rounds` | `int` | `20` |" in config_md
+    for name in METHODS:
+        assert f"(method-{name})=\n### `{name}`" in methods_md
+    cgsv = next(line for line in methods_md.splitlines() if line.startswith("| [`cgsv`]"))
+    assert "`alpha=0.95`" in cgsv and "github.com/XinyiYS/Gradient-Driven-Rewards" in cgsv  # its docstring's source
+    assert (ROOT / "book" / "api.md").is_file() and "file: api" in (ROOT / "book" / "_toc.yml").read_text()

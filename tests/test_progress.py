@@ -39,7 +39,8 @@ def test_bar_counts_runs_and_estimates_the_time_left():
     now[0] += 100.0
     # 300 s expected, 100 s elapsed: 200 s of this chapter, then 60 s of the next ones
     assert bar.remaining() == 260.0
-    assert bar.line() == "    [1/2] celm [####....................] 2/10 runs, 1 cached, 1 min 40 s, about 4 min 20 s left"
+    assert bar.line() == ("    [1/2] celm [####....................] 2/10 runs, 1 cached, 1 min 40 s, "
+                          "about 4 min 20 s left")
     bar.draw()
     assert out.getvalue().endswith("left\n")  # not a TTY: plain lines, at most every 30 s
     bar.draw()

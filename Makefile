@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PROFILE ?= quick
+JOBS ?= 2
 
 # Data root: FEDLIB_DATA if set; else ../shared/datasets when that folder exists.
 SHARED := $(wildcard ../shared/datasets)
@@ -11,7 +12,7 @@ ifneq ($(SHARED),)
 export FEDLIB_DATA ?= $(abspath $(SHARED))
 endif
 
-.PHONY: test book results demo bench clean
+.PHONY: test book explore results demo bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +30,11 @@ test: $(VENV)/.book-installed
 	$(BIN)/python -m pytest
 
 book: $(VENV)/.book-installed
-	$(BIN)/python -m fedlib book --profile $(PROFILE)
+	$(BIN)/python -m fedlib book --profile $(PROFILE) --jobs $(JOBS)
+
+# The live explorer in a browser (Voila on localhost; prints the URL)
+explore: $(VENV)/.book-installed
+	$(BIN)/python -m fedlib explore
 
 # Full-protocol runs kept in the repository (the results queue, fedlib/queue.py):
 #   make results                         every chapter, most valuable run first

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
+    p_book.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
+                        help="chapters executing at a time (default: 2, or 1 on a 1-core machine)")
     p_res = sub.add_parser("results", help="the results queue: run and store every paper-profile run, most valuable "
                            "first (see fedlib/queue.py)")
     p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
@@ -62,11 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
     p_res.add_argument("--also", nargs="+", default=(), help=argparse.SUPPRESS)  # chapters sharing that run
+    p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
+    p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
+    p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
     p_mig = sub.add_parser("migrate-results", help="re-key stored runs under results/ to the current keys "
                            "(where provably the same run); report the stale ones")
     p_mig.add_argument("--dry-run", action="store_true", help="report only; change nothing")
     p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "explore":
+        from .explore import serve
+
+        return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
         from .migrate import format_report, migrate_results
 
@@ -109,18 +119,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _book(args) -> int:
-    import time
-
     from .book import BookError, build
 
-    t0 = time.perf_counter()
-    print(f"Building the book with profile {args.profile!r}")
+    print(f"Building the book with profile {args.profile!r} (runs shown on stderr; results cached)", flush=True)
     try:
-        index = build(args.profile, only=args.only, html=not args.no_html, force=args.force)
-    except (BookError, ValueError, FileNotFoundError) as err:
+        index = build(args.profile, only=args.only, html=not args.no_html, force=args.force,
+                      log=lambda line: print(line, flush=True), jobs=args.jobs)
+    except BookError as err:
+        print(f"fedlib book: {err}", file=sys.stderr, flush=True)
+        if getattr(err, "index", None):
+            print(err.index)
+        return 1
+    except (ValueError, FileNotFoundError) as err:
         print(f"fedlib book: {err}", file=sys.stderr)
         return 1
-    print(f"Done in {time.perf_counter() - t0:.0f} s: {index}")
+    print(index)
     return 0
 
 

@@ -18,6 +18,8 @@ import platform
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +78,8 @@ def protocol_differences(chapter: str, params: dict[str, Any]) -> list[str]:
 
 
 def _short(value: Any) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else value
+    plain = lambda o: o.model_dump() if hasattr(o, "model_dump") else str(o)  # noqa: E731
+    text = json.dumps(value, default=plain) if not isinstance(value, str) else value
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -88,22 +91,46 @@ def device_description() -> str:
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__})"
 
 
-def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
-    """The first output of every chapter: profile, device, and the protocol differences."""
-    from IPython.display import Markdown
+def parameters_table(chapter: str, params: dict[str, Any]):
+    """This build's parameters next to the paper profile's, for the parameters that differ
+    (a DataFrame: parameter, this build, paper; empty when the build follows the paper)."""
+    import pandas as pd
 
-    diffs = protocol_differences(chapter, params)
-    if profile == "paper" and not diffs:
-        protocol = "This run follows the paper's protocol."
+    try:
+        paper = load_profile(chapter, "paper")
+    except FileNotFoundError:
+        paper = {}
+    rows = [(key, _short(params.get(key, "—")), _short(paper.get(key, "—")))
+            for key in sorted(set(paper) | set(params))
+            if key not in ("profile", "notes") and params.get(key, "—") != paper.get(key, "—")]
+    return pd.DataFrame(rows, columns=["parameter", "this build", "paper"])
+
+
+def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
+    """The first output of every chapter: profile, device, and this build's parameters vs the
+    paper's as a small table (the injected parameters cell itself is not shown)."""
+    from html import escape
+
+    from IPython.display import HTML
+
+    table = parameters_table(chapter, params)
+    if profile == "paper" and table.empty:
+        protocol = "<p>This run follows the paper's protocol.</p>"
+    elif table.empty:
+        protocol = "<p>Same settings as the paper profile.</p>"
     else:
-        protocol = ("**Reduced protocol.** This profile differs from the paper's protocol in:\n"
-                    + "\n".join(f"- {d}" for d in diffs)) if diffs else "Same settings as the paper profile."
+        rows = "".join(f"<tr><td><code>{escape(r.parameter)}</code></td><td>{escape(r._2)}</td>"
+                       f"<td>{escape(r.paper)}</td></tr>" for r in table.itertuples())
+        protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
+                    "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
+                    f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
     from .chapters import defenses
 
     defended = defenses(chapter, params)
-    return Markdown(
-        f"**Profile:** `{profile}` &nbsp;·&nbsp; **Device:** {device_description()} &nbsp;·&nbsp; "
-        f"**fedlib** {_fedlib_version()}\n\n{protocol}" + (f"\n\n{defended}" if defended else "")
+    return HTML(
+        f"<p><b>Profile:</b> <code>{escape(profile)}</code> &nbsp;·&nbsp; <b>Device:</b> "
+        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(_fedlib_version())}</p>{protocol}"
+        + (f"<p>{escape(defended).replace('**Defenses on:**', '<b>Defenses on:</b>')}</p>" if defended else "")
     )
 
 
@@ -410,6 +437,55 @@ def _stage_sources(stage: Path) -> None:
             shutil.copy2(item, target)
 
 
+API_TABLES = ("api_config.md", "api_methods.md")  # generated into the stage, included by api.md
+
+
+def write_api_tables(stage: Path) -> list[Path]:
+    """The API page's generated parts: RunConfig's fields, and every registered method with its
+    hyper-parameters, the source it follows and its docstring (equations included)."""
+    import dataclasses
+    import inspect as _inspect
+    import re
+
+    from .cache import atomic_write_text
+    from .config import RunConfig
+    from .methods import METHODS
+
+    def cell(text: Any) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    for name, field in RunConfig.model_fields.items():
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+        default = "required" if field.is_required() else _short(field.get_default(call_default_factory=True)
+                                                                if field.default_factory else field.default)
+        rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(field.description or '')} |")
+    config_md = "\n".join(rows) + "\n"
+
+    source = re.compile(r"(github\.com/[\w.\-]+/[\w.\-]+[^\s,;)]*"  # the authors' repository
+                        r"|Algorithm \d+|§\s?\d+(\.\d+)*|Eq\.\s?\(\d+\)|Eq\.\s?\d+)")
+    table = ["| method | class | hyper-parameters (defaults) | follows (from its docstring) |", "|---|---|---|---|"]
+    sections = []
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        doc = _inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") \
+            else ""
+        params = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+        hyper = ", ".join(f"`{k}={_short(v)}`" for k, v in params.items()) or "none"
+        cites = list(dict.fromkeys(m.group(0) for m in source.finditer(doc)))
+        follows = ", ".join(cites[:3]) or "see the docstring"
+        table.append(f"| [`{name}`](method-{name}) | `{cls.__module__}.{cls.__name__}` | {cell(hyper)} | "
+                     f"{cell(follows)} |")
+        sections.append(f"(method-{name})=\n### `{name}`: `{cls.__module__}.{cls.__name__}`\n\n"
+                        f"Hyper-parameters: {hyper}.\n\n```text\n{doc or '(no docstring)'}\n```\n")
+    methods_md = "\n".join(table) + "\n\n" + "\n".join(sections)
+    out = []
+    for name, text in zip(API_TABLES, (config_md, methods_md)):
+        atomic_write_text(stage / name, text)
+        out.append(stage / name)
+    return out
+
+
 def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     """Hash of what a chapter's output depends on: source, parameters, fedlib, references."""
     h = hashlib.sha256()
@@ -426,42 +502,111 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     return h.hexdigest()
 
 
-def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False) -> tuple[Path, bool]:
+def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False,
+                    progress_file: Path | None = None) -> tuple[Path, bool]:
     """Execute one chapter with papermill into the stage; skipped when nothing changed.
 
+    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`).
     Returns (executed notebook, whether it ran)."""
     import papermill
 
     out = stage / f"{chapter}.ipynb"
     stamp = stage / ".stamps" / f"{chapter}.sha256"
     fingerprint = _fingerprint(chapter, profile, stage)
-    if not force and out.is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
+    if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
     params = {**load_profile(chapter, profile), "profile": profile} if chapter != STATUS_PAGE else {
         "profile": profile}
-    env_before = {k: os.environ.get(k) for k in ("FEDLIB_BOOK_STAGE", "MPLBACKEND")}
-    os.environ["FEDLIB_BOOK_STAGE"] = str(stage)
-    # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
-    os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-    try:
+    from .progress import ENV as PROGRESS_ENV
+
+    env = {"FEDLIB_BOOK_STAGE": str(stage),
+           # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    if progress_file:
+        env[PROGRESS_ENV] = str(progress_file)
+    sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
+    try:  # the kernel gets its cwd and environment from its manager: chapters can run side by side
         papermill.execute_notebook(
-            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params, cwd=str(stage),
+            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params,
             kernel_name="python3", progress_bar=False, log_output=False,
+            kernel_manager_class=_local_kernel_manager(Path(sockets.name), stage, env),
         )
     except papermill.PapermillExecutionError as err:
         stamp.unlink(missing_ok=True)
-        raise BookError(f"chapter {chapter!r} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
-                        f"{_strip_ansi(''.join(err.traceback[-3:]))}\n(executed notebook: {out})") from None
+        _tag_for_reading(out)
+        raise BookError(describe_failure(chapter, err, out)) from None
     finally:
-        for key, value in env_before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        sockets.cleanup()
     from .cache import atomic_write_text
 
+    _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+def _local_kernel_manager(folder: Path, cwd: Path, env: dict[str, str]):
+    """A kernel manager whose kernel runs in ``cwd`` with ``env`` added to this process's
+    environment (without touching it, so chapters can execute in parallel threads), and talks
+    over local IPC sockets in ``folder`` instead of unencrypted TCP (no warning on the terminal)."""
+    from jupyter_client import AsyncKernelManager
+
+    class LocalKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+            self.ip = str(folder / "kernel")
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["env"] = {**(kw.get("env") or os.environ), **env}
+            kw["cwd"] = str(cwd)
+            return await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    return LocalKernelManager
+
+
+def is_current(chapter: str, profile: str, stage: Path, fingerprint: str | None = None) -> bool:
+    """Whether the stage holds this chapter executed from its current sources and parameters."""
+    stamp = stage / ".stamps" / f"{chapter}.sha256"
+    fingerprint = fingerprint or _fingerprint(chapter, profile, stage)
+    return (stage / f"{chapter}.ipynb").is_file() and stamp.is_file() and stamp.read_text() == fingerprint
+
+
+def describe_failure(chapter: str, err, notebook: Path, traceback_lines: int = 12) -> str:
+    """One screen: the chapter, the failing cell (number and first line), the error, the end
+    of the traceback, and where the executed notebook is."""
+    source = (getattr(err, "source", "") or "").strip().splitlines()
+    first = next((line for line in source if line.strip() and not line.lstrip().startswith("#")), "")
+    cell = f"cell {err.exec_count}" + (f" (`{first[:70]}`)" if first else "")
+    trace = _strip_ansi("".join(err.traceback or [])).rstrip().splitlines()[-traceback_lines:]
+    return (f"chapter {chapter!r} failed in {cell}: {err.ename}: {err.evalue}\n"
+            + "\n".join("    " + line for line in trace) + f"\n(executed notebook: {notebook})")
+
+
+LONG_OUTPUT_LINES = 15  # stream outputs longer than this go into a collapsed block
+
+
+def _tag_for_reading(path: Path) -> None:
+    """After execution: papermill's injected-parameters cell is removed from the page (the
+    chapter header shows the parameters as a table), and cells printing long logs get their
+    output collapsed (Jupyter Book's hide-output)."""
+    import nbformat
+
+    if not path.is_file():
+        return
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        tags = list(cell.metadata.get("tags", []))
+        if "injected-parameters" in tags:
+            tags.append("remove-cell")
+        if cell.cell_type == "code":
+            lines = sum(str(o.get("text", "")).count("\n") for o in cell.outputs if o.get("output_type") == "stream")
+            if lines > LONG_OUTPUT_LINES:
+                tags.append("hide-output")
+        if tags != list(cell.metadata.get("tags", [])):
+            cell.metadata["tags"] = list(dict.fromkeys(tags))
+    from .cache import atomic_write_text
+
+    atomic_write_text(path, nbformat.writes(nb))
 
 
 def _strip_ansi(text: str) -> str:
@@ -470,39 +615,187 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+TIMINGS = "timings.json"  # in the stage: each chapter's last execution (wall time, runs)
+
+
+def load_timings(stage: Path) -> dict[str, dict[str, Any]]:
+    """chapter -> {"wall", "runs", "cached", "date"} of its last execution in this stage."""
+    try:
+        data = json.loads((stage / TIMINGS).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data.get("chapters", {}) if isinstance(data, dict) else {}
+
+
+_TIMINGS_LOCK = threading.Lock()  # chapters executing in parallel threads finish at any time
+
+
+def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
+    from .cache import atomic_write_text
+
+    with _TIMINGS_LOCK:
+        timings = load_timings(stage)
+        timings[chapter] = record
+        atomic_write_text(stage / TIMINGS, json.dumps({"chapters": timings}, indent=1))
+
+
+def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
+                       expected: dict[str, Any] | None, board) -> tuple[bool, dict[str, Any]]:
+    """execute_chapter, its runs shown on ``board`` (fed by the kernel's progress events)."""
+    from .progress import ChapterBar, ProgressFile
+
+    handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
+    os.close(handle)
+    channel = Path(name)
+    bar = ChapterBar(label, expected.get("wall") if expected else None, 0.0,
+                     expected_runs=int(expected.get("runs", 0)) if expected else 0, stream=board.stream)
+    bar.reader = ProgressFile(channel)  # read by the build's watcher thread, under board.lock
+    with board.lock:
+        board.bars[chapter] = bar
+    try:
+        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel)
+    finally:
+        with board.lock:
+            bar.update(bar.reader.read())
+            board.bars.pop(chapter, None)
+        channel.unlink(missing_ok=True)
+    return ran, {"runs": bar.done, "cached": bar.cached}
+
+
 def build(profile: str = "quick", only: list[str] | None = None, html: bool = True, force: bool = False,
-          log=print) -> Path:
-    """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage)."""
+          log=print, jobs: int = 1) -> Path:
+    """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage).
+
+    ``jobs`` chapters execute at a time (each kernel trains with one thread; the status page
+    runs last, alone). ``log`` gets one line per chapter as it starts and as it ends (executed
+    or unchanged, its time), with an estimate of the time left from the last build's timings
+    (``timings.json`` in the stage); the runs inside the chapters are shown as bars on stderr.
+    A failing chapter is reported and the others still build (the HTML too); then BookError
+    lists the failures.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from .progress import Board, format_seconds
+
     if profile not in PROFILES:
         raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
+    if jobs < 1:
+        raise ValueError(f"jobs: must be >= 1 (got {jobs})")
     chapters = toc_chapters()
     unknown = sorted(set(only or []) - set(chapters))
     if unknown:
         raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
     stage = stage_dir(profile)
     _stage_sources(stage)
-    failures = []
-    for chapter in chapters:
-        if only and chapter not in only and chapter != STATUS_PAGE and (stage / f"{chapter}.ipynb").is_file():
-            continue  # --only: other chapters keep their executed notebooks (executed once if missing)
+    write_api_tables(stage)
+    todo = [c for c in chapters
+            if not (only and c not in only and c != STATUS_PAGE and (stage / f"{c}.ipynb").is_file())]
+    # --only: other chapters keep their executed notebooks (executed once if missing)
+    forced = {c: force and (not only or c in only) for c in todo}
+    will_run = {c: forced[c] or not is_current(c, profile, stage) for c in todo}  # status: decided at its turn
+    timings = load_timings(stage)
+    expected = {c: timings.get(c, {}).get("wall") for c in todo}
+    unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
+    board = Board(jobs=jobs)
+    raw_log = log
+
+    def log(line: str) -> None:  # noqa: F811 - a log line replaces the bars' line on a terminal
+        board.clear()
+        raw_log(line)
+
+    board.queued_seconds = sum(expected[c] or 0.0 for c in todo if will_run[c])
+    left = board.queued_seconds / jobs
+    log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"
+        + (f", {jobs} at a time" if jobs > 1 else "")
+        + (f"; about {format_seconds(left)} by the last build's timings" if left else "")
+        + (f" (no timing yet for {', '.join(unknown_time)})" if unknown_time else ""))
+    failures, summary = [], {}
+    started = time.perf_counter()
+
+    def one(n: int, chapter: str):
+        label = f"[{n}/{len(todo)}] {chapter}"
+        if chapter == STATUS_PAGE:  # its inputs, the chapters' headlines, are final only now
+            will_run[chapter] = forced[chapter] or not is_current(chapter, profile, stage)
+        if will_run[chapter]:
+            with board.lock:
+                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or 0.0), 0.0)
+            log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
+                                           if expected[chapter] else ""))
         t0 = time.perf_counter()
         try:
-            _, ran = execute_chapter(chapter, profile, stage, force=force and (not only or chapter in only))
-        except BookError as err:
+            ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
+                                             timings.get(chapter), board)
+        except Exception as err:  # noqa: BLE001 - a dead kernel, a missing profile...: the others still build
+            if not isinstance(err, BookError):
+                err = BookError(f"chapter {chapter!r} failed: {type(err).__name__}: {err}")
             failures.append(str(err))
-            log(f"  {chapter}: FAILED\n{err}")
-            continue
-        log(f"  {chapter}: {'executed' if ran else 'unchanged'} in {time.perf_counter() - t0:.1f} s")
+            summary[chapter] = ("FAILED", time.perf_counter() - t0)
+            board.clear()
+            log(f"  {label}: FAILED after {format_seconds(time.perf_counter() - t0)}\n{err}")
+            return
+        seconds = time.perf_counter() - t0
+        summary[chapter] = ("executed" if ran else "unchanged", seconds)
+        board.clear()
+        if ran:
+            _save_timing(stage, chapter, {"wall": seconds, "runs": counts["runs"], "cached": counts["cached"],
+                                          "jobs": jobs, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            runs = f", {counts['runs']} runs ({counts['cached']} from the cache)" if counts["runs"] else ""
+            rest = board.remaining()
+            log(f"  {label}: executed in {format_seconds(seconds)}{runs}"
+                + (f"; about {format_seconds(rest)} left" if rest else ""))
+        else:
+            log(f"  {label}: unchanged, kept ({seconds:.1f} s)")
+
+    stop = threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            with board.lock:
+                for bar in board.bars.values():
+                    bar.update(bar.reader.read())
+            board.draw()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        numbered = list(enumerate(todo, 1))
+        queue = [i for i in numbered if i[1] != STATUS_PAGE]
+        if jobs > 1:  # longest first (by the last build's times): the parallel build ends sooner
+            queue.sort(key=lambda item: -(expected[item[1]] or 0.0))
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(lambda item: one(*item), queue))
+        for n, chapter in numbered:
+            if chapter == STATUS_PAGE:
+                one(n, chapter)
+    finally:
+        stop.set()
+        watcher.join()
+        board.clear()
+    order = [(c, *summary[c]) for c in todo if c in summary]
+    index = stage
+    if html:
+        t0 = time.perf_counter()
+        log("  HTML: building with Jupyter Book")
+        jb = Path(sys.executable).parent / "jupyter-book"
+        proc = subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--quiet", "-W",
+                               "--keep-going"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            failures.append(f"jupyter-book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        index = stage / "_build" / "html" / "index.html"
+        order.append(("HTML", "built" if proc.returncode == 0 else "FAILED", time.perf_counter() - t0))
+        log(f"  HTML: {'built' if proc.returncode == 0 else 'FAILED'} in {format_seconds(time.perf_counter() - t0)}")
+    log(closing_note(order, time.perf_counter() - started))
     if failures:
-        raise BookError(f"{len(failures)} chapter(s) failed with profile {profile!r}:\n\n" + "\n\n".join(failures))
-    if not html:
-        return stage
-    t0 = time.perf_counter()
-    jb = Path(sys.executable).parent / "jupyter-book"
-    proc = subprocess.run([str(jb) if jb.exists() else "jupyter-book", "build", str(stage), "--quiet", "-W",
-                           "--keep-going"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise BookError(f"jupyter-book build failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    index = stage / "_build" / "html" / "index.html"
-    log(f"  HTML built in {time.perf_counter() - t0:.1f} s")
+        error = BookError(f"{len(failures)} part(s) failed with profile {profile!r}:\n\n" + "\n\n".join(failures))
+        error.index = index if html and index.is_file() else None  # the pages that did build
+        raise error
     return index
+
+
+def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
+    """The time of each chapter (and the HTML) in this build, one line each, then the total."""
+    from .progress import format_seconds
+
+    width = max([len(name) for name, _, _ in summary] + [5])
+    lines = [f"  {name:<{width}}  {state:<9}  {format_seconds(seconds):>12}" for name, state, seconds in summary]
+    return "\n".join(["Time per chapter:", *lines, f"  {'total':<{width}}  {'':<9}  {format_seconds(total):>12}"])

@@ -194,28 +194,92 @@ def final_contributions(result) -> np.ndarray:
     return contributions / total if total > 0 else contributions
 
 
-def contribution_bars(results, ax=None) -> Figure:
-    """Grouped bars: per client, each label's final-round contribution (label -> RunResult).
+def true_contributions(result) -> np.ndarray | None:
+    """Each client's exact Shapley value in the final round (``RunConfig.reference_values``),
+    normalized like :func:`final_contributions` (zero for clients not in that round); None when
+    the run did not compute it."""
+    reference = result.final.get("reference") if isinstance(result.final, dict) else None
+    if not reference:
+        return None
+    values = np.zeros(len(result.meta["client_sizes"]))
+    values[np.asarray(reference["clients"], dtype=int)] = reference["shapley"]
+    total = np.abs(values).sum()
+    return values / total if total > 0 else values
 
-    See :func:`final_contributions`. A dashed line marks the equal share 1/N; clients
-    with a non-benign role (of the first result) are named and coloured in the ticks.
+
+def contribution_bars(results, ax=None) -> Figure:
+    """Grouped bars: per client, each label's final-round contribution (label -> RunResult),
+    and beside them the true contribution (hatched, outlined) when the runs computed one.
+
+    See :func:`final_contributions`, :func:`true_contributions` (the exact Shapley value of the
+    first result that has it) and :func:`contribution_vs_truth`.
+    """
+    first = next(iter(results.values()))
+    truth = next((t for t in map(true_contributions, results.values()) if t is not None), None)
+    vectors = {label: final_contributions(result) for label, result in results.items()}
+    return contribution_vs_truth(vectors, truth, first.meta["client_roles"], ax=ax, normalize=False)
+
+
+def contribution_vs_truth(contributions, truth, roles, ax=None, normalize: bool = True,
+                          truth_label: str = "true (exact Shapley)", title: str | None = None) -> Figure:
+    """Grouped bars: per client, each label's contribution vector (label -> [N]) and the true
+    contribution beside them (hatched, outlined; left out when ``truth`` is None).
+
+    With ``normalize`` every vector (the truth too) is divided by the sum of its absolute
+    values, so non-negative contributions sum to 1 and methods on different scales compare;
+    NaN (a client a method did not value) is drawn as 0. A dashed line marks the equal share
+    1/N; clients with a non-benign role are named and coloured in the ticks.
     """
     fig, ax = _result_axes(ax)
-    first = next(iter(results.values()))
-    roles = first.meta["client_roles"]
     n_clients = len(roles)
-    width = 0.8 / len(results)
-    for i, (label, result) in enumerate(results.items()):
-        offset = (i - (len(results) - 1) / 2) * width
-        ax.bar(np.arange(n_clients) + offset, final_contributions(result), width=width, label=label)
+
+    def prepared(vector):
+        v = np.nan_to_num(np.asarray(vector, dtype=float))
+        total = np.abs(v).sum()
+        return v / total if normalize and total > 0 else v
+
+    groups = len(contributions) + (truth is not None)
+    width = 0.8 / groups
+    for i, (label, vector) in enumerate(contributions.items()):
+        offset = (i - (groups - 1) / 2) * width
+        ax.bar(np.arange(n_clients) + offset, prepared(vector), width=width, label=label)
+    if truth is not None:
+        ax.bar(np.arange(n_clients) + (groups - 1) / 2 * width, prepared(truth), width=width, label=truth_label,
+               facecolor="white", edgecolor="black", hatch="///", linewidth=0.8)
     ax.axhline(1 / n_clients, color=_MARGINAL_COLOR, linestyle="--", linewidth=1, label="equal share")
-    _client_role_ticks(ax, roles)
+    _client_role_ticks(ax, list(roles))
     ax.set_xlim(-0.6, n_clients - 0.4)
     ax.set_xlabel("client", fontsize=10)
-    ax.set_ylabel("final-round contribution", fontsize=10)
+    ax.set_ylabel("final-round contribution" + (" (share)" if normalize else ""), fontsize=10)
     ax.tick_params(labelsize=9)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(fontsize=9, frameon=False, ncols=min(len(results) + 1, 4), loc="lower left", bbox_to_anchor=(0, 1))
+    ax.legend(fontsize=9, frameon=False, ncols=min(groups + 1, 4), loc="lower left", bbox_to_anchor=(0, 1))
+    if title:
+        ax.set_title(title, fontsize=10, loc="right")
+    return fig
+
+
+def per_round_curves(frame, ax=None, percent: bool = False, ylabel: str = "") -> Figure:
+    """The curve of a table of per-round numbers: one line per numeric column against the
+    index (the rounds, numbered as in the table). ``percent`` draws fractions as percents."""
+    fig, ax = _result_axes(ax)
+    numeric = frame.select_dtypes("number")
+    if numeric.empty:
+        raise ValueError("per_round_curves: the table has no numeric column")
+    scale = 100.0 if percent else 1.0
+    for column in numeric.columns:
+        ax.plot(np.asarray(frame.index), scale * numeric[column].to_numpy(dtype=float), marker="o", markersize=3,
+                label=str(column))
+    ax.set_xlabel(str(frame.index.name or "round"), fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=10)
+    if percent:
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}%"))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.tick_params(labelsize=9)
+    ax.grid(True, color="#e5e5e5", linewidth=0.5)
+    ax.spines[["top", "right"]].set_visible(False)
+    if len(numeric.columns) > 1:
+        ax.legend(fontsize=9, frameon=False)
     return fig
 
 

@@ -28,6 +28,7 @@ from .config import ENGINE_VERSION, ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import ClientData, ClientUpdates, Federation, RoundState, build_method
 from .models import build_model
+from .progress import report as report_progress
 from .screening import screen_updates
 from .population import (
     LocalTraining,
@@ -291,6 +292,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     key = config.key(fingerprint)
     check = result_check(config, fingerprint)
     if store is not None and (hit := store.get(key, check)) is not None:
+        report_progress("run", cached=True, wall=0.0)
         return RunResult.from_dict(hit)
     t_load = time.perf_counter()
     prepared = prepare(config, dataset)
@@ -301,6 +303,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
     if store is not None:
         store.put(key, result.to_dict())
+    report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 
 
@@ -612,6 +615,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         raise ConfigError(f"run_many: expected a list of configs, got {type(configs).__name__}")
     configs = [_as_config(c) for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
     results: dict[int, RunResult] = {}
@@ -623,6 +627,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         hit = store.get(keys[i], result_check(c, fingerprint)) if store is not None else None
         if hit is not None:
             results[i] = RunResult.from_dict(hit)
+            report_progress("run", cached=True, wall=0.0)
         else:
             pending[i] = executor.submit(_run_in_worker, c.to_dict())
     bar = _progress_bar(len(pending), progress)

@@ -41,6 +41,9 @@ _CONTROL_DEFAULTS = dict(dataset="fmnist", split="dirichlet", alpha=0.5, gamma=0
                          n_clients=5, rounds=5, methods=("fedavg", "fedavg_uniform"), seed=0)
 _FIXED_DEFAULTS = dict(fraction=0.1, test_samples=2000, batch_size=64)  # a Run takes seconds on a CPU
 
+REFERENCE_MAX_CLIENTS = 10  # up to this many clients, runs also compute the final round's exact Shapley values
+_NO_REFERENCE_DATASETS = ("synthetic",)  # 200 samples: no room for the 1,000-sample validation set it needs
+
 _INPUT_ERRORS = (ConfigError, DataNotFoundError, DataCorruptError)  # shown as one line, not raised
 
 
@@ -83,6 +86,9 @@ class Explorer:
             "rounds": c["rounds"].value,
             "seed": c["seed"].value,
             "method": method,
+            # the true contribution beside the methods' (exact Shapley: 2^N coalitions, small N only)
+            "reference_values": (c["n_clients"].value <= REFERENCE_MAX_CLIENTS
+                                 and c["dataset"].value not in _NO_REFERENCE_DATASETS),
         }
 
     def run(self) -> None:

@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from fedlib import book
+from fedlib.pagecheck import page_problems
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -52,12 +53,18 @@ def _dom(page: Path) -> str:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-@pytest.mark.parametrize("chapter", ["intro"] + [c for c in book.toc_chapters()])
+@pytest.mark.parametrize("chapter", ["intro", "api"] + [c for c in book.toc_chapters()])
 def test_pages_render_in_headless_chromium(smoke_book, chapter):
     dom = _dom(smoke_book.parent / f"{chapter}.html")
     assert "<h1" in dom
     assert not re.search(r'class="[^"]*(output traceback|output stderr|output error)', dom), chapter
     assert "Traceback (most recent call last)" not in dom
+    assert page_problems(dom) == [], chapter  # no traceback, figure repr, NaN cell or empty table
+    assert "tag_injected-parameters" not in dom and "tag_parameters" not in dom  # shown as the header's table
+    if chapter == "api":  # generated from the docstrings: the engine, RunConfig, every method
+        assert 'id="fedlib.run"' in dom and "method-celm" in dom and "lr_milestones" in dom
+    elif chapter not in ("intro", "explore"):  # code is collapsed, one click away
+        assert 'class="cell tag_hide-input' in dom or "tag_remove-input" in dom
     if chapter == "fedavg":
         assert dom.count("<img") >= 2 and "<table" in dom and "Reduced protocol" in dom
     if chapter == "celm":

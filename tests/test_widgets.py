@@ -58,7 +58,7 @@ def test_run_compares_the_selected_methods_and_redraws(explorer):
     assert explorer.figures["split"] is not first_split
     assert len(explorer.figures["split"].axes[2].patches) == 6
     assert len(explorer.figures["accuracy"].axes[0].get_lines()) == 1
-    assert len(explorer.figures["contribution"].axes[0].patches) == 6
+    assert len(explorer.figures["contribution"].axes[0].patches) == 6  # synthetic data: no exact Shapley beside
 
 
 def test_an_identical_run_comes_from_the_cache(explorer):
@@ -157,3 +157,9 @@ def test_papermill_run_saves_the_widget_state(tmp_path):
     models = {model["model_name"]: model["state"] for model in state["state"].values()}
     assert models["LabelModel"]["value"].startswith("Done")
     assert len(models["OutputModel"]["outputs"]) == 3
+
+
+def test_small_federations_also_compute_the_true_contribution():
+    assert Explorer(n_clients=5).config("fedavg")["reference_values"] is True
+    assert Explorer(n_clients=40).config("fedavg")["reference_values"] is False  # 2^40 coalitions
+    assert Explorer(n_clients=5, dataset="synthetic").config("fedavg")["reference_values"] is False

@@ -455,11 +455,11 @@ def write_api_tables(stage: Path) -> list[Path]:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
-    for name, field in RunConfig.model_fields.items():
-        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
-        default = "required" if field.is_required() else _short(field.get_default(call_default_factory=True)
-                                                                if field.default_factory else field.default)
-        rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(field.description or '')} |")
+    for name, info in RunConfig.model_fields.items():
+        kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
+        default = "required" if info.is_required() else _short(info.get_default(call_default_factory=True)
+                                                                if info.default_factory else info.default)
+        rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(info.description or '')} |")
     config_md = "\n".join(rows) + "\n"
 
     source = re.compile(r"(github\.com/[\w.\-]+/[\w.\-]+[^\s,;)]*"  # the authors' repository

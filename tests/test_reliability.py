@@ -494,7 +494,8 @@ def test_23_a_method_default_or_rule_version_change_changes_the_key(monkeypatch)
 
     cfg = make_config(TINY, method={"name": "shapfed"})
     key, config_key = cfg.key(), cfg.config_key()
-    assert cfg.resolved()["method"] == {"name": "shapfed", "mu": ShapFed.mu}
+    assert cfg.resolved()["method"] == {"name": "shapfed", **ShapFed.hyperparameters()}
+    version = ShapFed.rule_version
 
     @dataclass
     class ShapFedOtherMu(ShapFed):
@@ -504,10 +505,10 @@ def test_23_a_method_default_or_rule_version_change_changes_the_key(monkeypatch)
     assert cfg.key() != key and cfg.config_key() != config_key
     monkeypatch.setitem(METHODS, "shapfed", ShapFed)
     assert cfg.key() == key
-    monkeypatch.setattr(ShapFed, "rule_version", "2")
+    monkeypatch.setattr(ShapFed, "rule_version", version + ".1")
     assert cfg.key() != key
-    monkeypatch.setattr(fedlib.config, "ENGINE_VERSION", "2")
-    monkeypatch.setattr(ShapFed, "rule_version", "1")
+    monkeypatch.setattr(fedlib.config, "ENGINE_VERSION", fedlib.config.ENGINE_VERSION + ".1")
+    monkeypatch.setattr(ShapFed, "rule_version", version)
     assert cfg.key() != key
 
 
@@ -528,13 +529,14 @@ def test_23_a_stored_run_of_an_older_rule_is_listed_stale_not_current(tmp_path, 
     cfg = make_config(TINY, method={"name": "shapfed"})
     written = book.store_results("demo", [cfg], progress=False)
     assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
-    monkeypatch.setattr(ShapFed, "rule_version", "2")
+    version = ShapFed.rule_version
+    monkeypatch.setattr(ShapFed, "rule_version", version + ".1")
     current, stale = book.current_and_stale("demo", [cfg])
     assert current == {} and list(stale) == [written[0].name]
-    assert stale[written[0].name]["changed"] == ["shapfed rule version 1 -> 2"]
-    assert "shapfed rule version 1 -> 2" in book.stored_results("demo", [cfg]).describe()
+    assert stale[written[0].name]["changed"] == [f"shapfed rule version {version} -> {version}.1"]
+    assert f"shapfed rule version {version} -> {version}.1" in book.stored_results("demo", [cfg]).describe()
     assert fedlib.run(cfg, cache=ResultCache(tmp_path / "cache" / "runs"), progress=False).meta["rule_versions"][
-        "shapfed"] == "2"  # the cache does not answer with the old rule's numbers either
+        "shapfed"] == version + ".1"  # the cache does not answer with the old rule's numbers either
 
 
 def _legacy_entry(folder: Path, cfg, result) -> Path:
@@ -551,23 +553,23 @@ def _legacy_entry(folder: Path, cfg, result) -> Path:
 def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
-    from fedlib.methods.gradient import ShapFed
+    from fedlib.methods.fairness import MOON
     from fedlib.migrate import migrate_results
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     folder = tmp_path / "results" / "demo"
     same = make_config(TINY, method={"name": "fedprox"})
-    changed = make_config(TINY, method={"name": "shapfed"})
+    changed = make_config(TINY, method={"name": "moon"})
     runs = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
     old_same = _legacy_entry(folder, same, runs["fedprox"])
-    old_changed = _legacy_entry(folder, changed, runs["shapfed"])
+    old_changed = _legacy_entry(folder, changed, runs["moon"])
     history_text = json.dumps(json.loads(old_same.read_text())["payload"]["result"]["history"], indent=1)
 
     @dataclass
-    class ShapFedOtherMu(ShapFed):  # shapfed's default changed since the legacy run
+    class MoonOtherMu(MOON):  # moon's default changed since the legacy run
         mu: float = 0.25
 
-    monkeypatch.setitem(METHODS, "shapfed", ShapFedOtherMu)
+    monkeypatch.setitem(METHODS, "moon", MoonOtherMu)
     report = migrate_results(tmp_path / "results", today="2026-11-26")
     assert [(c, old) for c, old, _ in report["rekeyed"]] == [("demo", old_same.stem)]
     assert [(c, name) for c, name, _ in report["stale"]] == [("demo", old_changed.name)]

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from ..contributions import contribution_history
 from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
@@ -118,9 +119,7 @@ def rare_class_accuracy(result) -> float:
     return float(100.0 * per_class[rare].mean()) if rare else float("nan")
 
 
-def score_history(result) -> np.ndarray:
-    """[rounds, clients] contribution scores recorded by the method."""
-    return np.asarray([h["scores"] for h in result.history if "scores" in h], dtype=float)
+score_history = contribution_history  # [rounds, clients] recorded scores (fedlib.contributions)
 
 
 def free_riders(result) -> np.ndarray:

@@ -20,10 +20,14 @@ sends a random update).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
+
+from .config import ConfigError, RunConfig
 
 ROLES = (
     "benign",
@@ -685,3 +689,76 @@ def feature_noise(
     gen = _torch_generator(np.random.default_rng(seed))
     noisy[idx] += torch.randn((idx.numel(), *x.shape[1:]), generator=gen) * std
     return Partition(partition.indices, partition.counts, partition.roles, noisy, partition.y)
+
+# ----------------------------------------------------------------------------- a config's split
+
+
+SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
+                   "nan_updates", "huge_updates")
+HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update"}  # faults for robustness tests
+
+
+def _mark_hostile(part, modifier: str, count: int):
+    """Give ``count`` benign clients (the last ones) a hostile update role."""
+    roles = np.asarray(part.roles, dtype=object)
+    benign = np.flatnonzero(roles == "benign")
+    if count > len(benign):
+        raise ValueError(f"{modifier}: must be <= the {len(benign)} benign clients (got {count})")
+    roles[benign[len(benign) - count:]] = HOSTILE_ROLES[modifier]
+    part.roles = roles.tolist()
+    return part
+
+
+def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
+    """Call a split function, rejecting parameters it does not take (one line)."""
+    sig = inspect.signature(fn)
+    allowed = [p for p in sig.parameters if p not in fixed and p not in ("labels", "x", "y")]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"config: split {spec_name!r}: unknown parameter {unknown[0]!r}; allowed: "
+            f"{', '.join(allowed + list(SPLIT_MODIFIERS))}"
+        )
+    kwargs = {k: v for k, v in fixed.items() if k in sig.parameters}
+    return fn(**kwargs, **params)
+
+
+SPLITS = ("iid", "dirichlet", "k_classes", "pls", "sls", "maverick", "maverick_iid", "celm_maverick",
+          "celm_free_rider", "adversarial")
+
+
+def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Partition:
+    """The configured split plus its modifiers (free-riders, covariate shift, noise)."""
+    spec = config.split
+    if spec.name not in SPLITS:
+        raise ConfigError(f"config: split: unknown split {spec.name!r}; known: {', '.join(SPLITS)}")
+    params = spec.params
+    mods = {k: params.pop(k) for k in list(params) if k in SPLIT_MODIFIERS}
+    labels = y.cpu().numpy()
+    fn = globals()[spec.name]
+    try:
+        part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=config.n_clients,
+                                 seed=config.seed, x=x, n_classes=int(y.max()) + 1)
+        if mods.get("free_riders"):
+            part = free_rider(part, mods["free_riders"])
+        for modifier in HOSTILE_ROLES:
+            if mods.get(modifier):
+                part = _mark_hostile(part, modifier, mods[modifier])
+        clients = mods.get("noisy_clients")
+        if mods.get("covariate_shift") is not None:
+            part = covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],
+                                                    seed=config.seed)
+        if mods.get("label_noise"):
+            part = label_noise(*part.pool(x, y), part, rate=mods["label_noise"],
+                                                seed=config.seed, clients=clients)
+        if mods.get("feature_noise"):
+            part = feature_noise(*part.pool(x, y), part, std=mods["feature_noise"],
+                                                  seed=config.seed, clients=clients)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"config: split {spec.name!r}: {str(err).splitlines()[0]}") from None
+    if part.n_clients != config.n_clients:
+        raise ConfigError(f"config: n_clients: split {spec.name!r} makes {part.n_clients} clients "
+                          f"(got n_clients = {config.n_clients})")
+    return part

@@ -10,7 +10,8 @@ import fedlib
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
-from fedlib.methods.celm import class_evidence, instant_scores, probe, probe_loop
+from fedlib.methods.celm import class_evidence, instant_scores, probe
+from fedlib.testing import probe_loop
 from fedlib.models import build_model
 from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 

@@ -93,7 +93,8 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         # 2. local training of all selected clients at once
         t0 = time.perf_counter()
         gen = _round_generator(cfg.seed, t, p.device)
-        batches = make_client_batches([part.indices[c] for c in selected], cfg.batch_size, cfg.local_epochs, gen)
+        selected_indices = [part.indices[c] for c in selected]  # ragged sample lists (a gather, no compute)
+        batches = make_client_batches(selected_indices, cfg.batch_size, cfg.local_epochs, gen)
         batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
         start = method.start_models(state, selected)
         start_buffers = {k: v.unsqueeze(0) for k, v in global_buffers.items()}
@@ -104,7 +105,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
                                    p.x_pool, p.y_pool, batches, local)
         uploads = method.client_uploads(state, selected, flat, bufs,
-                                        ClientData(p.x_pool, p.y_pool, [part.indices[c] for c in selected], gen))
+                                        ClientData(p.x_pool, p.y_pool, selected_indices, gen))
         flat = _apply_roles(flat, selected, roles, global_flat, gen)
         t_train = time.perf_counter() - t0
         # 3. server

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from .. import frames
 from ..contributions import contribution_history
 from . import run_options, unique_configs
 
@@ -302,31 +303,12 @@ def definition_search(counts: np.ndarray) -> list[dict[str, Any]]:
 
 def method_row(results: dict, per_method: dict[str, list[RunConfig]], value=None) -> dict[str, tuple[float, float]]:
     """Mean and std (over seeds) of a per-run value for each method; default final accuracy %."""
-    from ..book import mean_std
-
-    out = {}
-    for method, cfgs in per_method.items():
-        runs = [results[c.key()] for c in cfgs if c.key() in results]
-        values = [value(r) for r in runs] if value else [100.0 * r.final["accuracy"] for r in runs]
-        out[method] = mean_std(values) if values else (float("nan"), float("nan"))
-    return out
+    return frames.seed_mean_std(results, per_method, value)
 
 
 def comparison(rows: list[tuple[str, dict, dict]], profile: str, digits: int = 2):
-    """A paper-vs-ours frame: for each row label, a 'paper' line and one line per source of
-    ours; columns are methods. ``rows`` holds (label, paper {method: (mean, std)},
-    {source label: {method: (mean, std)}})."""
-    import pandas as pd
-
-    from ..book import pm
-
-    lines = []
-    for label, paper, ours in rows:
-        lines.append({"row": label, "source": "paper", **{METHOD_LABELS[m]: pm(*v, digits) for m, v in paper.items()}})
-        for source, values in ours.items():
-            lines.append({"row": label, "source": source,
-                          **{METHOD_LABELS[m]: pm(*v, digits) for m, v in values.items()}})
-    return pd.DataFrame(lines).set_index(["row", "source"])
+    """A paper-vs-ours frame (``fedlib.frames.comparison``), columns named by ``METHOD_LABELS``."""
+    return frames.comparison(rows, METHOD_LABELS, digits, index="row")
 
 
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm",
@@ -344,15 +326,7 @@ def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "
 
 
 def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
-    from ..book import reference_value
-
-    out = {}
-    for m in methods:
-        try:
-            out[m] = reference_value(reference, table, row, METHOD_LABELS[m])
-        except KeyError:
-            out[m] = (float("nan"), float("nan"))
-    return out
+    return frames.paper_values(reference, table, row, methods, METHOD_LABELS.__getitem__)
 
 
 # ----------------------------------------------------------------------------- why a baseline falls short

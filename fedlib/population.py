@@ -151,16 +151,20 @@ class ClientBatches:
         return self.index.shape[0]
 
 
+def flat_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Client index lists concatenated: (indices [M], owner client of each [M], sizes [N])."""
+    sizes = torch.from_numpy(np.fromiter(map(len, client_indices), dtype=np.int64, count=len(client_indices)))
+    flat = np.concatenate(client_indices).astype(np.int64, copy=False) if len(client_indices) else np.zeros(0, np.int64)
+    return torch.from_numpy(flat), torch.repeat_interleave(torch.arange(len(sizes)), sizes), sizes
+
+
 def padded_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """Client index lists as a padded matrix ``[N, M_max]`` and sizes ``[N]``."""
-    sizes = torch.tensor([len(ix) for ix in client_indices], dtype=torch.long)
-    width = max(int(sizes.max()), 1)
+    flat, rows, sizes = flat_indices(client_indices)
+    width = max(int(sizes.max()), 1) if len(sizes) else 1
     table = torch.zeros(len(client_indices), width, dtype=torch.long)
-    if len(client_indices):
-        flat = torch.from_numpy(np.concatenate([np.asarray(ix, dtype=np.int64) for ix in client_indices]))
-        rows = torch.repeat_interleave(torch.arange(len(client_indices)), sizes)
-        cols = torch.arange(len(flat)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
-        table[rows, cols] = flat
+    cols = torch.arange(len(flat)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
+    table[rows, cols] = flat
     return table, sizes
 
 

@@ -250,11 +250,9 @@ def global_model_on_clients(fed: Federation, state: RoundState, data) -> tuple[t
     """Client side, for q-FedAvg, FedFa and FedFV: the received global model's mean
     cross-entropy and accuracy on each selected client's own training data ([n] each),
     from one batched pass over the clients' samples."""
-    from ..population import padded_indices, predict
+    from ..population import flat_indices, predict
 
-    table, sizes = padded_indices(data.indices)
-    flat_index = torch.as_tensor(np.concatenate(data.indices), dtype=torch.long).to(data.x.device)
-    owner = torch.repeat_interleave(torch.arange(len(data.indices)), sizes).to(data.x.device)
+    flat_index, owner, sizes = (t.to(data.x.device) for t in flat_indices(data.indices))
     logits = predict(fed.model, state.global_flat.unsqueeze(0),
                      {k: v.unsqueeze(0) for k, v in state.global_buffers.items()}, data.x[flat_index])[0]
     y = data.y[flat_index]

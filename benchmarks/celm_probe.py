@@ -22,7 +22,8 @@ from functools import partial
 import torch
 
 from fedlib.data import load_dataset
-from fedlib.methods.celm import probe, probe_loop
+from fedlib.methods.celm import probe
+from fedlib.testing import probe_loop
 from fedlib.models import build_model
 from fedlib.population import ParamLayout
 

@@ -20,7 +20,8 @@ import torch
 
 from fedlib.data import load_dataset
 from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
-from fedlib.methods.flce import class_prototypes, class_prototypes_loop, complete_matrix
+from fedlib.methods.flce import class_prototypes, complete_matrix
+from fedlib.testing import class_prototypes_loop
 from fedlib.models import build_model
 from fedlib.population import ParamLayout
 

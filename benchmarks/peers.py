@@ -57,8 +57,8 @@ from fedlib.population import (  # noqa: E402
     evaluate,
     execution_plan,
     train_clients,
-    train_clients_loop,
 )
+from fedlib.testing import train_clients_loop
 
 ENGINES = ("vectorized", "eager", "loop", "flower", "central")
 DEFAULT_ENGINES = ("vectorized", "loop", "flower", "central")

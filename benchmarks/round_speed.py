@@ -26,8 +26,8 @@ from fedlib.population import (
     aggregate,
     make_client_batches,
     train_clients,
-    train_clients_loop,
 )
+from fedlib.testing import train_clients_loop
 
 
 def _sync(device):

@@ -261,7 +261,7 @@ class RunConfig(BaseModel):
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
         data["split"] = {"name": self.split.name, **_split_defaults(self.split.name), **self.split.params}
         if self.server_val is None:
-            from .run import DEFAULT_SERVER_VAL
+            from .federation import DEFAULT_SERVER_VAL
 
             data["server_val"] = DEFAULT_SERVER_VAL if method.needs_validation or self.reference_values else 0
         return _plain(data)

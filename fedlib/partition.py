@@ -20,10 +20,14 @@ sends a random update).
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
+
+from .config import ConfigError, RunConfig
 
 ROLES = (
     "benign",
@@ -112,6 +116,15 @@ def _even_split(total: int, parts: int) -> np.ndarray:
     return total // parts + (np.arange(parts) < total % parts)
 
 
+def _even_split_rows(holds: np.ndarray, totals: np.ndarray, parts: np.ndarray) -> np.ndarray:
+    """Row i: ``totals[i]`` split by :func:`_even_split` over the ``parts[i]`` True entries of
+    ``holds[i]`` (in column order), zero elsewhere; all rows at once."""
+    rank = np.cumsum(holds, axis=1) - 1  # position of an entry among its row's held entries
+    share = totals // np.maximum(parts, 1)
+    extra = rank < (totals % np.maximum(parts, 1))[:, None]
+    return np.where(holds, share[:, None] + extra, 0).astype(np.int64)
+
+
 def _draw_indices(labels, counts, rng) -> list[np.ndarray]:
     """Draw counts[i, c] samples of class c for client i, without replacement."""
     n_clients, n_classes = counts.shape
@@ -197,11 +210,8 @@ def _label_skew_counts(class_sizes, classes_per_client, size_weights, rng) -> np
         load[chosen] += size_weights[i] / classes_per_client[i]
     unit = int(np.min((class_sizes - holds.sum(axis=0)) / load))
     _require(unit >= 1, "labels have too few samples per class for this split")
-    counts = np.zeros((n_clients, n_classes), dtype=np.int64)
-    for i in range(n_clients):
-        size = int(size_weights[i] * unit)
-        counts[i, holds[i]] = _even_split(size, int(classes_per_client[i]))
-    return counts
+    sizes = (np.asarray(size_weights, dtype=float) * unit).astype(np.int64)
+    return _even_split_rows(holds, sizes, np.asarray(classes_per_client, dtype=np.int64))
 
 
 def _classes_per_client(classes_per_client, n_clients, n_classes) -> np.ndarray:
@@ -274,9 +284,7 @@ def k_classes(labels, n_clients: int, k: int, seed: int, n_classes: int | None =
     holds = np.zeros((n_clients, n_classes), dtype=bool)
     holds[np.arange(n_clients)[:, None], slots] = True
     class_sizes = np.bincount(labels, minlength=n_classes)
-    counts = np.zeros((n_clients, n_classes), dtype=np.int64)
-    for c in range(n_classes):
-        counts[holds[:, c], c] = _even_split(int(class_sizes[c]), int(holds[:, c].sum()))
+    counts = _even_split_rows(holds.T, class_sizes, holds.sum(axis=0)).T  # each class over its holders
     return _partition(labels, counts, ["benign"] * n_clients, rng)
 
 
@@ -403,8 +411,8 @@ def maverick_iid(
     class_sizes = np.bincount(labels, minlength=n_classes)
     chosen = None if maverick_class is None else [maverick_class]
     counts, shared = _maverick_columns(class_sizes, n_clients, 1, chosen, rng)
-    for c in np.flatnonzero(shared):
-        counts[:, c] = _even_split(int(class_sizes[c]), n_clients)
+    every = np.ones((int(shared.sum()), n_clients), dtype=bool)  # each shared class over all clients
+    counts[:, shared] = _even_split_rows(every, class_sizes[shared], np.full(len(every), n_clients)).T
     return _partition(labels, counts, ["benign"] * (n_clients - 1) + ["maverick"], rng)
 
 
@@ -435,8 +443,8 @@ def _celm_counts(class_sizes, n_clients, rng, rare_per_maverick, rare_fraction, 
     rare, common = class_order[:n_rare], class_order[n_rare:]
     counts = np.zeros((n_clients, n_classes), dtype=np.int64)
     n_benign = n_clients - n_special
-    for j, rare_of_j in enumerate(np.split(rare, np.cumsum(rare_per_maverick)[:-1])):
-        counts[n_benign + j, rare_of_j] = _fraction_of(class_sizes[rare_of_j], rare_fraction)
+    owner = n_benign + np.repeat(np.arange(len(rare_per_maverick)), rare_per_maverick)  # Maverick of each rare class
+    counts[owner, rare] = _fraction_of(class_sizes[rare], rare_fraction)
     if weak is not None:
         n_weak_classes, weak_fraction = weak
         top = n_classes - n_rare
@@ -449,8 +457,9 @@ def _celm_counts(class_sizes, n_clients, rng, rare_per_maverick, rare_fraction, 
         )
         abundant = common[np.argsort(-class_sizes[common], kind="stable")[:n_weak_classes]]
         counts[-1, abundant] = _fraction_of(class_sizes[abundant], weak_fraction)
-    for c in common:
-        counts[:n_benign, c] = _even_split(int(class_sizes[c] - counts[:, c].sum()), n_benign)
+    left = class_sizes[common] - counts[:, common].sum(axis=0)  # each common class over the benign clients
+    every = np.ones((len(common), n_benign), dtype=bool)
+    counts[:n_benign, common] = _even_split_rows(every, left, np.full(len(common), n_benign)).T
     return counts
 
 
@@ -538,15 +547,14 @@ def free_rider(base: Partition, n_free_riders: int) -> Partition:
     Behavioural role (FedMS §5.1): the engine returns the received model unchanged for
     them; their data (and claimed size) stay as in ``base``.
     """
-    benign = [i for i, role in enumerate(base.roles) if role == "benign"]
+    roles = np.asarray(base.roles, dtype=object)
+    benign = np.flatnonzero(roles == "benign")
     _require(
         0 <= n_free_riders <= len(benign),
         f"n_free_riders must be in [0, {len(benign)}] (the benign clients), got {n_free_riders}",
     )
-    roles = list(base.roles)
-    for i in benign[len(benign) - n_free_riders :]:
-        roles[i] = "free_rider"
-    return Partition(base.indices, base.counts, roles, base.x, base.y)
+    roles[benign[len(benign) - n_free_riders :]] = "free_rider"
+    return Partition(base.indices, base.counts, roles.tolist(), base.x, base.y)
 
 
 def adversarial(
@@ -612,7 +620,7 @@ def _poison(partition: Partition, labels, x, rng) -> Partition:
 
 
 def _role_indices(partition: Partition, role: str) -> torch.Tensor:
-    return _client_indices(partition, [i for i, r in enumerate(partition.roles) if r == role])
+    return _client_indices(partition, np.flatnonzero(np.asarray(partition.roles, dtype=object) == role))
 
 
 def _client_indices(partition: Partition, clients) -> torch.Tensor:
@@ -685,3 +693,76 @@ def feature_noise(
     gen = _torch_generator(np.random.default_rng(seed))
     noisy[idx] += torch.randn((idx.numel(), *x.shape[1:]), generator=gen) * std
     return Partition(partition.indices, partition.counts, partition.roles, noisy, partition.y)
+
+# ----------------------------------------------------------------------------- a config's split
+
+
+SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
+                   "nan_updates", "huge_updates")
+HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update"}  # faults for robustness tests
+
+
+def _mark_hostile(part, modifier: str, count: int):
+    """Give ``count`` benign clients (the last ones) a hostile update role."""
+    roles = np.asarray(part.roles, dtype=object)
+    benign = np.flatnonzero(roles == "benign")
+    if count > len(benign):
+        raise ValueError(f"{modifier}: must be <= the {len(benign)} benign clients (got {count})")
+    roles[benign[len(benign) - count:]] = HOSTILE_ROLES[modifier]
+    part.roles = roles.tolist()
+    return part
+
+
+def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
+    """Call a split function, rejecting parameters it does not take (one line)."""
+    sig = inspect.signature(fn)
+    allowed = [p for p in sig.parameters if p not in fixed and p not in ("labels", "x", "y")]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"config: split {spec_name!r}: unknown parameter {unknown[0]!r}; allowed: "
+            f"{', '.join(allowed + list(SPLIT_MODIFIERS))}"
+        )
+    kwargs = {k: v for k, v in fixed.items() if k in sig.parameters}
+    return fn(**kwargs, **params)
+
+
+SPLITS = ("iid", "dirichlet", "k_classes", "pls", "sls", "maverick", "maverick_iid", "celm_maverick",
+          "celm_free_rider", "adversarial")
+
+
+def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Partition:
+    """The configured split plus its modifiers (free-riders, covariate shift, noise)."""
+    spec = config.split
+    if spec.name not in SPLITS:
+        raise ConfigError(f"config: split: unknown split {spec.name!r}; known: {', '.join(SPLITS)}")
+    params = spec.params
+    mods = {k: params.pop(k) for k in list(params) if k in SPLIT_MODIFIERS}
+    labels = y.cpu().numpy()
+    fn = globals()[spec.name]
+    try:
+        part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=config.n_clients,
+                                 seed=config.seed, x=x, n_classes=int(y.max()) + 1)
+        if mods.get("free_riders"):
+            part = free_rider(part, mods["free_riders"])
+        for modifier in HOSTILE_ROLES:
+            if mods.get(modifier):
+                part = _mark_hostile(part, modifier, mods[modifier])
+        clients = mods.get("noisy_clients")
+        if mods.get("covariate_shift") is not None:
+            part = covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],
+                                                    seed=config.seed)
+        if mods.get("label_noise"):
+            part = label_noise(*part.pool(x, y), part, rate=mods["label_noise"],
+                                                seed=config.seed, clients=clients)
+        if mods.get("feature_noise"):
+            part = feature_noise(*part.pool(x, y), part, std=mods["feature_noise"],
+                                                  seed=config.seed, clients=clients)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(f"config: split {spec.name!r}: {str(err).splitlines()[0]}") from None
+    if part.n_clients != config.n_clients:
+        raise ConfigError(f"config: n_clients: split {spec.name!r} makes {part.n_clients} clients "
+                          f"(got n_clients = {config.n_clients})")
+    return part

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
+from fedlib.contributions import contribution_vector
 from fedlib.partition import ROLES
 
 ROLE_COLORS = dict(
@@ -176,22 +177,7 @@ def accuracy_curves(results, metric="accuracy", ax=None) -> Figure:
     return fig
 
 
-def final_contributions(result) -> np.ndarray:
-    """Each client's contribution in the last round of a RunResult, normalized.
-
-    The method's contribution ``scores`` when it records them, else its aggregation
-    weights (zero for clients not aggregated). Divided by the sum of absolute values,
-    so non-negative contributions sum to 1; all zeros when there is no round.
-    """
-    contributions = np.zeros(len(result.meta["client_sizes"]))
-    if result.history:
-        last = result.history[-1]
-        if last.get("scores") is not None:
-            contributions[:] = last["scores"]
-        else:
-            contributions[last["aggregated"]] = last["weights"]
-    total = np.abs(contributions).sum()
-    return contributions / total if total > 0 else contributions
+final_contributions = contribution_vector  # the one rule (fedlib.contributions), name kept for the explorer
 
 
 def true_contributions(result) -> np.ndarray | None:
@@ -250,7 +236,7 @@ def contribution_vs_truth(contributions, truth, roles, ax=None, normalize: bool 
     _client_role_ticks(ax, list(roles))
     ax.set_xlim(-0.6, n_clients - 0.4)
     ax.set_xlabel("client", fontsize=10)
-    ax.set_ylabel("final-round contribution" + (" (share)" if normalize else ""), fontsize=10)
+    ax.set_ylabel("contribution" + (" (share)" if normalize else ""), fontsize=10)
     ax.tick_params(labelsize=9)
     ax.spines[["top", "right"]].set_visible(False)
     ax.legend(fontsize=9, frameon=False, ncols=min(groups + 1, 4), loc="lower left", bbox_to_anchor=(0, 1))

@@ -14,7 +14,7 @@ split into one group per intra-op thread, each group trained by its own thread w
 intra-op thread (``LocalTraining.workers``). ``warm_up`` pays torch.func's one-time costs
 before a run's first round.
 
-``train_clients_loop`` is the plain per-client implementation, kept only as the test
+``fedlib.testing.train_clients_loop`` is the plain per-client implementation, kept only as the test
 oracle and benchmark baseline; it consumes exactly the same batches.
 """
 
@@ -151,16 +151,20 @@ class ClientBatches:
         return self.index.shape[0]
 
 
+def flat_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Client index lists concatenated: (indices [M], owner client of each [M], sizes [N])."""
+    sizes = torch.from_numpy(np.fromiter(map(len, client_indices), dtype=np.int64, count=len(client_indices)))
+    flat = np.concatenate(client_indices).astype(np.int64, copy=False) if len(client_indices) else np.zeros(0, np.int64)
+    return torch.from_numpy(flat), torch.repeat_interleave(torch.arange(len(sizes)), sizes), sizes
+
+
 def padded_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
     """Client index lists as a padded matrix ``[N, M_max]`` and sizes ``[N]``."""
-    sizes = torch.tensor([len(ix) for ix in client_indices], dtype=torch.long)
-    width = max(int(sizes.max()), 1)
+    flat, rows, sizes = flat_indices(client_indices)
+    width = max(int(sizes.max()), 1) if len(sizes) else 1
     table = torch.zeros(len(client_indices), width, dtype=torch.long)
-    if len(client_indices):
-        flat = torch.from_numpy(np.concatenate([np.asarray(ix, dtype=np.int64) for ix in client_indices]))
-        rows = torch.repeat_interleave(torch.arange(len(client_indices)), sizes)
-        cols = torch.arange(len(flat)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
-        table[rows, cols] = flat
+    cols = torch.arange(len(flat)) - torch.repeat_interleave(torch.cumsum(sizes, 0) - sizes, sizes)
+    table[rows, cols] = flat
     return table, sizes
 
 
@@ -598,60 +602,6 @@ def warm_up(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
                       LocalTraining(batch_size=n, compile="off", workers=1))
     _WARM.add(key)
     return time.perf_counter() - t0
-
-
-def train_clients_loop(
-    model: nn.Module,
-    start: torch.Tensor,
-    buffers: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    y: torch.Tensor,
-    batches: ClientBatches,
-    cfg: LocalTraining,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Reference implementation: one client after another with torch.optim.SGD on the
-    same batches (real samples only). Test oracle and benchmark baseline only."""
-    layout = ParamLayout(model)
-    n = batches.index.shape[1]
-    flats, bufs_out = [], []
-    for i in range(n):
-        local = copy.deepcopy(model).train()
-        start_i = start if start.dim() == 1 else start[i]
-        buf_i = {k: (v[0] if v.shape[0] == 1 else v[i]) for k, v in buffers.items()}
-        layout.load_into(local, start_i, buf_i)
-        anchor = start_i.detach().clone()
-        opt = torch.optim.SGD(local.parameters(), lr=cfg.lr, momentum=cfg.momentum,
-                              weight_decay=cfg.weight_decay)
-        ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
-            lambda t: t[i], cfg.client_context
-        )
-        for s in range(batches.steps):
-            real = batches.mask[s, i] > 0
-            if not bool(real.any()):
-                continue
-            idx = batches.index[s, i][real]
-            xb, yb = x[idx], y[idx]
-            opt.zero_grad()
-            if cfg.extra_loss is None:
-                logits = local(xb)
-            else:
-                logits, features = local(xb, return_features=True)
-            loss = F.cross_entropy(logits, yb)
-            if cfg.prox_mu:
-                current = layout.flatten(dict(local.named_parameters()))
-                loss = loss + 0.5 * cfg.prox_mu * (current - anchor).square().sum()
-            if cfg.extra_loss is not None:
-                params = dict(local.named_parameters())
-                kwargs = {"inputs": xb} if cfg.extra_loss_inputs else {}
-                loss = loss + cfg.extra_loss(params, logits, features, yb,
-                                             torch.ones(len(yb)), ctx, **kwargs)
-            loss.backward()
-            opt.step()
-        flats.append(layout.flat_of(local))
-        bufs_out.append(layout.buffers_of(local))
-    flat = torch.stack(flats)
-    bufs = {k: torch.stack([b[k] for b in bufs_out]) for k in buffers}
-    return flat, bufs
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -10,7 +10,8 @@ import fedlib
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
-from fedlib.methods.celm import class_evidence, instant_scores, probe, probe_loop
+from fedlib.methods.celm import class_evidence, instant_scores, probe
+from fedlib.testing import probe_loop
 from fedlib.models import build_model
 from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 
@@ -225,3 +226,31 @@ def test_fidelity_uses_the_table4_definitions():
     assert out["Hellinger Uniform"] == joint_distances(counts, np.ones((2, 3)))["Hellinger"]
     empty = fidelity(SimpleNamespace(meta=run.meta, history=[]))
     assert np.isnan(empty["EMD CELM"]) and empty["EMD Uniform"] == out["EMD Uniform"]
+
+
+def test_chapter_readers_match_their_loop_oracles():
+    """removal_rounds, _even_counts and free_riders (vectorized) against per-client loops."""
+    from fedlib.chapters import celm as chapter
+    from fedlib.run import RunResult
+
+    rng = np.random.default_rng(1)
+    n = 6
+    history = [{"round": t, "selected": np.sort(rng.choice(n, 3, replace=False)).tolist()} for t in range(8)]
+    run = RunResult(config={}, history=history, final={}, meta={"client_sizes": [1] * n})
+    last = {}
+    for h in history:  # oracle: the last round each client was selected
+        for c in h["selected"]:
+            last[c] = h["round"]
+    expected = [last.get(c, -1) + 1 if last.get(c, -1) < history[-1]["round"] else None for c in range(n)]
+    assert chapter.removal_rounds(run) == expected
+    recorded = [{**h, "diagnostics": {"removed": [t % n] if t % 3 == 0 else []}} for t, h in enumerate(history)]
+    run = RunResult(config={}, history=recorded, final={}, meta={"client_sizes": [1] * n})
+    assert chapter.removal_rounds(run) == [7, None, None, 4, None, None]  # rounds 0, 3, 6 remove clients 0, 3, 0
+    k, sizes = [1, 3, 12], [10.0, 30.0, 24.0]
+    loop = np.zeros((3, 12))
+    for i in range(3):
+        loop[i, : k[i]] = sizes[i] / k[i]
+    np.testing.assert_allclose(chapter._even_counts(k, sizes), loop)
+    roles = ["benign", "free_rider", "maverick", "weak_free_rider"]
+    run = RunResult(config={}, history=[], final={}, meta={"client_roles": roles})
+    assert chapter.free_riders(run).tolist() == [False, True, False, True]

@@ -293,7 +293,8 @@ def test_fedfa_weights_and_momentum_follow_the_formula():
 
 
 def test_moon_vectorized_training_equals_the_per_client_loop():
-    from fedlib.population import LocalTraining, make_client_batches, train_clients, train_clients_loop
+    from fedlib.population import LocalTraining, make_client_batches, train_clients
+    from fedlib.testing import train_clients_loop
 
     fed, layout, w, flat, data = _two_clients()
     method = build_method("moon", {"mu": 2.0})

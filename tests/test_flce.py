@@ -14,17 +14,16 @@ from fedlib.methods.flce import (
     class_mass,
     class_momentum,
     class_prototypes,
-    class_prototypes_loop,
     class_velocity,
     complete_contributions,
     complete_matrix,
     final_contributions,
     global_prototypes,
     supcon_loss,
-    supcon_loss_loop,
 )
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients, train_clients_loop
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.testing import class_prototypes_loop, supcon_loss_loop, train_clients_loop
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

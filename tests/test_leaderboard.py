@@ -134,23 +134,24 @@ def test_fedscm_select_rejects_bad_hyperparameters():
 # ----------------------------------------------------------------------------- chapter metrics
 
 
-def _result(roles, history, final=None):
+def _result(roles, history, final=None, method="celm"):
     n = len(roles)
-    return RunResult(config={}, history=history,
+    return RunResult(config={"method": {"name": method}}, history=history,
                      final={"accuracy": 0.5, "balanced_accuracy": 0.4, **(final or {})},
                      meta={"client_roles": roles, "client_sizes": [10] * n, "wall_time": 1.0,
                            "client_class_counts": [[1] * 3] * n})
 
 
 def test_contribution_history_reads_each_source_and_fills_missing_clients():
-    history = [{"round": 0, "aggregated": [0, 2], "similarity": [0.9, 0.1], "scores": [1, 2, 3],
+    history = [{"round": 0, "aggregated": [0, 2], "similarity": [0.9, 0.1],
                 "diagnostics": {"rewards_gtg": [0.3, -0.1]}, "time_server": 0.1}]
-    r = _result(["benign", "benign", "free_rider"], history)
-    assert np.allclose(lb.contribution_history(r, "celm"), [[1, 2, 3]])
-    sim = lb.contribution_history(r, "fedavg")
+    roles = ["benign", "benign", "free_rider"]
+    scored = _result(roles, [{**history[0], "scores": [1, 2, 3]}])
+    assert np.allclose(lb.contribution_history(scored), [[1, 2, 3]])
+    sim = lb.contribution_history(_result(roles, history, method="fedavg"))
     assert sim[0, 0] == pytest.approx(0.9) and np.isnan(sim[0, 1]) and sim[0, 2] == pytest.approx(0.1)
-    gtg = lb.contribution_history(r, "gtg_shapley")
-    assert gtg[0, 2] == pytest.approx(-0.1)
+    gtg = lb.contribution_history(_result(roles, history, method="shapley_rewards"))
+    assert gtg[0, 0] == pytest.approx(0.3) and np.isnan(gtg[0, 1]) and gtg[0, 2] == pytest.approx(-0.1)
 
 
 def test_distribution_fidelity_rank_and_auroc_values():

@@ -295,3 +295,33 @@ def test_errors_are_one_line_and_name_the_field(field, call):
         call(labels)
     message = str(err.value)
     assert "\n" not in message and message.startswith(field + " ")
+
+
+def test_even_split_rows_matches_the_per_row_loop():
+    """The vectorized row split (PLS/SLS counts, k_classes, Maverick and CELM columns) against
+    its loop oracle: row i is ``_even_split(totals[i], parts[i])`` over its held entries."""
+    from fedlib.partition import _even_split, _even_split_rows
+
+    rng = np.random.default_rng(4)
+    holds = rng.random((9, 7)) < 0.5
+    holds[np.arange(9), rng.integers(0, 7, 9)] = True  # every row holds at least one entry
+    totals = rng.integers(0, 50, 9)
+    loop = np.zeros(holds.shape, dtype=np.int64)
+    for i in range(len(holds)):
+        loop[i, holds[i]] = _even_split(int(totals[i]), int(holds[i].sum()))
+    np.testing.assert_array_equal(_even_split_rows(holds, totals, holds.sum(axis=1)), loop)
+    # by hand: 7 over 3 held entries -> 3, 2, 2 (larger first), in column order
+    np.testing.assert_array_equal(_even_split_rows(np.array([[True, False, True, True]]), np.array([7]),
+                                                   np.array([3])), [[3, 0, 2, 2]])
+
+
+def test_free_rider_and_hostile_roles_mark_the_last_benign_clients():
+    from fedlib.partition import _mark_hostile
+
+    base = P.iid(np.arange(40) % 4, n_clients=5, seed=0)
+    base.roles[4] = "maverick"
+    marked = P.free_rider(base, 2)
+    assert marked.roles == ["benign", "benign", "free_rider", "free_rider", "maverick"]
+    assert _mark_hostile(marked, "nan_updates", 1).roles[1] == "nan_update"
+    with pytest.raises(ValueError, match="must be <= the 1 benign clients"):
+        _mark_hostile(marked, "huge_updates", 2)

@@ -19,8 +19,8 @@ from fedlib.population import (
     predict,
     stack_buffers,
     train_clients,
-    train_clients_loop,
 )
+from fedlib.testing import train_clients_loop
 
 
 def _federation(n_clients, shape, n_classes, seed=0, low=5, high=60):

@@ -106,23 +106,26 @@ def test_other_config_fields_are_fixed_for_every_run():
     assert config["split"] == {"name": "k_classes", "k": 3}
 
 
-def _result(history, roles):
+def _result(history, roles, method="fedavg"):
     meta = {"client_sizes": [10] * len(roles), "client_roles": roles}
-    return RunResult(config={}, history=history, final={}, meta=meta)
+    return RunResult(config={"method": {"name": method}}, history=history, final={}, meta=meta)
 
 
-def test_final_contributions_use_scores_else_weights_normalized():
+def test_final_contributions_use_scores_else_similarity_normalized():
     roles = ["benign", "benign", "maverick", "free_rider"]
-    weighted = _result([{"round": 0, "aggregated": [0, 2], "weights": [0.2, 0.6]}], roles)
-    scored = _result([{"round": 0, "aggregated": [0], "weights": [1.0], "scores": [1.0, 1.0, 2.0, 0.0]}], roles)
-    np.testing.assert_allclose(final_contributions(weighted), [0.25, 0, 0.75, 0])
+    # no scores: FLCE §4.1.3's rule, similarity shares of the aggregated clients summed over rounds
+    similar = _result([{"round": 0, "aggregated": [0, 2], "similarity": [0.2, 0.6]},
+                       {"round": 1, "aggregated": [0, 1], "similarity": [0.5, -0.1]}], roles)
+    scored = _result([{"round": 0, "aggregated": [0], "similarity": [1.0], "scores": [1.0, 1.0, 2.0, 0.0]}],
+                     roles, method="celm")
+    np.testing.assert_allclose(final_contributions(similar), [1.25 / 2, 0, 0.75 / 2, 0])
     np.testing.assert_allclose(final_contributions(scored), [0.25, 0.25, 0.5, 0])
 
-    fig = contribution_bars({"weights": weighted, "scores": scored})
+    fig = contribution_bars({"similarity": similar, "scores": scored})
     ax = fig.axes[0]
     assert len(ax.patches) == 8  # 4 clients x 2 methods
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "2\nmaverick", "3\nfree_rider"]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["equal share", "weights", "scores"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["equal share", "similarity", "scores"]
 
 
 def test_accuracy_curves_draw_one_percent_line_per_label():

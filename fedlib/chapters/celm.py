@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from .. import frames
+from ..contributions import contribution_history
 from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
@@ -118,14 +120,12 @@ def rare_class_accuracy(result) -> float:
     return float(100.0 * per_class[rare].mean()) if rare else float("nan")
 
 
-def score_history(result) -> np.ndarray:
-    """[rounds, clients] contribution scores recorded by the method."""
-    return np.asarray([h["scores"] for h in result.history if "scores" in h], dtype=float)
+score_history = contribution_history  # [rounds, clients] recorded scores (fedlib.contributions)
 
 
 def free_riders(result) -> np.ndarray:
     roles = result.meta["client_roles"]
-    return np.asarray([r in ("free_rider", "weak_free_rider") for r in roles])
+    return np.isin(np.asarray(roles, dtype=object), ("free_rider", "weak_free_rider"))
 
 
 def last_evidence(result) -> np.ndarray | None:
@@ -233,10 +233,9 @@ def uniform_check(reference, seeds=(0, 1, 2)):
 def _even_counts(classes_per_client, sizes) -> np.ndarray:
     """Client i holds sizes[i] samples spread evenly over k_i classes (which classes does not
     change the joint JSD or Hellinger)."""
-    counts = np.zeros((len(classes_per_client), max(10, max(classes_per_client))))
-    for i, (k, size) in enumerate(zip(classes_per_client, sizes)):
-        counts[i, :k] = size / k
-    return counts
+    k, sizes = np.asarray(classes_per_client), np.asarray(sizes, dtype=float)
+    columns = np.arange(max(10, int(k.max())))
+    return np.where(columns[None, :] < k[:, None], (sizes / k)[:, None], 0.0)
 
 
 def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clients: int = 5,
@@ -304,31 +303,12 @@ def definition_search(counts: np.ndarray) -> list[dict[str, Any]]:
 
 def method_row(results: dict, per_method: dict[str, list[RunConfig]], value=None) -> dict[str, tuple[float, float]]:
     """Mean and std (over seeds) of a per-run value for each method; default final accuracy %."""
-    from ..book import mean_std
-
-    out = {}
-    for method, cfgs in per_method.items():
-        runs = [results[c.key()] for c in cfgs if c.key() in results]
-        values = [value(r) for r in runs] if value else [100.0 * r.final["accuracy"] for r in runs]
-        out[method] = mean_std(values) if values else (float("nan"), float("nan"))
-    return out
+    return frames.seed_mean_std(results, per_method, value)
 
 
 def comparison(rows: list[tuple[str, dict, dict]], profile: str, digits: int = 2):
-    """A paper-vs-ours frame: for each row label, a 'paper' line and one line per source of
-    ours; columns are methods. ``rows`` holds (label, paper {method: (mean, std)},
-    {source label: {method: (mean, std)}})."""
-    import pandas as pd
-
-    from ..book import pm
-
-    lines = []
-    for label, paper, ours in rows:
-        lines.append({"row": label, "source": "paper", **{METHOD_LABELS[m]: pm(*v, digits) for m, v in paper.items()}})
-        for source, values in ours.items():
-            lines.append({"row": label, "source": source,
-                          **{METHOD_LABELS[m]: pm(*v, digits) for m, v in values.items()}})
-    return pd.DataFrame(lines).set_index(["row", "source"])
+    """A paper-vs-ours frame (``fedlib.frames.comparison``), columns named by ``METHOD_LABELS``."""
+    return frames.comparison(rows, METHOD_LABELS, digits, index="row")
 
 
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm",
@@ -346,15 +326,7 @@ def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "
 
 
 def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
-    from ..book import reference_value
-
-    out = {}
-    for m in methods:
-        try:
-            out[m] = reference_value(reference, table, row, METHOD_LABELS[m])
-        except KeyError:
-            out[m] = (float("nan"), float("nan"))
-    return out
+    return frames.paper_values(reference, table, row, methods, METHOD_LABELS.__getitem__)
 
 
 # ----------------------------------------------------------------------------- why a baseline falls short
@@ -390,22 +362,21 @@ def removal_rounds(result) -> list[int | None]:
     from the run's history: the ``removed`` diagnostics where recorded, else the last round a
     client was selected while CFFL selected the whole reputable set."""
     n = len(result.meta["client_sizes"])
-    out: list[int | None] = [None] * n
     recorded = [h for h in result.history if "removed" in h.get("diagnostics", {})]
+    key, source = ("removed", recorded) if recorded else ("selected", result.history)
+    clients = [np.asarray((h["diagnostics"] if recorded else h)[key], dtype=int) for h in source]  # per round
+    rounds = np.repeat([h["round"] for h in source], [len(c) for c in clients])
+    last = np.full(n, -1)
+    np.maximum.at(last, np.concatenate(clients + [np.zeros(0, dtype=int)]), rounds)  # latest round per client
     if recorded:
-        for h in recorded:
-            for c in h["diagnostics"]["removed"]:
-                out[c] = h["round"] + 1
-        return out
-    last = {}
-    for h in result.history:
-        for c in h["selected"]:
-            last[c] = h["round"]
-    final_round = result.history[-1]["round"]
-    for c in range(n):
-        if last.get(c, -1) < final_round:
-            out[c] = last.get(c, -1) + 1
-    return out
+        return [None if r < 0 else int(r) + 1 for r in last]
+    return [None if r >= result.history[-1]["round"] else int(r) + 1 for r in last]
+
+
+def _only_held_by(counts: np.ndarray, clients: np.ndarray) -> list[int]:
+    """Classes held by some of the masked clients and by none of the others."""
+    inside, outside = counts[clients].sum(0) > 0, counts[~clients].sum(0) > 0
+    return np.flatnonzero(inside & ~outside).tolist()
 
 
 def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
@@ -422,9 +393,9 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
     if method == "cffl":
         removed = removal_rounds(result)
         table["removed after round"] = ["—" if r is None else r for r in removed]
-        gone = [i for i, r in enumerate(removed) if r is not None]
-        lost = sorted(set(np.flatnonzero(counts[gone].sum(0))) - set(np.flatnonzero(
-            counts[[i for i in range(len(held)) if i not in gone]].sum(0)))) if gone else []
+        gone_mask = np.asarray([r is not None for r in removed])
+        gone = np.flatnonzero(gone_mask).tolist()
+        lost = _only_held_by(counts, gone_mask)
         text = (f"CFFL removed {len(gone)} of {len(held)} clients "
                 + (f"(after rounds {', '.join(str(removed[i]) for i in gone)}); " if gone else "; ")
                 + (f"classes {', '.join(map(str, lost))} were held only by removed clients, so the global model "
@@ -452,12 +423,11 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
         table["final weight"] = np.round(final_weights, 3)
         per_class = next((np.asarray(h["diagnostics"]["class_values"]) for h in reversed(result.history)
                           if "class_values" in h.get("diagnostics", {})), None)
-        weak = [i for i in range(len(held)) if final_weights[i] < 0.05]
+        weak = np.flatnonzero(final_weights < 0.05).tolist()
         if per_class is not None:
             for c in range(per_class.shape[1]):
                 table[f"σ class {c}"] = np.round(per_class[:, c], 2)
-        lost = sorted(set(np.flatnonzero(counts[weak].sum(0))) - set(np.flatnonzero(
-            counts[[i for i in range(len(held)) if i not in weak]].sum(0)))) if weak else []
+        lost = _only_held_by(counts, final_weights < 0.05)
         text = (f"ShapFed's final weights give {len(weak)} client(s) less than 5 % "
                 + (f"(clients {', '.join(map(str, weak))}); the classes only they hold ({', '.join(map(str, lost))}) "
                    f"barely reach the global model. " if lost else "; ")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from .. import frames
 from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
@@ -137,14 +138,7 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 
 def accuracy_row(results: dict, per_method: dict[str, list[RunConfig]]) -> dict[str, tuple[float, float]]:
     """Final test accuracy (%) mean and std over seeds, per method (NaN where not run)."""
-    from ..book import mean_std
-
-    out = {}
-    for method, cfgs in per_method.items():
-        values = [100.0 * results[c.key()].final["accuracy"] for c in cfgs
-                  if c.key() in results and results[c.key()].final.get("accuracy") is not None]
-        out[method] = mean_std(values)
-    return out
+    return frames.seed_mean_std(results, per_method)
 
 
 def participation(result) -> dict[str, float]:
@@ -194,19 +188,8 @@ def accuracy_curve(result) -> tuple[list[int], list[float]]:
 
 
 def comparison(rows: list[tuple[str, dict, dict]], digits: int = 2):
-    """Paper-vs-ours frame: per row label a 'paper' line and one line per source of ours."""
-    import pandas as pd
-
-    from ..book import pm
-
-    lines = []
-    for label, paper, ours in rows:
-        lines.append({"setting": label, "source": "paper",
-                      **{METHOD_LABELS[m]: pm(*v, digits) for m, v in paper.items()}})
-        for source, values in ours.items():
-            lines.append({"setting": label, "source": source,
-                          **{METHOD_LABELS[m]: pm(*v, digits) for m, v in values.items()}})
-    return pd.DataFrame(lines).set_index(["setting", "source"])
+    """Paper-vs-ours frame (``fedlib.frames.comparison``): per setting a 'paper' line and one per source."""
+    return frames.comparison(rows, METHOD_LABELS, digits, index="setting")
 
 
 def best_method(values: dict[str, tuple[float, float]]) -> str | None:
@@ -215,16 +198,12 @@ def best_method(values: dict[str, tuple[float, float]]) -> str | None:
 
 
 def paper_values(reference, table: str, row: str, methods, column_of=None) -> dict[str, tuple[float, float]]:
-    from ..book import reference_value
+    """A softmax variant is compared with its method's paper value."""
+    def column(m):
+        base = SOFTMAX_VARIANTS.get(m, (m,))[0]
+        return column_of(base) if column_of else METHOD_LABELS[base]
 
-    out = {}
-    for m in methods:
-        base = SOFTMAX_VARIANTS.get(m, (m,))[0]  # a variant is compared with its method's paper value
-        try:
-            out[m] = reference_value(reference, table, row, column_of(base) if column_of else METHOD_LABELS[base])
-        except KeyError:
-            out[m] = (float("nan"), float("nan"))
-    return out
+    return frames.paper_values(reference, table, row, methods, column)
 
 
 def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dict[str, Any]]:

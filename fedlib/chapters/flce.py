@@ -21,12 +21,11 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from ..contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
 from . import run_options, unique_configs
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
-# methods whose own output is the contribution (FLCE §4.1.3); the others: normalised similarity
-OWN_CONTRIBUTION = ("cgsv", "fedfa", "fedsv", "flce")
 VARIANTS: dict[str, dict[str, Any]] = {  # §4.4
     "FLCE": {}, "FLCE-M": {"mass": False}, "FLCE-V": {"velocity": False}, "FLCE-Q": {"momentum": False},
     "FLCE-CL": {"lam": 0.0}, "FLCE-CMC": {},  # −CMC: FLCE's run, contributions without completion
@@ -103,45 +102,7 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 
 # ----------------------------------------------------------------------------- contributions
 
-
-def similarity_contributions(result, upto: int | None = None) -> np.ndarray:
-    """FLCE §4.1.3's rule for methods without a contribution of their own: each round the
-    aggregated clients' cosine similarities to the new global model, clamped at 0 and
-    normalised over them; summed over rounds (a client not selected adds 0) and normalised."""
-    n = len(result.meta["client_sizes"])
-    total = np.zeros(n)
-    for h in result.history[:upto]:
-        sim = np.clip(np.asarray(h["similarity"], dtype=float), 0, None)
-        if sim.sum() > 0:
-            np.add.at(total, np.asarray(h["aggregated"]), sim / sim.sum())
-    return total / total.sum() if total.sum() > 0 else np.full(n, 1.0 / n)
-
-
-def flce_tensor(result) -> np.ndarray:
-    """FLCE's contribution tensor X [rounds, N, C] from the history (NaN where not observed)."""
-    counts = np.asarray(result.meta["client_class_counts"])
-    x = np.full((len(result.history), *counts.shape), np.nan)
-    for t, h in enumerate(result.history):
-        x[t, h["aggregated"]] = h["diagnostics"]["x_class"]
-    return x
-
-
-def flce_contributions(result, upto: int | None = None, complete: bool = True, over: str | None = None) -> np.ndarray:
-    """Eq. 11-14 on the first ``upto`` rounds of a FLCE run (``complete=False``: FLCE−CMC;
-    ``over``: "client_class" or "summed", the run's own ``completion_over`` by default)."""
-    import torch
-
-    from ..methods.flce import complete_contributions, final_contributions
-
-    params = result.config["method"]
-    x = torch.from_numpy(flce_tensor(result)[:upto])
-    if complete and params.get("completion", True):
-        summed = complete_contributions(x, over or params.get("completion_over", "client_class"),
-                                        int(params.get("rank", 1)), int(params.get("completion_steps", 2000)),
-                                        float(params.get("completion_lr", 0.05)))
-    else:
-        summed = torch.nan_to_num(x, nan=0.0).sum(-1)
-    return final_contributions(summed).numpy()
+contributions = contribution_vector  # the one rule (fedlib.contributions)
 
 
 def variant_contributions(result, variant: str) -> np.ndarray:
@@ -154,18 +115,6 @@ def variant_contributions(result, variant: str) -> np.ndarray:
 def variant_run(variant: str) -> str:
     """The variant whose run a Table 3 variant reads (FLCE's for those computed from it)."""
     return "FLCE" if variant in FROM_FLCE_RUN else variant
-
-
-def contributions(result, upto: int | None = None) -> np.ndarray:
-    """The run's contribution vector [N] after ``upto`` rounds (all by default)."""
-    method = result.config["method"]["name"]
-    if method == "flce":
-        return flce_contributions(result, upto)
-    if method in OWN_CONTRIBUTION:
-        scores = [h["scores"] for h in result.history[:upto] if "scores" in h]
-        values = np.clip(np.asarray(scores[-1], dtype=float), 0, None)
-        return values / values.sum() if values.sum() > 0 else np.full(len(values), 1.0 / len(values))
-    return similarity_contributions(result, upto)
 
 
 def data_share(result) -> np.ndarray:

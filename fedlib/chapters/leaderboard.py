@@ -27,12 +27,14 @@ import numpy as np
 
 from ..config import RunConfig, make_config
 from . import run_options
+from .. import contributions
 from . import celm as celm_chapter
 
-# leaderboard key -> (registered method, its parameters, where its contribution vector is read, label)
+# leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
+# the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
 #   "scores"      the method's own per-client scores (``Method.scores``, recorded each round)
 #   "similarity"  cos(w_k, w_g) the engine records (the rule for methods without scores, FLCE §4.1.3)
-#   "rewards_gtg" GTG-Shapley's per-round rewards (``shapley_rewards`` diagnostics)
+#   "rewards_gtg" GTG-Shapley's per-round rewards (``shapley_rewards`` diagnostics), by the same rule
 ENTRIES: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "fedavg": ("fedavg", {}, "similarity", "FedAvg (sample count)"),
     "fedavg_uniform": ("fedavg_uniform", {}, "similarity", "FedAvg (uniform)"),
@@ -114,20 +116,9 @@ def _full(values, clients, n: int) -> np.ndarray:
     return out
 
 
-def contribution_history(result, key: str) -> np.ndarray:
-    """[rounds, clients] contribution vectors of a run (NaN for a client not valued that round)."""
-    source = ENTRIES[key][2]
-    n = len(result.meta["client_sizes"])
-    if source == "scores":
-        return celm_chapter.score_history(result)
-    if source == "similarity":
-        rows = [_full(h["similarity"], h["aggregated"], n) for h in result.history if "similarity" in h]
-    elif source == "rewards_gtg":
-        rows = [_full(h["diagnostics"]["rewards_gtg"], h["aggregated"], n) for h in result.history
-                if "rewards_gtg" in h.get("diagnostics", {})]
-    else:
-        raise ValueError(f"unknown contribution source {source!r}")
-    return np.asarray(rows, dtype=float).reshape(len(rows), n)
+def contribution_history(result, key: str | None = None) -> np.ndarray:
+    """[rounds, clients] per-round contribution values (``fedlib.contributions``; ``key`` unused)."""
+    return contributions.contribution_history(result)
 
 
 def as_distribution(values) -> np.ndarray:
@@ -188,8 +179,8 @@ def server_time(result) -> float:
 def run_metrics(result, key: str) -> dict[str, Any]:
     """The leaderboard's numbers for one run (ratios to FedAvg are added by :func:`table`)."""
     roles = result.meta["client_roles"]
-    history = contribution_history(result, key)
-    final = history[-1] if len(history) else np.full(len(roles), np.nan)
+    history = contributions.contribution_history(result)
+    final = contributions.contribution_vector(result) if len(history) else np.full(len(roles), np.nan)
     out: dict[str, Any] = {
         "accuracy": 100 * result.final["accuracy"], "balanced_accuracy": 100 * result.final["balanced_accuracy"],
         "server_s": server_time(result), "wall_s": result.meta["wall_time"],

@@ -23,6 +23,7 @@ from typing import Any, Callable, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..population import LocalTraining
@@ -240,3 +241,23 @@ def build_method(name: str, params: dict[str, Any] | None = None) -> Method:
     method = cls(**params)
     method.validate()
     return method
+
+
+# ----------------------------------------------------------------------------- shared by methods
+
+
+def global_model_on_clients(fed: Federation, state: RoundState, data) -> tuple[torch.Tensor, torch.Tensor]:
+    """Client side, for q-FedAvg, FedFa and FedFV: the received global model's mean
+    cross-entropy and accuracy on each selected client's own training data ([n] each),
+    from one batched pass over the clients' samples."""
+    from ..population import flat_indices, predict
+
+    flat_index, owner, sizes = (t.to(data.x.device) for t in flat_indices(data.indices))
+    logits = predict(fed.model, state.global_flat.unsqueeze(0),
+                     {k: v.unsqueeze(0) for k, v in state.global_buffers.items()}, data.x[flat_index])[0]
+    y = data.y[flat_index]
+    n = len(data.indices)
+    loss = torch.zeros(n, device=logits.device).index_add_(0, owner, F.cross_entropy(logits, y, reduction="none"))
+    correct = torch.zeros(n, device=logits.device).index_add_(0, owner, (logits.argmax(-1) == y).float())
+    count = sizes.to(logits.device).clamp(min=1).float()
+    return loss / count, correct / count

@@ -10,12 +10,11 @@ warm-up (Eq. 14). During warm-up clients keep their own classifier head (only th
 backbone is broadcast). The steps follow Algorithm 1 (appendix A).
 
 All probes of a round (every model x every class) run as one batched optimisation;
-``probe_loop`` is the plain per-model, per-class reference (tests and benchmark only).
+``fedlib.testing.probe_loop`` is the plain per-model, per-class reference (tests and benchmark only).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,28 +59,6 @@ def probe(model: nn.Module, flats: torch.Tensor, buffers: dict[str, torch.Tensor
     finally:
         model.train(was_training)
     return u, x.detach()
-
-
-def probe_loop(model: nn.Module, flats: torch.Tensor, buffers: dict[str, torch.Tensor], images: torch.Tensor,
-               steps: int, lr: float, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference for :func:`probe`: one model, one class, one ``torch.optim.Adam`` at a time."""
-    layout = ParamLayout(model)
-    local = copy.deepcopy(model).eval().requires_grad_(False)
-    u = images.new_empty(images.shape[:2])
-    final = torch.empty_like(images)
-    for m in range(images.shape[0]):
-        layout.load_into(local, flats[m], {k: v[m] for k, v in buffers.items()})
-        for c in range(images.shape[1]):
-            x = images[m, c : c + 1].clone().requires_grad_(True)
-            optimizer = torch.optim.Adam([x], lr=lr)
-            for _ in range(steps):
-                optimizer.zero_grad()
-                (-(local(x)[0, c] - l2 * x.square().sum())).backward()
-                optimizer.step()
-            with torch.no_grad():
-                u[m, c] = local(x)[0, c]
-            final[m, c] = x.detach()[0]
-    return u, final
 
 
 def class_evidence(u_global: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -44,8 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from ..population import evaluate
-from .base import ClientState, ClientUpdates, Federation, Method, RoundState, register
-from .gradient import simplex  # noqa: F401  (re-exported for older imports)
+from .base import ClientState, ClientUpdates, Federation, Method, RoundState, global_model_on_clients, register
 
 
 def top_share(update: torch.Tensor, share: float) -> torch.Tensor:
@@ -220,25 +219,6 @@ class CFFL(Method):
 
 
 # ----------------------------------------------------------------------------- FLCE's baselines
-
-def global_model_on_clients(fed: Federation, state: RoundState, data) -> tuple[torch.Tensor, torch.Tensor]:
-    """Client side, for q-FedAvg, FedFa and FedFV: the received global model's mean
-    cross-entropy and accuracy on each selected client's own training data ([n] each),
-    from one batched pass over the clients' samples."""
-    from ..population import padded_indices, predict
-
-    table, sizes = padded_indices(data.indices)
-    flat_index = torch.cat([torch.as_tensor(ix, dtype=torch.long) for ix in data.indices]).to(data.x.device)
-    owner = torch.repeat_interleave(torch.arange(len(data.indices)), sizes).to(data.x.device)
-    logits = predict(fed.model, state.global_flat.unsqueeze(0),
-                     {k: v.unsqueeze(0) for k, v in state.global_buffers.items()}, data.x[flat_index])[0]
-    y = data.y[flat_index]
-    n = len(data.indices)
-    loss = torch.zeros(n, device=logits.device).index_add_(0, owner, F.cross_entropy(logits, y, reduction="none"))
-    correct = torch.zeros(n, device=logits.device).index_add_(0, owner, (logits.argmax(-1) == y).float())
-    count = sizes.to(logits.device).clamp(min=1).float()
-    return loss / count, correct / count
-
 
 @register
 @dataclass
@@ -496,52 +476,3 @@ class MOON(Method):
             self.previous_buffers[k][index] = v
         self.has_previous[updates.clients] = True
         return sample_count_weights(updates.sizes)
-
-
-@register
-@dataclass
-class FedSV(Method):
-    """FedSV (Wang, Rausch, Zhang, Jia, Song 2020): the federated Shapley value. Each round the
-    server values the selected clients by Shapley values of the coalition game whose utility is
-    the validation accuracy of the sample-count-weighted average of the members' uploads (the
-    empty coalition is the previous global model); values add up over rounds (a client not
-    selected gets 0 that round). Estimated by Monte-Carlo permutation sampling (FLCE §4.1.2),
-    or exactly over all 2^K coalitions with ``exact`` (the 'canonical Shapley value' of FLCE
-    Fig. 4). Aggregation: sample-count weights (FedAvg). ``scores()``: Σ_t φ_t clamped at 0,
-    normalised. Uses ``fedlib.methods.shapley`` (coalition utility, estimators). Source: the paper
-    (Wang et al. 2020; no public code by its authors found); no truncation of permutations."""
-
-    name = "fedsv"
-    needs_validation = True
-    permutations: int = 20
-    exact: bool = False
-    seed: int = 0
-
-    def validate(self) -> None:
-        if self.permutations < 1 or not float(self.permutations).is_integer():
-            raise ValueError(f"method 'fedsv': permutations must be an integer >= 1 (got {self.permutations})")
-
-    def setup(self, fed: Federation) -> None:
-        if fed.x_val is None or fed.y_val is None:
-            raise ValueError("method 'fedsv': needs the server's validation set (Federation.x_val, y_val)")
-        super().setup(fed)
-        self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
-        self.rng = np.random.default_rng(self.seed)
-
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        from .fedavg import sample_count_weights
-        from .shapley import coalition_utility, exact_shapley, monte_carlo_shapley
-
-        fed, n = self.fed, len(updates.clients)
-        utility = coalition_utility(fed.model, updates.flat, updates.buffers,
-                                    torch.as_tensor(updates.sizes, dtype=torch.float32).clamp(min=1),
-                                    fed.x_val, fed.y_val, fed.n_classes, state.global_flat,
-                                    state.global_buffers, classwise=False)
-        phi = exact_shapley(utility, n) if self.exact else monte_carlo_shapley(utility, n, int(self.permutations),
-                                                                              self.rng)
-        self.total[torch.as_tensor(updates.clients, dtype=torch.long)] += phi.double().cpu()
-        return sample_count_weights(updates.sizes)
-
-    def scores(self) -> np.ndarray:
-        positive = self.total.clamp(min=0)
-        return (positive / positive.sum()).numpy() if positive.sum() > 0 else positive.numpy()

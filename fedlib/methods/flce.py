@@ -19,8 +19,8 @@ CE_k = Σ_t a_t Σ_c X̂[t, k, c] normalised (Eq. 12-14), with A and B uniform (
 "typical" case). ``completion_over="summed"`` (our earlier simplification) sums the class
 dimension out first and completes X[t, k] = Σ_c b_c Q[k, c].
 
-Every step is batched over clients and classes; ``class_prototypes_loop`` and
-``supcon_loss_loop`` are the plain references used by the tests.
+Every step is batched over clients and classes; ``fedlib.testing.class_prototypes_loop``
+and ``supcon_loss_loop`` are the plain references used by the tests.
 
 L_CL follows Eq. 4 as printed (``contrastive="paper"``): the positives of anchor i are all
 j with y_j = y_i, the self-pair j = i included (its similarity is 1/τ), N_yi counts them, and
@@ -37,7 +37,6 @@ to mean 1, completed entries clamped at 0.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -69,19 +68,6 @@ def supcon_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, tau: float
     n_pos = positive.sum(1)
     per_anchor = -(positive * (s - log_denominator)).sum(1) / n_pos.clamp(min=1.0)
     return (per_anchor * mask).sum() / mask.sum().clamp(min=1.0)
-
-
-def supcon_loss_loop(z: torch.Tensor, y: torch.Tensor, tau: float, self_pair: bool = True) -> torch.Tensor:
-    """Reference for :func:`supcon_loss` (real samples only): Eq. 4 term by term."""
-    n = len(y)
-    total = z.new_zeros(())
-    for i in range(n):
-        sims = [F.cosine_similarity(z[i], z[k], dim=0) / tau for k in range(n)]
-        denominator = sum(torch.exp(sims[k]) for k in range(n) if k != i)
-        positives = [j for j in range(n) if (self_pair or j != i) and y[j] == y[i]]
-        for j in positives:
-            total = total - torch.log(torch.exp(sims[j]) / denominator) / len(positives)
-    return total / n
 
 
 def class_prototypes(model, flat: torch.Tensor, buffers: dict[str, torch.Tensor], x: torch.Tensor,
@@ -117,27 +103,6 @@ def class_prototypes(model, flat: torch.Tensor, buffers: dict[str, torch.Tensor]
     finally:
         model.train(was_training)
     return sums / counts.clamp(min=1).unsqueeze(-1), counts
-
-
-def class_prototypes_loop(model, flat, buffers, x, y, indices, n_classes):
-    """Reference for :func:`class_prototypes`: one client, one class at a time."""
-    layout = ParamLayout(model)
-    local = copy.deepcopy(model).eval()
-    protos, counts = [], []
-    for i, ix in enumerate(indices):
-        layout.load_into(local, flat[i], {k: v[i] for k, v in buffers.items()})
-        ix = torch.as_tensor(ix)
-        with torch.no_grad():
-            logits, z = local(x[ix], return_features=True)
-        correct = logits.argmax(-1) == y[ix]
-        rows, row_counts = [], []
-        for c in range(n_classes):
-            keep = correct & (y[ix] == c)
-            rows.append(z[keep].mean(0) if keep.any() else z.new_zeros(z.shape[1]))
-            row_counts.append(float(keep.sum()))
-        protos.append(torch.stack(rows))
-        counts.append(torch.tensor(row_counts))
-    return torch.stack(protos), torch.stack(counts)
 
 
 # ----------------------------------------------------------------------------- server side

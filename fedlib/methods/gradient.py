@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..population import ParamLayout
-from .base import ClientState, ClientUpdates, Federation, Method, RoundState, register
+from .base import ClientState, ClientUpdates, Federation, Method, RoundState, global_model_on_clients, register
 
 
 def simplex(values: torch.Tensor) -> torch.Tensor:
@@ -283,7 +283,6 @@ class FedFV(Method):
         self.history: list[torch.Tensor] = []
 
     def client_uploads(self, state, clients, flat, buffers, data):
-        from .fairness import global_model_on_clients
 
         loss, _ = global_model_on_clients(self.fed, state, data)
         return {"loss": loss}

@@ -514,22 +514,3 @@ def stability(selections) -> dict[str, float]:
         "F1": float(pick(1 - 2 * inter / (size[:, None] + size[None, :]).clamp_min(1)).mean()),
         "Jaccard": float(pick(inter / union.clamp_min(1)).mean()),
     }
-
-
-def stability_loop(selections) -> dict[str, float]:
-    """Plain loop over pairs of runs: the test oracle of :func:`stability`."""
-    s = np.asarray(selections, dtype=bool)
-    rows = []
-    for i in range(len(s)):
-        for j in range(i + 1, len(s)):
-            a, b = s[i], s[j]
-            inter, union, xor = (a & b).sum(), (a | b).sum(), (a ^ b).sum()
-            rows.append([xor / max(union, 1), xor / max(a.sum() + b.sum(), 1),
-                         1 - inter / max(np.sqrt(a.sum() * b.sum()), 1e-12),
-                         1 - 2 * inter / max(a.sum() + b.sum(), 1), inter / max(union, 1)])
-    rows = np.mean(rows, 0)
-    ent = []
-    for f in s.mean(0):
-        ent.append(0.0 if f in (0.0, 1.0) else -(f * np.log2(f) + (1 - f) * np.log2(1 - f)))
-    return {"D.R.": rows[0], "Hamming": rows[1], "Entropy": float(np.mean(ent)), "Cosine": rows[2], "F1": rows[3],
-            "Jaccard": rows[4]}

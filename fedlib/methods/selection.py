@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..population import predict
+from ..population import flat_indices, predict
 from .base import ClientUpdates, Federation, Method, RoundState, register
 from .fedavg import sample_count_weights
 
@@ -22,11 +22,9 @@ def local_losses(model, flat: torch.Tensor, buffers: dict, data) -> torch.Tensor
 
     All clients' samples go through one batched forward pass; per-client means come from
     one ``bincount`` over the owners."""
-    sizes = torch.tensor([len(ix) for ix in data.indices])
+    index, owner, sizes = flat_indices(data.indices)
     if int(sizes.sum()) == 0:
         return torch.zeros(len(sizes))
-    index = torch.from_numpy(np.concatenate([np.asarray(ix, dtype=np.int64) for ix in data.indices]))
-    owner = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
     x, y = data.x[index.to(data.x.device)], data.y[index.to(data.y.device)]
     logits = predict(model, flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in buffers.items()}, x)[0]
     loss = F.cross_entropy(logits, y, reduction="none").cpu().double()
@@ -36,9 +34,7 @@ def local_losses(model, flat: torch.Tensor, buffers: dict, data) -> torch.Tensor
 def label_distributions(fed: Federation, n_classes: int) -> np.ndarray:
     """Each client's reported label distribution [N, C] (one bincount over all samples)."""
     data = fed.client_data(np.arange(fed.n_clients))
-    sizes = np.array([len(ix) for ix in data.indices])
-    index = np.concatenate([np.asarray(ix, dtype=np.int64) for ix in data.indices])
-    owner = np.repeat(np.arange(fed.n_clients), sizes)
+    index, owner, _ = (t.numpy() for t in flat_indices(data.indices))
     labels = data.y.cpu().numpy()[index]
     counts = np.bincount(owner * n_classes + labels, minlength=fed.n_clients * n_classes).reshape(-1, n_classes)
     return counts / np.maximum(counts.sum(1, keepdims=True), 1)

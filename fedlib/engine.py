@@ -1,0 +1,232 @@
+"""The engine: the one round loop (plan -> local -> server -> evaluate).
+
+Methods supply only their hooks (``fedlib.methods``). Local training of the selected clients
+is one call into the vectorized population engine per round (``fedlib.population``).
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .federation import Prepared
+from .methods import ClientData, ClientUpdates, Federation, RoundState
+from .population import LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, train_clients, warm_up
+from .results import RunResult, _provenance, _strict
+from .screening import screen_updates
+
+__all__ = ["execute", "reference_values"]
+
+
+def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
+    g = torch.Generator(device="cpu")
+    g.manual_seed((seed * 1_000_003 + round_index * 7_919 + 1) % (2**63))
+    return g
+
+
+def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, global_flat: torch.Tensor,
+                 generator: torch.Generator) -> torch.Tensor:
+    """Behavioural roles: free-riders return the received model; random-update clients
+    send the global model plus Gaussian noise with the global parameters' std; the fault
+    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``)."""
+    selected_roles = roles[clients]
+
+    def rows(role):
+        return torch.from_numpy(selected_roles == role).to(flat.device)
+
+    free, noisy = rows("free_rider"), rows("random_update")
+    flat[rows("nan_update")] = float("nan")
+    huge = rows("huge_update")
+    if huge.any():
+        flat[huge] = global_flat + 1e6 * (flat[huge] - global_flat)
+    if free.any():
+        flat[free] = global_flat
+    if noisy.any():
+        noise = torch.randn(int(noisy.sum()), flat.shape[1], generator=generator).to(flat.device)
+        flat[noisy] = global_flat + noise * global_flat.std()
+    return flat
+
+
+def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None) -> RunResult:
+    cfg, model, method, part = p.config, p.model, p.method, p.partition
+    warmup = warm_up(model, p.x_pool, p.y_pool)  # one-time torch.func costs, kept out of round 1
+    t_start = time.perf_counter()
+    layout = ParamLayout(model)
+    global_flat = layout.flat_of(model)
+    global_buffers = layout.buffers_of(model)
+    sizes = np.asarray(part.sizes)
+    roles = np.asarray(part.roles)
+    n_classes = p.dataset.num_classes
+    method.setup(Federation(model=model, n_clients=part.n_clients, n_classes=n_classes, rounds=cfg.rounds,
+                            clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
+                            x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape),
+                            client_data=lambda c: ClientData(p.x_pool, p.y_pool, [part.indices[i] for i in c],
+                                                             torch.Generator().manual_seed(cfg.seed))))
+    client_state = method.init_client_state(method.fed, global_flat, global_buffers)
+    rng = np.random.default_rng(cfg.seed)
+    history: list[dict[str, Any]] = []
+    stopped = None
+    rounds = range(cfg.rounds)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(rounds, desc=f"{cfg.method.name} on {cfg.dataset}", leave=False)
+        rounds = bar
+    last_eval = None
+    reference = None
+    suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
+    for t in rounds:
+        t_round = time.perf_counter()
+        lr = cfg.lr_at(t)
+        state = RoundState(round=t, rng=rng, global_flat=global_flat, global_buffers=global_buffers, lr=lr,
+                           client_state=client_state)
+        # 1. plan
+        selected = np.asarray(method.select_clients(state), dtype=np.int64)
+        base = LocalTraining(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
+                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk)
+        local = method.local_training(state, base, selected)
+        # 2. local training of all selected clients at once
+        t0 = time.perf_counter()
+        gen = _round_generator(cfg.seed, t, p.device)
+        selected_indices = [part.indices[c] for c in selected]  # ragged sample lists (a gather, no compute)
+        batches = make_client_batches(selected_indices, cfg.batch_size, cfg.local_epochs, gen)
+        batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
+        start = method.start_models(state, selected)
+        start_buffers = {k: v.unsqueeze(0) for k, v in global_buffers.items()}
+        if start is None and client_state is not None and client_state.flat is not None:
+            rows = torch.as_tensor(selected, dtype=torch.long, device=client_state.flat.device)
+            start = client_state.flat[rows]
+            start_buffers = {k: v[rows] for k, v in client_state.buffers.items()} or start_buffers
+        flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
+                                   p.x_pool, p.y_pool, batches, local)
+        uploads = method.client_uploads(state, selected, flat, bufs,
+                                        ClientData(p.x_pool, p.y_pool, selected_indices, gen))
+        flat = _apply_roles(flat, selected, roles, global_flat, gen)
+        t_train = time.perf_counter() - t0
+        # 3. server
+        t0 = time.perf_counter()
+        screened = screen_updates(selected, flat, bufs, global_flat, clip_factor=cfg.update_clip)
+        updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
+                                sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
+                                extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
+                                        for k, v in (uploads or {}).items()},
+                                start=None if start is None or start.dim() == 1 else
+                                start[torch.as_tensor(screened.keep, device=start.device)])
+        if screened.suspects:
+            suspect_log.append((t, screened.suspects))
+        if len(updates.clients) == 0:
+            stopped = _stop_message(t, lr, screened, True, suspect_log)
+            break
+        state.updates = updates
+        weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
+        keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
+        new_flat, new_buffers = aggregate(updates.flat, weights, updates.buffers)
+        global_flat, global_buffers = method.server_update(state, weights, new_flat, new_buffers)
+        if keep_global:
+            global_flat, global_buffers = state.global_flat, state.global_buffers
+        if client_state is not None:
+            client_state = method.update_client_state(state, weights, global_flat, global_buffers)
+        t_server = time.perf_counter() - t0
+        if cfg.reference_values and t == cfg.rounds - 1:
+            reference = reference_values(p, state, updates)
+        # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
+        similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)
+        record: dict[str, Any] = {
+            "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
+            "clipped": screened.clipped,
+            "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
+            "time_train": t_train, "time_server": t_server, "similarity": similarity.cpu().tolist(),
+        }
+        scores = method.scores()
+        if scores is not None:
+            record["scores"] = np.asarray(scores, dtype=float).tolist()
+        extras = method.diagnostics()
+        if extras:
+            record["diagnostics"] = extras
+        if screened.notes:
+            record["screening"] = screened.notes
+        if not torch.isfinite(global_flat).all():
+            history.append(_strict(record))
+            stopped = _stop_message(t, lr, screened, False, suspect_log)
+            break
+        if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
+            t0 = time.perf_counter()
+            ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+                          p.x_test, p.y_test, n_classes)
+            last_eval = ev
+            record.update(accuracy=float(ev.accuracy[0]), balanced_accuracy=float(ev.balanced_accuracy[0]),
+                          f1=float(ev.macro_f1[0]),
+                          per_class_accuracy=ev.per_class_accuracy[0].cpu().tolist(), loss=float(ev.loss[0]),
+                          time_eval=time.perf_counter() - t0)
+            if bar is not None:
+                bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
+        record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
+        record = _strict(record)
+        history.append(record)
+        if on_round is not None:
+            on_round(record)
+    if bar is not None:
+        bar.close()
+    if stopped:
+        warnings.warn(f"{cfg.method.name} on {cfg.dataset}: {stopped}", RuntimeWarning, stacklevel=3)
+    final: dict[str, Any] = {"rounds_completed": len(history), "stopped": stopped}
+    if last_eval is not None:
+        final.update(accuracy=float(last_eval.accuracy[0]), balanced_accuracy=float(last_eval.balanced_accuracy[0]),
+                     f1=float(last_eval.macro_f1[0]),
+                     per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
+    else:
+        final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
+    if reference is not None:
+        final["reference"] = reference
+    meta = _provenance(p, time.perf_counter() - t_start)
+    meta["warmup_s"] = warmup
+    return RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
+
+
+def _stop_message(t: int, lr: float, screened, everything_dropped: bool,
+                  suspect_log: list[tuple[int, list[int]]]) -> str:
+    """Why training stopped. Outsized updates the screening could not clip (fewer than 3 updates)
+    are named as the likely cause; the lr is suggested only when no update looked poisoned."""
+    kept = f"the history of the {t} earlier round(s) is kept"
+    dropped = [d["client"] for d in screened.dropped][:10]
+    what = (f"every update was dropped as non-finite or malformed (clients {dropped})"
+            if everything_dropped else "the global model became non-finite")
+    if suspect_log:
+        where = ", ".join(f"round {r + 1}: client(s) {c[:10]}" for r, c in suspect_log[:5])
+        return (f"round {t + 1}: {what} after unclipped updates far larger than the others' ({where}; clipping "
+                f"needs >= 3 updates per round); a faulty or poisoned update, not the learning rate, is the likely "
+                f"cause; {kept}. Exclude those clients or take part with more clients per round.")
+    if everything_dropped:
+        return (f"round {t + 1}: {what}, so the round has nothing to aggregate; {kept}. If these clients are faulty "
+                f"or hostile, exclude them; if their local training diverged, try a smaller lr (now {lr:g}).")
+    return f"round {t + 1}: {what}, so training diverged; {kept}. Try a smaller lr (now {lr:g})."
+
+
+def reference_values(p: Prepared, state: RoundState, updates: ClientUpdates) -> dict[str, Any]:
+    """Exact Shapley and leave-one-out values of one round's aggregated clients (``RunConfig.reference_values``).
+
+    The utility of a coalition Q is the validation accuracy of the sample-count average of its
+    members' uploads (the empty coalition: the round's incoming global model), all 2^n coalitions
+    evaluated in batches (``fedlib.methods.shapley``); not part of the round's server time."""
+    from .methods.shapley import coalition_utility, exact_shapley, leave_one_out
+
+    t0 = time.perf_counter()
+    sizes = np.maximum(updates.sizes, 1)
+    utility = coalition_utility(p.model, updates.flat, updates.buffers, torch.as_tensor(sizes, dtype=torch.float32),
+                                p.x_val, p.y_val, p.dataset.num_classes, state.global_flat, state.global_buffers,
+                                classwise=False)
+    n = len(updates.clients)
+    shapley, loo = exact_shapley(utility, n), leave_one_out(utility, n)
+    ends = utility(torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
+    return {"clients": updates.clients.tolist(), "shapley": shapley.tolist(), "loo": loo.tolist(),
+            "sizes": np.asarray(updates.sizes).tolist(), "utility_empty": float(ends[0]),
+            "utility_all": float(ends[1]), "coalitions": utility.evaluations,
+            "time": time.perf_counter() - t0}
+
+
+_execute = execute  # the name tests and older code import

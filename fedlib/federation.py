@@ -1,0 +1,101 @@
+"""The federation set-up: a config turned into tensors (``prepare`` -> ``Prepared``): the data
+(loaded once per process), the server's validation hold-out, the split
+(``fedlib.partition.make_partition``), the test subset, the model and the method."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import partition as partition_module
+from .config import ConfigError, RunConfig, make_config
+from .data import Dataset, load_dataset
+from .methods import build_method
+from .models import build_model
+from .partition import make_partition
+
+__all__ = ["Prepared", "prepare", "resolve_device", "DEFAULT_SERVER_VAL"]
+
+DEFAULT_SERVER_VAL = 1000
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"config: device: {name!r} requested but CUDA is not available")
+    return torch.device(name)
+
+
+@dataclass
+class Prepared:
+    """A config turned into tensors: data, split, model and method, ready to train."""
+
+    config: RunConfig
+    device: torch.device
+    dataset: Dataset
+    partition: partition_module.Partition
+    x_pool: torch.Tensor
+    y_pool: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    model: torch.nn.Module
+    method: Any
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
+
+
+def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    if fraction >= 1.0:
+        return torch.arange(len(y))
+    rng = np.random.default_rng(seed + 7919)
+    keep = rng.permutation(len(y))[: max(1, int(round(fraction * len(y))))]
+    return torch.from_numpy(np.sort(keep))
+
+
+_MODEL_INIT_LOCK = threading.Lock()
+_LOADED: dict[tuple, Dataset] = {}  # the last datasets loaded in this process (sweeps reuse them)
+
+
+def _load(config: RunConfig) -> Dataset:
+    # the files' fingerprint too: files changed on disk are read again, so tensors and key agree
+    key = (config.dataset, config.data_root, os.environ.get("FEDLIB_DATA"), config.data_fingerprint().get("sha256"))
+    if key not in _LOADED:
+        if len(_LOADED) >= 2:
+            _LOADED.pop(next(iter(_LOADED)))
+        _LOADED[key] = load_dataset(config.dataset, root=config.data_root, device="cpu")
+    return _LOADED[key]
+
+
+def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepared:
+    config = make_config(config) if not isinstance(config, RunConfig) else config
+    device = resolve_device(config.device)
+    method = build_method(config.method.name, config.method.params)
+    ds = dataset or _load(config)
+    keep = _subsample(ds.y_train, config.fraction, config.seed)
+    x, y = ds.x_train[keep], ds.y_train[keep]
+    n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation or config.reference_values else 0)
+    if n_val >= len(y):
+        raise ConfigError(f"config: server_val: must be < the {len(y)} training samples (got {n_val})")
+    order = torch.from_numpy(np.random.default_rng(config.seed + 104729).permutation(len(y)))
+    x_val, y_val = x[order[:n_val]].to(device), y[order[:n_val]].to(device)
+    if n_val:
+        x, y = x[order[n_val:]], y[order[n_val:]]
+    if config.n_clients > len(y):
+        raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
+    part = make_partition(config, x, y)
+    x_pool, y_pool = (t.to(device) for t in part.pool(x, y))
+    n_test = config.test_samples or len(ds.y_test)
+    with _MODEL_INIT_LOCK:  # the global RNG must not be shared with a concurrent run (threads)
+        torch.manual_seed(config.seed)
+        model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
+    # a fixed random subset of the test set (files may be sorted by class), the same for every run
+    test = torch.from_numpy(np.sort(np.random.default_rng(2**31 - 1).permutation(len(ds.y_test))[:n_test]))
+    return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[test].to(device),
+                    ds.y_test[test].to(device), model, method, x_val if n_val else None,
+                    y_val if n_val else None)

@@ -1,0 +1,172 @@
+"""The results layer: a run's result as JSON-ready data (``RunResult``), the checks a stored
+or cached payload must pass (``check_result``, ``result_check``) and the provenance a run
+records (what produced it: key, config, rule versions, data, versions, device, date)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import platform
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .config import ENGINE_VERSION, RunConfig
+from .data import Dataset
+
+__all__ = ["RunResult", "check_result", "result_check"]
+
+
+@dataclass
+class RunResult:
+    """Everything a run produced, as JSON-ready data."""
+
+    config: dict[str, Any]
+    history: list[dict[str, Any]]
+    final: dict[str, Any]
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "history": self.history, "final": self.final, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunResult":
+        return cls(data["config"], data["history"], data["final"], data["meta"])
+
+    def series(self, key: str) -> tuple[list[int], list[Any]]:
+        """(rounds, values) of a per-round metric, skipping rounds without it."""
+        rows = [(h["round"], h[key]) for h in self.history if h.get(key) is not None]
+        return [r for r, _ in rows], [v for _, v in rows]
+
+    def summary(self) -> str:
+        """A small text table: round, accuracy, balanced accuracy, seconds."""
+        lines = [f"{'round':>5}  {'acc':>7}  {'bal.acc':>7}  {'train s':>7}  {'server s':>8}"]
+        for h in self.history:
+            if h.get("accuracy") is None:
+                continue
+            lines.append(
+                f"{h['round'] + 1:>5}  {100 * h['accuracy']:>6.2f}%  {100 * h['balanced_accuracy']:>6.2f}%"
+                f"  {h['time_train']:>7.2f}  {h['time_server']:>8.3f}"
+            )
+        f = self.final
+        scores = ("no evaluated round" if f["accuracy"] is None else
+                  f"accuracy {100 * f['accuracy']:.2f}%, balanced accuracy {100 * f['balanced_accuracy']:.2f}%")
+        setup = [f"{label} {self.meta[k]:.1f} s" for k, label in (("time_load", "data and model"),
+                                                                  ("warmup_s", "torch.func warm-up"))
+                 if self.meta.get(k)]
+        lines.append(f"final: {scores}, wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
+                     + (f" (set-up before round 1, not in wall: {', '.join(setup)})" if setup else "")
+                     + (f"\nstopped early: {f['stopped']}" if f.get("stopped") else ""))
+        return "\n".join(lines)
+
+
+def _fingerprint_of(config: RunConfig, dataset: Dataset | None) -> dict:
+    """The data fingerprint: of the given Dataset (its files', else its tensors'), else of the files
+    the config reads."""
+    if dataset is None:
+        return config.data_fingerprint()
+    if dataset.fingerprint is None:
+        from .data import tensor_fingerprint
+
+        dataset.fingerprint = tensor_fingerprint(dataset)
+    return dataset.fingerprint
+
+
+def _key_provenance(config: RunConfig, fingerprint: dict, key: str) -> dict[str, Any]:
+    """What produced a result: the key, the resolved hyper-parameters, the rule versions and the data."""
+    return {"config_key": key, "config_key_without_data": config.config_key(), "resolved": config.resolved(),
+            "rule_versions": config.rule_versions(),
+            "data": {k: fingerprint.get(k) for k in ("source", "files", "sha256")}}
+
+
+def result_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:
+    """A check for ``ResultCache.get``: None when a stored run payload answers ``config`` on the data
+    ``fingerprint`` describes (same resolved config, rule versions and data; a valid result),
+    else what is wrong."""
+
+    def check(payload: dict) -> str | None:
+        problem = check_result(payload)
+        if problem:
+            return problem
+        meta = payload["meta"]
+        if meta.get("resolved") != config.resolved():
+            return "its config is not the requested one"
+        if meta.get("rule_versions") != config.rule_versions():
+            return f"computed with rule versions {meta.get('rule_versions')}, now {config.rule_versions()}"
+        if (meta.get("data") or {}).get("sha256") != fingerprint.get("sha256"):
+            return "computed on other data"
+        return None
+
+    return check
+
+
+def _score(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                             and math.isfinite(value) and 0.0 <= value <= 1.0)
+
+
+def check_result(payload: Any) -> str | None:
+    """None when ``payload`` has the schema of ``RunResult.to_dict()`` with valid values (scores
+    null or finite in [0, 1]), else the first problem found."""
+    if not isinstance(payload, dict) or not all(isinstance(payload.get(k), t) for k, t in
+                                                (("config", dict), ("history", list), ("final", dict),
+                                                 ("meta", dict))):
+        return "not a run result (needs config, history, final, meta)"
+    final = payload["final"]
+    for name in ("accuracy", "balanced_accuracy", "f1"):
+        if not _score(final.get(name)):
+            return f"final.{name} is not a score in [0, 1] (got {str(final.get(name))[:40]})"
+    per_class = final.get("per_class_accuracy", [])
+    if not isinstance(per_class, list) or not all(_score(v) for v in per_class):
+        return "final.per_class_accuracy is not a list of scores"
+    rounds = final.get("rounds_completed")
+    if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds != len(payload["history"]):
+        return "final.rounds_completed does not match the history"
+    for record in payload["history"]:
+        if not isinstance(record, dict) or not isinstance(record.get("round"), int):
+            return "a history record has no round"
+        if not all(_score(record.get(k)) for k in ("accuracy", "balanced_accuracy")):
+            return f"round {record['round']}: accuracy is not a score in [0, 1]"
+    return None
+
+
+def _strict(record: dict[str, Any]) -> dict[str, Any]:
+    """Non-finite floats become null; their places are listed in ``record["non_finite"]`` (strict JSON)."""
+    found: list[str] = []
+
+    def clean(value, where):
+        if isinstance(value, float) and not math.isfinite(value):
+            found.append(where)
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v, f"{where}.{k}" if where else k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = clean(record, "")
+    if found:
+        out["non_finite"] = found[:20] + ([f"... {len(found) - 20} more"] if len(found) > 20 else [])
+    return out
+
+
+def _provenance(p, wall: float) -> dict[str, Any]:
+    import torchvision
+
+    from . import __version__
+
+    device = str(p.device)
+    if p.device.type == "cuda":
+        device += f" ({torch.cuda.get_device_name(p.device)})"
+    else:
+        device += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {
+        "config_key": p.config.key(), "fedlib_version": __version__, "torch": torch.__version__,
+        "torchvision": torchvision.__version__, "numpy": np.__version__, "python": platform.python_version(),
+        "device": device, "dataset_source": p.dataset.source, "engine_version": ENGINE_VERSION, "wall_time": wall,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
+        "client_class_counts": np.asarray(p.partition.counts).tolist(),
+    }

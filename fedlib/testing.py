@@ -1,0 +1,149 @@
+"""Loop oracles: plain per-client, per-class (or per-pair) versions of the vectorized
+production code, used only by the tests and the benchmarks as references.
+
+  train_clients_loop     fedlib.population.train_clients   one client after another, torch.optim.SGD
+  probe_loop             fedlib.methods.celm.probe          one model, one class, one Adam at a time
+  supcon_loss_loop       fedlib.methods.flce.supcon_loss    FLCE Eq. 4 term by term
+  class_prototypes_loop  fedlib.methods.flce.class_prototypes  one client, one class at a time
+  stability_loop         fedlib.methods.scm.stability       plain loop over pairs of runs
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .population import ClientBatches, LocalTraining, ParamLayout
+
+
+def train_clients_loop(
+    model: nn.Module,
+    start: torch.Tensor,
+    buffers: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batches: ClientBatches,
+    cfg: LocalTraining,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Reference implementation: one client after another with torch.optim.SGD on the
+    same batches (real samples only). Test oracle and benchmark baseline only."""
+    layout = ParamLayout(model)
+    n = batches.index.shape[1]
+    flats, bufs_out = [], []
+    for i in range(n):
+        local = copy.deepcopy(model).train()
+        start_i = start if start.dim() == 1 else start[i]
+        buf_i = {k: (v[0] if v.shape[0] == 1 else v[i]) for k, v in buffers.items()}
+        layout.load_into(local, start_i, buf_i)
+        anchor = start_i.detach().clone()
+        opt = torch.optim.SGD(local.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+                              weight_decay=cfg.weight_decay)
+        ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
+            lambda t: t[i], cfg.client_context
+        )
+        for s in range(batches.steps):
+            real = batches.mask[s, i] > 0
+            if not bool(real.any()):
+                continue
+            idx = batches.index[s, i][real]
+            xb, yb = x[idx], y[idx]
+            opt.zero_grad()
+            if cfg.extra_loss is None:
+                logits = local(xb)
+            else:
+                logits, features = local(xb, return_features=True)
+            loss = F.cross_entropy(logits, yb)
+            if cfg.prox_mu:
+                current = layout.flatten(dict(local.named_parameters()))
+                loss = loss + 0.5 * cfg.prox_mu * (current - anchor).square().sum()
+            if cfg.extra_loss is not None:
+                params = dict(local.named_parameters())
+                kwargs = {"inputs": xb} if cfg.extra_loss_inputs else {}
+                loss = loss + cfg.extra_loss(params, logits, features, yb,
+                                             torch.ones(len(yb)), ctx, **kwargs)
+            loss.backward()
+            opt.step()
+        flats.append(layout.flat_of(local))
+        bufs_out.append(layout.buffers_of(local))
+    flat = torch.stack(flats)
+    bufs = {k: torch.stack([b[k] for b in bufs_out]) for k in buffers}
+    return flat, bufs
+
+
+def probe_loop(model: nn.Module, flats: torch.Tensor, buffers: dict[str, torch.Tensor], images: torch.Tensor,
+               steps: int, lr: float, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for :func:`probe`: one model, one class, one ``torch.optim.Adam`` at a time."""
+    layout = ParamLayout(model)
+    local = copy.deepcopy(model).eval().requires_grad_(False)
+    u = images.new_empty(images.shape[:2])
+    final = torch.empty_like(images)
+    for m in range(images.shape[0]):
+        layout.load_into(local, flats[m], {k: v[m] for k, v in buffers.items()})
+        for c in range(images.shape[1]):
+            x = images[m, c : c + 1].clone().requires_grad_(True)
+            optimizer = torch.optim.Adam([x], lr=lr)
+            for _ in range(steps):
+                optimizer.zero_grad()
+                (-(local(x)[0, c] - l2 * x.square().sum())).backward()
+                optimizer.step()
+            with torch.no_grad():
+                u[m, c] = local(x)[0, c]
+            final[m, c] = x.detach()[0]
+    return u, final
+
+
+def supcon_loss_loop(z: torch.Tensor, y: torch.Tensor, tau: float, self_pair: bool = True) -> torch.Tensor:
+    """Reference for :func:`supcon_loss` (real samples only): Eq. 4 term by term."""
+    n = len(y)
+    total = z.new_zeros(())
+    for i in range(n):
+        sims = [F.cosine_similarity(z[i], z[k], dim=0) / tau for k in range(n)]
+        denominator = sum(torch.exp(sims[k]) for k in range(n) if k != i)
+        positives = [j for j in range(n) if (self_pair or j != i) and y[j] == y[i]]
+        for j in positives:
+            total = total - torch.log(torch.exp(sims[j]) / denominator) / len(positives)
+    return total / n
+
+
+def class_prototypes_loop(model, flat, buffers, x, y, indices, n_classes):
+    """Reference for :func:`class_prototypes`: one client, one class at a time."""
+    layout = ParamLayout(model)
+    local = copy.deepcopy(model).eval()
+    protos, counts = [], []
+    for i, ix in enumerate(indices):
+        layout.load_into(local, flat[i], {k: v[i] for k, v in buffers.items()})
+        ix = torch.as_tensor(ix)
+        with torch.no_grad():
+            logits, z = local(x[ix], return_features=True)
+        correct = logits.argmax(-1) == y[ix]
+        rows, row_counts = [], []
+        for c in range(n_classes):
+            keep = correct & (y[ix] == c)
+            rows.append(z[keep].mean(0) if keep.any() else z.new_zeros(z.shape[1]))
+            row_counts.append(float(keep.sum()))
+        protos.append(torch.stack(rows))
+        counts.append(torch.tensor(row_counts))
+    return torch.stack(protos), torch.stack(counts)
+
+
+def stability_loop(selections) -> dict[str, float]:
+    """Plain loop over pairs of runs: the test oracle of :func:`stability`."""
+    s = np.asarray(selections, dtype=bool)
+    rows = []
+    for i in range(len(s)):
+        for j in range(i + 1, len(s)):
+            a, b = s[i], s[j]
+            inter, union, xor = (a & b).sum(), (a | b).sum(), (a ^ b).sum()
+            rows.append([xor / max(union, 1), xor / max(a.sum() + b.sum(), 1),
+                         1 - inter / max(np.sqrt(a.sum() * b.sum()), 1e-12),
+                         1 - 2 * inter / max(a.sum() + b.sum(), 1), inter / max(union, 1)])
+    rows = np.mean(rows, 0)
+    ent = []
+    for f in s.mean(0):
+        ent.append(0.0 if f in (0.0, 1.0) else -(f * np.log2(f) + (1 - f) * np.log2(1 - f)))
+    return {"D.R.": rows[0], "Hamming": rows[1], "Entropy": float(np.mean(ent)), "Cosine": rows[2], "F1": rows[3],
+            "Jaccard": rows[4]}

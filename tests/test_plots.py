@@ -111,4 +111,4 @@ def test_contribution_vs_truth_normalizes_each_vector_and_draws_nan_as_zero():
     fig = contribution_vs_truth({"m": [2.0, np.nan, 2.0]}, [1.0, 1.0, 2.0], ["benign", "maverick", "benign"])
     heights = [p.get_height() for p in fig.axes[0].patches]
     np.testing.assert_allclose(heights, [0.5, 0.0, 0.5, 0.25, 0.25, 0.5])  # m, then the truth
-    assert fig.axes[0].get_ylabel() == "final-round contribution (share)"
+    assert fig.axes[0].get_ylabel() == "contribution (share)"

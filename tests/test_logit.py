@@ -237,3 +237,44 @@ def test_local_validation_split_is_disjoint_and_sized():
     for i, ix in enumerate(indices):
         val = val_table[i][valid[i]].numpy()
         assert set(val) | set(train[i]) == set(ix) and not set(val) & set(train[i])
+
+
+def test_new_protocol_fields_keep_the_first_protocols_keys():
+    import hashlib
+
+    from fedlib.config import CACHE_FORMAT
+    from fedlib.logit_run import LEGACY, LogitConfig
+
+    cfg = make_logit_config(**SMALL)
+    assert (cfg.public_logits, cfg.distill_lr) == ("after_local", None) and LogitConfig.rule_version == "2"
+    # the key as it was computed before the fields existed: the dump without them
+    data = cfg.model_dump(mode="json", exclude={"data_root", "client_chunk", *LEGACY})
+    data.update(_format=CACHE_FORMAT, _protocol="logit")
+    old = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
+    assert cfg.key() == old
+    keys = {cfg.key(), make_logit_config(**SMALL, public_logits="after_refine").key(),
+            make_logit_config(**SMALL, distill_lr=0.05).key()}
+    assert len(keys) == 3  # a new value is a new run
+    with pytest.raises(ConfigError, match="public_logits: Input should be 'after_local' or 'after_refine'"):
+        make_logit_config(**SMALL, public_logits="before")
+
+
+def _final_logits(synthetic, **overrides):
+    result = run_logit(make_logit_config(**{**SMALL, "aggregator": "simple", **overrides}), cache=False,
+                       dataset=synthetic)
+    return [h["accuracy"] for h in result.history], [h["client_accuracy"] for h in result.history]
+
+
+def test_public_logits_orders_refinement_and_upload(synthetic):
+    # one round: after_local refines only after an aggregation that has a next round, after_refine
+    # only on a previous round's aggregate -- neither refines, so both runs are the same
+    assert _final_logits(synthetic, rounds=1) == _final_logits(synthetic, rounds=1, public_logits="after_refine")
+    # no refinement at all: the order cannot matter
+    assert _final_logits(synthetic, distill_epochs=0) == _final_logits(synthetic, distill_epochs=0,
+                                                                       public_logits="after_refine")
+    # two rounds: round 1 is the same; in round 2 after_refine uploads refined models, a different run
+    local, refined = _final_logits(synthetic), _final_logits(synthetic, public_logits="after_refine")
+    assert local[0][0] == refined[0][0] and local[1][1] != refined[1][1]
+    # distill_lr = None is the local lr; a different step size changes the refinement
+    assert _final_logits(synthetic, distill_lr=SMALL["lr"]) == local
+    assert _final_logits(synthetic, distill_lr=0.5)[1][1] != local[1][1]

@@ -74,3 +74,47 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
     results, provenance = chapter.stored(params)
     assert set(results) == {c.key() for c in configs} and set(provenance) == set(results)
     assert chapter.stored({**params, "rounds": 2}) == ({}, {})  # other protocol: nothing matches
+
+
+def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
+    """The search with a stand-in for run_logit whose accuracy is a known function of the point."""
+    import fedlib.logit_run as logit_run
+    from fedlib.run import RunResult
+
+    def fake_accuracy(c):  # best: after_refine, 1 epoch, lr 0.01; then 3 distillation epochs, then T = 4
+        return (0.5 + 0.2 * (c.public_logits == "after_refine") + 0.1 * (c.local_epochs == 1)
+                + 0.05 * (c.lr == 0.01) + 0.02 * (c.distill_epochs == 3) + 0.001 * c.temperature)
+
+    seen = []
+
+    def fake_run(config, **_):
+        seen.append(config)
+        acc = fake_accuracy(config)
+        return RunResult(config=config.to_dict(), history=[{"round": 0, "accuracy": acc}],
+                         final={"accuracy": acc, "mean_client_accuracy": 0.2}, meta={"wall_time": 1.0, "device": "cpu"})
+
+    monkeypatch.setattr(logit_run, "run_logit", fake_run)
+    path = tmp_path / "calibration.json"
+    record = chapter.calibrate(stages=("structure",), path=path, progress=False)
+    points = record["points"]
+    assert len(points) == 8 and {(p["choice"]["temperature"], p["choice"]["distill_epochs"]) for p in points} == {(2.0, 1)}
+    assert all(c.aggregator == "simple" and c.k == 2 and c.fraction == chapter.SCREEN["fraction"]
+               and c.public_size == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
+               for c in seen)  # simple averaging only, screening protocol
+    record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
+    stages = [p["stage"] for p in record["points"]]
+    assert stages.count("structure") == 8 and stages.count("distillation") == 3 and stages.count("confirm") == 1
+    assert len(seen) == 12  # no point ran twice
+    # around the best structure (0.852 at T = 2, one epoch): T = 1 (0.851), T = 4 (0.854), 3 epochs (0.872)
+    around = [(p["choice"]["temperature"], p["choice"]["distill_epochs"]) for p in record["points"]
+              if p["stage"] == "distillation"]
+    assert around == [(1.0, 1), (4.0, 1), (2.0, 3)]
+    best = {"public_logits": "after_refine", "local_epochs": 1, "lr": 0.01, "distill_epochs": 3, "temperature": 2.0}
+    confirm = record["points"][-1]
+    assert confirm["choice"] == best and confirm["protocol"] == "paper" and seen[-1].fraction == 1.0
+    assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.02 + 0.002)
+    assert chapter.calibrated_choice(record) == best
+    table = chapter.calibration_table(record)
+    assert len(table) == 12 and table["accuracy (%)"].max() == pytest.approx(87.2)
+    with pytest.raises(ValueError, match="stage: must be one of structure, distillation, confirm"):
+        chapter.calibrate(stages=("grid",), path=path, progress=False)

@@ -179,7 +179,7 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 SEARCH_SPACE: dict[str, list] = {
     "public_logits": ["after_local", "after_refine"],  # upload after private training / after refinement
     "local_epochs": [1, 2],  # epochs of private training per round
-    "lr": [0.01, 0.05],  # SGD step size (private training and refinement)
+    "lr": [0.01, 0.05, 0.1],  # SGD step size (private training and refinement)
     "distill_epochs": [1, 3],  # epochs of refinement on the public set per round
     "temperature": [1.0, 2.0, 4.0],  # distillation temperature T
 }
@@ -188,8 +188,10 @@ SEARCH_SPACE: dict[str, list] = {
 # 2,000 test images and 5 rounds; seed 0.
 SCREEN = {"fraction": 0.3, "public_size": 1500, "test_samples": 2000, "rounds": 5}
 SCREEN_SEED = 0
+# the first protocol (stored runs before calibration: simple averaging 59.6 % at the paper protocol)
+FIRST = {"public_logits": "after_local", "local_epochs": 2, "lr": 0.05, "distill_epochs": 1, "temperature": 2.0}
 PAPER_SIMPLE = 81.88  # the paper's simple averaging, MNIST k = 2 (%)
-STAGES = ("structure", "temperature", "confirm")
+STAGES = ("structure", "tuning", "confirm")
 
 
 def _point(choice: dict[str, Any]) -> dict[str, Any]:
@@ -208,15 +210,14 @@ def calibration_config(params: dict[str, Any], choice: dict[str, Any], screen: b
 def _stage_points(stage: str, done: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
     """The points of one stage given the records of the stages before it."""
     space = SEARCH_SPACE
-    if stage == "structure":  # full factorial of the structural choices at T = 2
-        return [{"public_logits": a, "local_epochs": e, "lr": lr, "distill_epochs": d, "temperature": 2.0}
-                for a in space["public_logits"] for e in space["local_epochs"] for lr in space["lr"]
-                for d in space["distill_epochs"]]
-    screened = sorted((r for r in done if r["stage"] in ("structure", "temperature")),
-                      key=lambda r: -r["accuracy"])
-    if stage == "temperature":  # the other temperatures for the best `top` structures
+    if stage == "structure":  # where the public logits come from x private epochs, at the first protocol's rest
+        return [{**FIRST, "public_logits": a, "local_epochs": e}
+                for a in space["public_logits"] for e in space["local_epochs"]]
+    screened = sorted((r for r in done if r["stage"] in ("structure", "tuning")), key=lambda r: -r["accuracy"])
+    if stage == "tuning":  # one factor at a time around the `top` best structures
         best = [r["choice"] for r in screened if r["stage"] == "structure"][:top]
-        return [{**b, "temperature": t} for b in best for t in space["temperature"] if t != b["temperature"]]
+        return [{**b, field: v} for b in best for field in ("lr", "temperature", "distill_epochs")
+                for v in space[field] if v != b[field]]
     if stage == "confirm":  # the best `top` screened points at the paper protocol
         return [r["choice"] for r in screened[:top]]
     raise ValueError(f"stage: must be one of {', '.join(STAGES)} (got {stage!r})")
@@ -238,13 +239,14 @@ def load_calibration(path=None) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def calibrate(profile: str = "paper", stages=STAGES, top: int = 2, confirm_top: int = 1, shard: int = 0,
+def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 1, shard: int = 0,
               shards: int = 1, path=None, progress: bool = True) -> dict[str, Any]:
     """Run the calibration search on simple averaging and record every point.
 
-    Stage ``structure``: every combination of public_logits x local_epochs x lr x distill_epochs
-    at T = 2 (screening protocol); ``temperature``: the other temperatures for the ``top`` best
-    structures; ``confirm``: the ``confirm_top`` best screened points at the profile's own protocol.
+    Stage ``structure``: every combination of public_logits x local_epochs x lr at one
+    distillation epoch and T = 2 (screening protocol); ``distillation``: one factor at a time around
+    the ``top`` best structures, each other temperature and each other distillation epoch count;
+    ``confirm``: the ``confirm_top`` best screened points at the profile's own protocol.
     Each point (config, accuracy, accuracy per round, wall and CPU time) is written to
     ``results/logitfl/calibration.json`` (atomically, after every run; points already recorded are
     not rerun). ``shard``/``shards`` split a stage's points between processes (run the next stage
@@ -291,8 +293,8 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 2, confirm_top: 
                     "commit": git_commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                     "device": result.meta["device"], "threads": torch.get_num_threads(), "python": platform.python_version(),
                 })
-                record = {"profile": profile, "search_space": SEARCH_SPACE, "screen": SCREEN, "seed": SCREEN_SEED,
-                          "top": top, "confirm_top": confirm_top, "aggregator": "simple", "points": points}
+                record = {**load_calibration(path), "profile": profile, "search_space": SEARCH_SPACE,
+                          "screen": SCREEN, "seed": SCREEN_SEED, "first_protocol": FIRST, "top": top, "confirm_top": confirm_top, "aggregator": "simple", "points": points}
                 atomic_write_text(path, json.dumps(record, indent=1))
             if progress:
                 print(f"    accuracy {100 * result.final['accuracy']:.2f} %, {wall:.0f} s wall, {cpu:.0f} s CPU",

@@ -81,9 +81,9 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     import fedlib.logit_run as logit_run
     from fedlib.run import RunResult
 
-    def fake_accuracy(c):  # best: after_refine, 1 epoch, lr 0.01; then 3 distillation epochs, then T = 4
+    def fake_accuracy(c):  # best structure: after_refine with 1 epoch; best single move: lr 0.1
         return (0.5 + 0.2 * (c.public_logits == "after_refine") + 0.1 * (c.local_epochs == 1)
-                + 0.05 * (c.lr == 0.01) + 0.02 * (c.distill_epochs == 3) + 0.001 * c.temperature)
+                + 0.05 * (c.lr == 0.1) + 0.02 * (c.distill_epochs == 3) + 0.001 * c.temperature)
 
     seen = []
 
@@ -96,25 +96,28 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     monkeypatch.setattr(logit_run, "run_logit", fake_run)
     path = tmp_path / "calibration.json"
     record = chapter.calibrate(stages=("structure",), path=path, progress=False)
-    points = record["points"]
-    assert len(points) == 8 and {(p["choice"]["temperature"], p["choice"]["distill_epochs"]) for p in points} == {(2.0, 1)}
+    assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [
+        ("after_local", 1), ("after_local", 2), ("after_refine", 1), ("after_refine", 2)]
+    assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**chapter.FIRST, "public_logits": 0,
+                                                                         "local_epochs": 0} for p in record["points"])
     assert all(c.aggregator == "simple" and c.k == 2 and c.fraction == chapter.SCREEN["fraction"]
                and c.public_size == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
                for c in seen)  # simple averaging only, screening protocol
     record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
     stages = [p["stage"] for p in record["points"]]
-    assert stages.count("structure") == 8 and stages.count("distillation") == 3 and stages.count("confirm") == 1
-    assert len(seen) == 12  # no point ran twice
-    # around the best structure (0.852 at T = 2, one epoch): T = 1 (0.851), T = 4 (0.854), 3 epochs (0.872)
-    around = [(p["choice"]["temperature"], p["choice"]["distill_epochs"]) for p in record["points"]
-              if p["stage"] == "distillation"]
-    assert around == [(1.0, 1), (4.0, 1), (2.0, 3)]
-    best = {"public_logits": "after_refine", "local_epochs": 1, "lr": 0.01, "distill_epochs": 3, "temperature": 2.0}
+    assert stages.count("structure") == 4 and stages.count("tuning") == 5 and stages.count("confirm") == 1
+    assert len(seen) == 10  # no point ran twice
+    # around the best structure (after_refine, 1 epoch: 0.802): lr 0.01, lr 0.1, T = 1, T = 4, 3 epochs
+    moves = [{k: v for k, v in p["choice"].items() if v != {**chapter.FIRST, "public_logits": "after_refine",
+                                                             "local_epochs": 1}[k]}
+             for p in record["points"] if p["stage"] == "tuning"]
+    assert moves == [{"lr": 0.01}, {"lr": 0.1}, {"temperature": 1.0}, {"temperature": 4.0}, {"distill_epochs": 3}]
+    best = {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
     confirm = record["points"][-1]
     assert confirm["choice"] == best and confirm["protocol"] == "paper" and seen[-1].fraction == 1.0
-    assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.02 + 0.002)
+    assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.002)
     assert chapter.calibrated_choice(record) == best
     table = chapter.calibration_table(record)
-    assert len(table) == 12 and table["accuracy (%)"].max() == pytest.approx(87.2)
-    with pytest.raises(ValueError, match="stage: must be one of structure, distillation, confirm"):
+    assert len(table) == 10 and table["accuracy (%)"].max() == pytest.approx(85.2)
+    with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm"):
         chapter.calibrate(stages=("grid",), path=path, progress=False)

@@ -191,7 +191,9 @@ SCREEN_SEED = 0
 # the first protocol (stored runs before calibration: simple averaging 59.6 % at the paper protocol)
 FIRST = {"public_logits": "after_local", "local_epochs": 2, "lr": 0.05, "distill_epochs": 1, "temperature": 2.0}
 PAPER_SIMPLE = 81.88  # the paper's simple averaging, MNIST k = 2 (%)
-STAGES = ("structure", "tuning", "confirm")
+# confirm the best structure at the paper protocol while the tuning stage runs, then confirm the
+# best screened point again if tuning moved it (a confirm adds nothing when its point is recorded)
+STAGES = ("structure", "confirm", "tuning", "confirm")
 
 
 def _point(choice: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +222,7 @@ def _stage_points(stage: str, done: list[dict[str, Any]], top: int) -> list[dict
                 for v in space[field] if v != b[field]]
     if stage == "confirm":  # the best `top` screened points at the paper protocol
         return [r["choice"] for r in screened[:top]]
-    raise ValueError(f"stage: must be one of {', '.join(STAGES)} (got {stage!r})")
+    raise ValueError(f"stage: must be one of {', '.join(dict.fromkeys(STAGES))} (got {stage!r})")
 
 
 def calibration_path():
@@ -243,10 +245,11 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
               shards: int = 1, path=None, progress: bool = True) -> dict[str, Any]:
     """Run the calibration search on simple averaging and record every point.
 
-    Stage ``structure``: every combination of public_logits x local_epochs x lr at one
-    distillation epoch and T = 2 (screening protocol); ``distillation``: one factor at a time around
-    the ``top`` best structures, each other temperature and each other distillation epoch count;
-    ``confirm``: the ``confirm_top`` best screened points at the profile's own protocol.
+    Stage ``structure``: every public_logits x local_epochs with the rest as in the first protocol
+    (lr 0.05, one distillation epoch, T = 2), on the screening protocol; ``tuning``: one factor at a
+    time around the ``top`` best structures (each other lr, temperature and distillation epoch
+    count), screening protocol; ``confirm``: the ``confirm_top`` best points screened so far at the
+    profile's own protocol (STAGES confirms after the structure stage and again after tuning).
     Each point (config, accuracy, accuracy per round, wall and CPU time) is written to
     ``results/logitfl/calibration.json`` (atomically, after every run; points already recorded are
     not rerun). ``shard``/``shards`` split a stage's points between processes (run the next stage

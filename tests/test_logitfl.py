@@ -102,11 +102,12 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
                                                                          "local_epochs": 0} for p in record["points"])
     assert all(c.aggregator == "simple" and c.k == 2 and c.fraction == chapter.SCREEN["fraction"]
                and c.public_size == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
+               and c.model == "mlp"
                for c in seen)  # simple averaging only, screening protocol
     record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
     stages = [p["stage"] for p in record["points"]]
-    assert stages == ["structure"] * 4 + ["confirm"] + ["tuning"] * 5 + ["confirm"]
-    assert len(seen) == 11  # no point ran twice
+    assert stages == ["structure"] * 4 + ["tuning"] * 5 + ["confirm"]
+    assert len(seen) == 10  # no point ran twice
     # around the best structure (after_refine, 1 epoch: 0.802): lr 0.01, lr 0.1, T = 1, T = 4, 3 epochs
     moves = [{k: v for k, v in p["choice"].items() if v != {**chapter.FIRST, "public_logits": "after_refine",
                                                              "local_epochs": 1}[k]}
@@ -114,11 +115,10 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     assert moves == [{"lr": 0.01}, {"lr": 0.1}, {"temperature": 1.0}, {"temperature": 4.0}, {"distill_epochs": 3}]
     best = {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
     confirm = record["points"][-1]
-    assert confirm["choice"] == best and confirm["protocol"] == "paper" and seen[-1].fraction == 1.0
+    assert confirm["choice"] == best and confirm["protocol"] == "paper" and (seen[-1].fraction, seen[-1].model) == (1.0, "lenet5")
     assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.002)
-    assert record["points"][4]["choice"] == {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1}
     assert chapter.calibrated_choice(record) == best  # the best confirmed point
     table = chapter.calibration_table(record)
-    assert len(table) == 11 and table["accuracy (%)"].max() == pytest.approx(85.2)
-    with pytest.raises(ValueError, match="stage: must be one of structure, confirm, tuning"):
+    assert len(table) == 10 and table["accuracy (%)"].max() == pytest.approx(85.2)
+    with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm"):
         chapter.calibrate(stages=("grid",), path=path, progress=False)

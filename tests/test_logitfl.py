@@ -122,3 +122,13 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     assert len(table) == 10 and table["accuracy (%)"].max() == pytest.approx(85.2)
     with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm"):
         chapter.calibrate(stages=("grid",), path=path, progress=False)
+
+
+def test_first_protocol_runs_stay_readable_after_calibration():
+    """The stored paper-profile runs made before the protocol fields existed keep their keys."""
+    first = {**book.load_profile("logitfl", "paper"), **chapter.FIRST}
+    results, _ = chapter.stored(first)
+    simple = results[chapter.logit_config(first, "simple", 2, 0).key()]
+    assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config  # written before the fields
+    assert simple.final["accuracy"] == pytest.approx(0.596, abs=1e-4)
+    assert results[chapter.logit_config(first, "meta", 2, 0).key()].final["accuracy"] == pytest.approx(0.96, abs=1e-4)

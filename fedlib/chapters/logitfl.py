@@ -308,7 +308,7 @@ def calibration_table(record: dict[str, Any]):
     """Every recorded point as a DataFrame, in the order it was run."""
     import pandas as pd
 
-    rows = [{"#": i + 1, "stage": r["stage"], "protocol": r["protocol"], **r["choice"],
+    rows = [{"#": i + 1, "stage": r["stage"], "protocol": r["protocol"], "model": r["config"]["model"], **r["choice"],
              "accuracy (%)": round(100 * r["accuracy"], 2),
              "clients (%)": round(100 * r["mean_client_accuracy"], 2),
              "wall (s)": None if r["wall_time"] is None else round(r["wall_time"]),

@@ -120,7 +120,12 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     assert chapter.calibrated_choice(record) == best  # the best confirmed point
     table = chapter.calibration_table(record)
     assert len(table) == 10 and table["accuracy (%)"].max() == pytest.approx(85.2)
-    with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm"):
+    # past the edge of the space around the best screened point: recorded, never chosen
+    record = chapter.calibrate(stages=("edge",), path=path, progress=False)
+    edge = [p["choice"] for p in record["points"] if p["stage"] == "edge"]
+    assert [(c["local_epochs"], c["lr"]) for c in edge] == [(5, 0.1), (1, 0.2), (5, 0.2)]
+    assert chapter.calibrated_choice(record) == best and len(seen) == 13 and seen[-1].model == "mlp"
+    with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm, edge"):
         chapter.calibrate(stages=("grid",), path=path, progress=False)
 
 

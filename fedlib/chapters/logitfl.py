@@ -247,7 +247,7 @@ def load_calibration(path=None) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 1, shard: int = 0,
+def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 3, shard: int = 0,
               shards: int = 1, path=None, progress: bool = True) -> dict[str, Any]:
     """Run the calibration search on simple averaging and record every point.
 

@@ -106,25 +106,26 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
                for c in seen)  # simple averaging only, screening protocol
     record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
     stages = [p["stage"] for p in record["points"]]
-    assert stages == ["structure"] * 4 + ["tuning"] * 5 + ["confirm"]
-    assert len(seen) == 10  # no point ran twice
+    assert stages == ["structure"] * 4 + ["tuning"] * 5 + ["confirm"] * 3  # the top three at the paper protocol
+    assert len(seen) == 12  # no point ran twice
     # around the best structure (after_refine, 1 epoch: 0.802): lr 0.01, lr 0.1, T = 1, T = 4, 3 epochs
     moves = [{k: v for k, v in p["choice"].items() if v != {**chapter.FIRST, "public_logits": "after_refine",
                                                              "local_epochs": 1}[k]}
              for p in record["points"] if p["stage"] == "tuning"]
     assert moves == [{"lr": 0.01}, {"lr": 0.1}, {"temperature": 1.0}, {"temperature": 4.0}, {"distill_epochs": 3}]
     best = {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
-    confirm = record["points"][-1]
+    confirm = record["points"][-3]
+    assert [p["accuracy"] for p in record["points"][-3:]] == pytest.approx([0.852, 0.822, 0.804])  # lr 0.1, 3 epochs, T 4
     assert confirm["choice"] == best and confirm["protocol"] == "paper" and (seen[-1].fraction, seen[-1].model) == (1.0, "lenet5")
     assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.002)
     assert chapter.calibrated_choice(record) == best  # the best confirmed point
     table = chapter.calibration_table(record)
-    assert len(table) == 10 and table["accuracy (%)"].max() == pytest.approx(85.2)
+    assert len(table) == 12 and table["accuracy (%)"].max() == pytest.approx(85.2)
     # past the edge of the space around the best screened point: recorded, never chosen
     record = chapter.calibrate(stages=("edge",), path=path, progress=False)
     edge = [p["choice"] for p in record["points"] if p["stage"] == "edge"]
     assert [(c["local_epochs"], c["lr"]) for c in edge] == [(5, 0.1), (1, 0.2), (5, 0.2)]
-    assert chapter.calibrated_choice(record) == best and len(seen) == 13 and seen[-1].model == "mlp"
+    assert chapter.calibrated_choice(record) == best and len(seen) == 15 and seen[-1].model == "mlp"
     with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm, edge"):
         chapter.calibrate(stages=("grid",), path=path, progress=False)
 

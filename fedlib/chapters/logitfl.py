@@ -263,7 +263,10 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
     """
     import datetime as dt
     import fcntl
+    import hashlib
     import json
+    import tempfile
+    from pathlib import Path
     import platform
     import time
 
@@ -288,8 +291,7 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
             wall, cpu = time.perf_counter(), time.process_time()
             result = run_logit(config)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            lock = path.with_name(path.name + ".lock")
-            lock.parent.mkdir(parents=True, exist_ok=True)
+            lock = Path(tempfile.gettempdir()) / f"fedlib-calibration-{hashlib.sha256(str(path).encode()).hexdigest()[:12]}.lock"
             with open(lock, "w") as held:  # shards append one at a time
                 fcntl.flock(held, fcntl.LOCK_EX)
                 points = load_calibration(path)["points"]  # another shard may have written meanwhile

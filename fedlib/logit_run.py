@@ -12,6 +12,12 @@ Not parameter aggregation, so not ``fedlib.run``'s loop. One round, all clients 
    set (``train_clients`` with probability targets plus a temperature distillation term via
    ``LocalTraining.extra_loss``). The last round ends after step 3.
 
+``public_logits`` (rule_version 2) moves step 4: ``after_local`` is the order above;
+``after_refine`` refines right after step 1 on the previous round's aggregate (none in round 1),
+so the uploaded logits come from refined models. ``distill_lr`` is the refinement's step size
+(None: ``lr``). These and the epochs, lr and temperature were calibrated on simple averaging
+(``fedlib.chapters.logitfl.calibrate``).
+
 Data: ``fedlib.run.prepare`` with ``server_val = public_size`` holds the public set out of
 the training set before the ``k_classes`` split, so no client holds a public sample. Each
 client keeps ``val_fraction`` of its private samples out of local training as the local

@@ -12,6 +12,12 @@ Not parameter aggregation, so not ``fedlib.run``'s loop. One round, all clients 
    set (``train_clients`` with probability targets plus a temperature distillation term via
    ``LocalTraining.extra_loss``). The last round ends after step 3.
 
+``public_logits`` (a config field; its default is the first protocol) moves step 4: ``after_local`` is the order above;
+``after_refine`` refines right after step 1 on the previous round's aggregate (none in round 1),
+so the uploaded logits come from refined models. ``distill_lr`` is the refinement's step size
+(None: ``lr``). These and the epochs, lr and temperature were calibrated on simple averaging
+(``fedlib.chapters.logitfl.calibrate``).
+
 Data: ``fedlib.run.prepare`` with ``server_val = public_size`` holds the public set out of
 the training set before the ``k_classes`` split, so no client holds a public sample. Each
 client keeps ``val_fraction`` of its private samples out of local training as the local
@@ -46,6 +52,9 @@ __all__ = ["LogitConfig", "make_logit_config", "run_logit", "run_logit_many", "f
 
 AGGREGATORS = ("simple", "uwa", "meta")
 RULE_VERSION = "1"  # the logit protocol's rule version (distillation, GMM, UWA, meta-model): bump with any change
+# Protocol fields added after the first protocol, at the values that reproduce it:
+# a config at these values has the key it had before the fields existed.
+LEGACY: dict[str, Any] = {"distill_lr": None, "public_logits": "after_local"}
 
 
 class LogitConfig(BaseModel):
@@ -67,9 +76,16 @@ class LogitConfig(BaseModel):
     local_epochs: int = Field(1, ge=1)
     distill_epochs: int = Field(1, ge=0)
     batch_size: int = Field(64, ge=1)
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.05, gt=0, description="SGD step size of local training on private data")
     momentum: float = Field(0.0, ge=0, lt=1)
     temperature: float = Field(2.0, gt=0)
+    # protocol choices the paper's summary leaves open (calibrated on simple averaging; see
+    # fedlib.chapters.logitfl.calibrate); their first-protocol values are LEGACY below
+    distill_lr: float | None = Field(None, gt=0, description="SGD step size of the refinement; None: lr")
+    public_logits: Literal["after_local", "after_refine"] = Field(
+        "after_local", description="after_local: clients upload logits right after private training and refine "
+        "on the current round's aggregate; after_refine: from round 2 they first refine on the previous round's "
+        "aggregate, then upload")
     val_fraction: float = Field(0.1, gt=0, lt=1, description="share of each client's data for its GMM")
     gmm_components: int | None = Field(None, ge=1, description="None: one per class the client holds")
     gmm_iters: int = Field(10, ge=0)
@@ -95,7 +111,11 @@ class LogitConfig(BaseModel):
 
     # the key interface of RunConfig (fedlib.config): resolved config, rule versions, data fingerprint
     def resolved(self) -> dict[str, Any]:
-        return {**self.model_dump(mode="json", exclude={"data_root"}), "_protocol": "logit"}
+        data = self.model_dump(mode="json", exclude={"data_root"})
+        for name, value in LEGACY.items():  # runs of the first protocol keep their keys
+            if data[name] == value:
+                del data[name]
+        return {**data, "_protocol": "logit"}
 
     def rule_versions(self) -> dict[str, str]:
         return {"engine": ENGINE_VERSION, "logit": RULE_VERSION}
@@ -271,6 +291,20 @@ def _execute(cfg: LogitConfig, dataset: Dataset | None, progress: bool):
         from tqdm.auto import tqdm
 
         rounds = tqdm(rounds, desc=f"logit {cfg.aggregator} on {cfg.dataset}", leave=False)
+    distill = LocalTraining(
+        epochs=cfg.distill_epochs, batch_size=cfg.batch_size, lr=cfg.distill_lr or cfg.lr, momentum=cfg.momentum,
+        chunk_size=cfg.client_chunk,
+        extra_loss=lambda params, out, feats, yb, mb, ctx: agg.distillation_loss(out, yb, mb, cfg.temperature),
+    )
+
+    def refine(flat, bufs, targets, present_np, gen):
+        """Every present client distils the aggregated soft targets on the whole public set."""
+        batches = make_client_batches([pub_all if on else empty for on in present_np], cfg.batch_size,
+                                      cfg.distill_epochs, gen)
+        batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
+        return train_clients(model, flat, bufs, x_pub, targets, batches, distill)
+
+    targets = None  # the last aggregate's soft targets on the public set
     for t in rounds:
         gen = torch.Generator().manual_seed((cfg.seed * 1_000_003 + t * 7_919 + 1) % (2**63))
         present_np = _present_clients(rng, n, cfg.dropout)
@@ -283,6 +317,8 @@ def _execute(cfg: LogitConfig, dataset: Dataset | None, progress: bool):
                                       cfg.batch_size, cfg.local_epochs, gen)
         batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
         flat, bufs = train_clients(model, flat, bufs, p.x_pool, p.y_pool, batches, local)
+        if cfg.public_logits == "after_refine" and targets is not None and cfg.distill_epochs:
+            flat, bufs = refine(flat, bufs, targets, present_np, gen)  # on the previous round's aggregate
         # 2. logits of every client on public, test and validation samples: one batched pass
         logits = predict(model, flat, bufs, x_all, batch_size=512)
         pub, test = logits[:, :n_pub], logits[:, n_pub:n_pub + n_test]
@@ -326,19 +362,11 @@ def _execute(cfg: LogitConfig, dataset: Dataset | None, progress: bool):
             "floats_down": floats_logits, "fedavg_floats": 2 * int(present.sum()) * layout.size,
             "time_train": t_train, "time_server": t_server, **extra,
         }
-        # 4. local refinement on the soft targets (not after the last round)
-        if t + 1 < cfg.rounds and cfg.distill_epochs:
+        # 4. local refinement on the soft targets (after_local: now, but not after the last round)
+        targets = torch.softmax(agg_pub, dim=-1).detach()
+        if cfg.public_logits == "after_local" and t + 1 < cfg.rounds and cfg.distill_epochs:
             t0 = time.perf_counter()
-            targets = torch.softmax(agg_pub, dim=-1).detach()
-            refine = LocalTraining(
-                epochs=cfg.distill_epochs, batch_size=cfg.batch_size, lr=cfg.lr, momentum=cfg.momentum,
-                chunk_size=cfg.client_chunk,
-                extra_loss=lambda params, out, feats, yb, mb, ctx: agg.distillation_loss(out, yb, mb, cfg.temperature),
-            )
-            batches = make_client_batches([pub_all if on else empty for on in present_np], cfg.batch_size,
-                                          cfg.distill_epochs, gen)
-            batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
-            flat, bufs = train_clients(model, flat, bufs, x_pub, targets, batches, refine)
+            flat, bufs = refine(flat, bufs, targets, present_np, gen)
             record["time_train"] += time.perf_counter() - t0
         history.append(record)
     last = history[-1]

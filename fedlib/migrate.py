@@ -48,6 +48,11 @@ def legacy_key(raw: dict[str, Any]) -> str | None:
     data = config.model_dump(mode="json", exclude={"data_root", "client_chunk"})
     data["_format"] = LEGACY_FORMAT
     if isinstance(config, LogitConfig):
+        from .logit_run import LEGACY
+
+        for name, value in LEGACY.items():  # fields added later, at the values the old protocol had
+            if data.get(name) == value:
+                del data[name]
         data["_protocol"] = "logit"
     else:
         if not config.reference_values:
@@ -64,9 +69,15 @@ def legacy_resolved(config) -> dict[str, Any] | None:
 
     rules = legacy_rules()
     if isinstance(config, LogitConfig):
-        if sorted(type(config).model_fields) != rules["logit_fields"]:
+        from .logit_run import LEGACY
+
+        data = config.model_dump(mode="json", exclude={"data_root"})
+        if any(data.get(name) != value for name, value in LEGACY.items()):
+            return None  # a protocol option the old code did not have
+        data = {k: v for k, v in data.items() if k not in LEGACY}
+        if sorted(set(type(config).model_fields) - set(LEGACY)) != rules["logit_fields"]:
             return None
-        return {**config.model_dump(mode="json", exclude={"data_root"}), "_protocol": "logit"}
+        return {**data, "_protocol": "logit"}
     if sorted(type(config).model_fields) != rules["run_fields"] or config.method.name not in rules["methods"]:
         return None
     method = rules["methods"][config.method.name]

@@ -237,3 +237,43 @@ def test_local_validation_split_is_disjoint_and_sized():
     for i, ix in enumerate(indices):
         val = val_table[i][valid[i]].numpy()
         assert set(val) | set(train[i]) == set(ix) and not set(val) & set(train[i])
+
+
+def test_new_protocol_fields_keep_the_first_protocols_keys():
+    """Fields added after the first protocol, at the values that reproduce it, are left out of the
+    resolved config, so first-protocol runs keep their keys; another value is another run."""
+    from fedlib.logit_run import LEGACY
+    from fedlib.migrate import legacy_key, legacy_resolved
+
+    cfg = make_logit_config(**SMALL)
+    assert (cfg.public_logits, cfg.distill_lr) == ("after_local", None)
+    assert not set(LEGACY) & set(cfg.resolved())
+    assert legacy_resolved(cfg) == cfg.resolved()  # what the code before the fields resolved
+    assert legacy_key(cfg.to_dict()) == legacy_key({k: v for k, v in cfg.to_dict().items() if k not in LEGACY})
+    keys = {cfg.key(), make_logit_config(**SMALL, public_logits="after_refine").key(),
+            make_logit_config(**SMALL, distill_lr=0.05).key()}
+    assert len(keys) == 3  # a new value is a new run
+    assert legacy_resolved(make_logit_config(**SMALL, distill_lr=0.05)) is None
+    with pytest.raises(ConfigError, match="public_logits: Input should be 'after_local' or 'after_refine'"):
+        make_logit_config(**SMALL, public_logits="before")
+
+
+def _final_logits(synthetic, **overrides):
+    result = run_logit(make_logit_config(**{**SMALL, "aggregator": "simple", **overrides}), cache=False,
+                       dataset=synthetic)
+    return [h["accuracy"] for h in result.history], [h["client_accuracy"] for h in result.history]
+
+
+def test_public_logits_orders_refinement_and_upload(synthetic):
+    # one round: after_local refines only after an aggregation that has a next round, after_refine
+    # only on a previous round's aggregate -- neither refines, so both runs are the same
+    assert _final_logits(synthetic, rounds=1) == _final_logits(synthetic, rounds=1, public_logits="after_refine")
+    # no refinement at all: the order cannot matter
+    assert _final_logits(synthetic, distill_epochs=0) == _final_logits(synthetic, distill_epochs=0,
+                                                                       public_logits="after_refine")
+    # two rounds: round 1 is the same; in round 2 after_refine uploads refined models, a different run
+    local, refined = _final_logits(synthetic), _final_logits(synthetic, public_logits="after_refine")
+    assert local[0][0] == refined[0][0] and local[1][1] != refined[1][1]
+    # distill_lr = None is the local lr; a different step size changes the refinement
+    assert _final_logits(synthetic, distill_lr=SMALL["lr"]) == local
+    assert _final_logits(synthetic, distill_lr=0.5)[1][1] != local[1][1]

@@ -74,3 +74,67 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
     results, provenance = chapter.stored(params)
     assert set(results) == {c.key() for c in configs} and set(provenance) == set(results)
     assert chapter.stored({**params, "rounds": 2}) == ({}, {})  # other protocol: nothing matches
+
+
+def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
+    """The search with a stand-in for run_logit whose accuracy is a known function of the point."""
+    import fedlib.logit_run as logit_run
+    from fedlib.run import RunResult
+
+    def fake_accuracy(c):  # best structure: after_refine with 1 epoch; best single move: lr 0.1
+        return (0.5 + 0.2 * (c.public_logits == "after_refine") + 0.1 * (c.local_epochs == 1)
+                + 0.05 * (c.lr == 0.1) + 0.02 * (c.distill_epochs == 3) + 0.001 * c.temperature)
+
+    seen = []
+
+    def fake_run(config, **_):
+        seen.append(config)
+        acc = fake_accuracy(config)
+        return RunResult(config=config.to_dict(), history=[{"round": 0, "accuracy": acc}],
+                         final={"accuracy": acc, "mean_client_accuracy": 0.2}, meta={"wall_time": 1.0, "device": "cpu"})
+
+    monkeypatch.setattr(logit_run, "run_logit", fake_run)
+    path = tmp_path / "calibration.json"
+    record = chapter.calibrate(stages=("structure",), path=path, progress=False)
+    assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [
+        ("after_local", 1), ("after_local", 2), ("after_refine", 1), ("after_refine", 2)]
+    assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**chapter.FIRST, "public_logits": 0,
+                                                                         "local_epochs": 0} for p in record["points"])
+    assert all(c.aggregator == "simple" and c.k == 2 and c.fraction == chapter.SCREEN["fraction"]
+               and c.public_size == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
+               and c.model == "mlp"
+               for c in seen)  # simple averaging only, screening protocol
+    record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
+    stages = [p["stage"] for p in record["points"]]
+    assert stages == ["structure"] * 4 + ["tuning"] * 5 + ["confirm"] * 3  # the top three at the paper protocol
+    assert len(seen) == 12  # no point ran twice
+    # around the best structure (after_refine, 1 epoch: 0.802): lr 0.01, lr 0.1, T = 1, T = 4, 3 epochs
+    moves = [{k: v for k, v in p["choice"].items() if v != {**chapter.FIRST, "public_logits": "after_refine",
+                                                             "local_epochs": 1}[k]}
+             for p in record["points"] if p["stage"] == "tuning"]
+    assert moves == [{"lr": 0.01}, {"lr": 0.1}, {"temperature": 1.0}, {"temperature": 4.0}, {"distill_epochs": 3}]
+    best = {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
+    confirm = record["points"][-3]
+    assert [p["accuracy"] for p in record["points"][-3:]] == pytest.approx([0.852, 0.822, 0.804])  # lr 0.1, 3 epochs, T 4
+    assert confirm["choice"] == best and confirm["protocol"] == "paper" and (seen[-1].fraction, seen[-1].model) == (1.0, "lenet5")
+    assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.002)
+    assert chapter.calibrated_choice(record) == best  # the best confirmed point
+    table = chapter.calibration_table(record)
+    assert len(table) == 12 and table["accuracy (%)"].max() == pytest.approx(85.2)
+    # past the edge of the space around the best screened point: recorded, never chosen
+    record = chapter.calibrate(stages=("edge",), path=path, progress=False)
+    edge = [p["choice"] for p in record["points"] if p["stage"] == "edge"]
+    assert [(c["local_epochs"], c["lr"]) for c in edge] == [(5, 0.1), (1, 0.2), (5, 0.2)]
+    assert chapter.calibrated_choice(record) == best and len(seen) == 15 and seen[-1].model == "mlp"
+    with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm, edge"):
+        chapter.calibrate(stages=("grid",), path=path, progress=False)
+
+
+def test_first_protocol_runs_stay_readable_after_calibration():
+    """The stored paper-profile runs made before the protocol fields existed keep their keys."""
+    first = {**book.load_profile("logitfl", "paper"), **chapter.FIRST}
+    results, _ = chapter.stored(first)
+    simple = results[chapter.logit_config(first, "simple", 2, 0).key()]
+    assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config  # written before the fields
+    assert simple.final["accuracy"] == pytest.approx(0.596, abs=1e-4)
+    assert results[chapter.logit_config(first, "meta", 2, 0).key()].final["accuracy"] == pytest.approx(0.96, abs=1e-4)

@@ -49,7 +49,8 @@ def build_once(profile: str, jobs: int, env: dict, force: bool) -> dict:
     print(proc.stdout, flush=True)
     stage = Path(env["FEDLIB_BOOK_OUT"]) / profile
     timings = json.loads((stage / "timings.json").read_text())["chapters"] if (stage / "timings.json").is_file() else {}
-    return {"wall": wall, "returncode": proc.returncode, "log": proc.stdout.splitlines()[-20:],
+    log = [line.replace(str(env["FEDLIB_BOOK_OUT"]), "<stage>") for line in proc.stdout.splitlines()[-20:]]
+    return {"wall": wall, "returncode": proc.returncode, "log": log,  # no machine paths in the record
             "chapters": {c: t["wall"] for c, t in timings.items()}}
 
 

@@ -147,9 +147,15 @@ class ScmConfig(BaseModel):
         return self
 
     def key(self) -> str:
-        """Hash of everything that changes results (not the data root or the chunk sizes)."""
+        """Hash of everything that changes results: the config (not the data root or the chunk
+        sizes), the pipeline's format and rule version, and the content fingerprint of the data
+        read (``fedlib.data.data_fingerprint``), so other files never answer from the cache."""
+        from .data import data_fingerprint
+
         data = self.model_dump(mode="json", exclude={"data_root", "client_chunk", "predict_chunk"})
         data["_format"] = PIPELINE_FORMAT
+        data["_rule"] = RULE_VERSION
+        data["_data"] = data_fingerprint(self.dataset, self.data_root).get("sha256") or {"missing": self.dataset}
         blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return "scm-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
 

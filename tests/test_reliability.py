@@ -620,3 +620,18 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
     assert "no update was ever clipped" in new["result"]["meta"]["rekeyed"]
     assert book.stored_results("demo", wanted).results.keys() == {unclipped.key()}
     assert adopt_unclipped("demo", wanted, root) == []  # idempotent
+
+
+def test_15_1_the_fedscm_pipeline_cache_key_follows_the_data_read(monkeypatch):
+    """The FedSCM pipeline's cache is keyed like the run cache: other files, another key."""
+    import fedlib.data
+    from fedlib.scm_pipeline import make_scm_config
+
+    cfg = make_scm_config({"dataset": "synthetic", "n_clients": 12})
+    key = cfg.key()
+    real = fedlib.data.data_fingerprint
+    monkeypatch.setattr(fedlib.data, "data_fingerprint",
+                        lambda name, root=None: {**real(name, root), "sha256": "0" * 64})
+    assert cfg.key() != key
+    monkeypatch.setattr(fedlib.data, "data_fingerprint", real)
+    assert cfg.key() == key

@@ -150,6 +150,41 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
+def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
+    """Run ``benchmarks/<script> <args> --json FILE`` and return (its JSON, its stdout), keeping the
+    measurement under ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
+    commit (and working-tree state), the device and the torch version; a warm rebuild shows the
+    stored measurement (with its own date) instead of timing again. A timing is data like a run."""
+    import hashlib
+    import sys
+    import tempfile
+
+    import torch
+
+    from .cache import atomic_write_text, default_cache_root
+
+    dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
+                           capture_output=True, text=True).stdout
+    ident = json.dumps({"script": script, "args": args, "commit": git_commit(), "dirty": dirty,
+                        "device": device_description(), "torch": torch.__version__}, sort_keys=True)
+    path = default_cache_root() / "benchmarks" / f"{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
+    if path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            return kept["result"], kept["stdout"] + f"\n(stored measurement of {kept['result'].get('date')}: same code, " \
+                "arguments and device; delete it under $FEDLIB_CACHE/benchmarks to time again)"
+        except (ValueError, KeyError):
+            pass  # a damaged record: measure again (it is overwritten below)
+    out_json = Path(tempfile.mkdtemp(prefix="fedlib-bench-")) / "out.json"
+    proc = subprocess.run([sys.executable, str(repo_root() / "benchmarks" / script), *args, "--json", str(out_json)],
+                          capture_output=True, text=True, cwd=repo_root())
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmarks/{script} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(out_json.read_text())
+    atomic_write_text(path, json.dumps({"ident": json.loads(ident), "result": result, "stdout": proc.stdout}))
+    return result, proc.stdout
+
+
 # ----------------------------------------------------------------------------- paper numbers
 
 

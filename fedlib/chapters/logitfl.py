@@ -351,7 +351,7 @@ def calibration_table(record: dict[str, Any]):
              "wall (s)": None if r["wall_time"] is None else round(r["wall_time"]),
              "CPU (s)": None if r["cpu_time"] is None else round(r["cpu_time"])}
             for i, r in enumerate(record["points"])]
-    return pd.DataFrame(rows).set_index("#")
+    return pd.DataFrame(rows).set_index("#").fillna("—")  # no time recorded (a stored run reused)
 
 
 def calibrated_choice(record: dict[str, Any]) -> dict[str, Any] | None:

@@ -40,7 +40,6 @@ import time
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

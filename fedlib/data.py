@@ -501,7 +501,7 @@ def _read_idx_dataset(name: str, root: Path, download: bool, cache_dir) -> _Imag
         x_test=arrays["x_test"][..., None],
         y_test=arrays["y_test"].astype(np.int64),
         classes=list(_IDX_CLASSES[name]),
-        source=f"{name} idx files from {files['x_train'].parent}",
+        source=f"{name} idx files ({files['x_train'].parent.name})",
     )
 
 
@@ -790,7 +790,7 @@ def _locate(name: str, root: Path) -> tuple[tuple[Path, str] | None, list[Path]]
         if files is None:
             return None, looked
         folder = files["x_train"].parent
-        return (folder, f"{name} idx files from {folder}", sorted(p.name for p in files.values())), looked
+        return (folder, f"{name} idx files ({folder.name})", sorted(p.name for p in files.values())), looked
     looked = _torchvision_paths(name, root)
     if name == "cifar10":
         jpeg_copy = root / CIFAR10_JPEG

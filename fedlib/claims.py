@@ -347,9 +347,8 @@ def judge(claim: Claim, stored: Evidence, build: Evidence | None = None, profile
     return Verdict(claim, verdict, ms, source if measured else "—", paper_verdict(ms), worst, seeds)
 
 
-def verdicts(chapter: str, profile: str | None = None, stored: Evidence | None = None,
-             build: Evidence | None = None) -> list[Verdict]:
-    """Every claim of ``chapter`` judged (stored runs; the build ``profile``'s cached runs beside)."""
+def _inputs(chapter: str, profile: str | None, stored: Evidence | None, build: Evidence | None):
+    """The paper's reference values, the stored evidence and the build profile's cached evidence."""
     from .book import load_reference
 
     try:
@@ -359,6 +358,13 @@ def verdicts(chapter: str, profile: str | None = None, stored: Evidence | None =
     stored = stored_evidence(chapter) if stored is None else stored
     if build is None and profile is not None and profile != "paper":
         build = cached_evidence(chapter, profile)
+    return reference, stored, build
+
+
+def verdicts(chapter: str, profile: str | None = None, stored: Evidence | None = None,
+             build: Evidence | None = None) -> list[Verdict]:
+    """Every claim of ``chapter`` judged (stored runs; the build ``profile``'s cached runs beside)."""
+    reference, stored, build = _inputs(chapter, profile, stored, build)
     return [judge(c, stored, build, profile, reference) for c in claims_of(chapter)]
 
 
@@ -400,15 +406,7 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
     runs only where none is stored)."""
     import pandas as pd
 
-    from .book import load_reference
-
-    try:
-        reference = load_reference(chapter)
-    except FileNotFoundError:
-        reference = None
-    stored = stored_evidence(chapter) if stored is None else stored
-    if build is None and profile is not None and profile != "paper":
-        build = cached_evidence(chapter, profile)
+    reference, stored, build = _inputs(chapter, profile, stored, build)
     rows, seen = [], set()
     for claim in claims_of(chapter):
         for comp in claim.comparisons:

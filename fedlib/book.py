@@ -300,7 +300,9 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
         return ["recorded before rule versions and data fingerprints, and not re-keyed "
                 "(python -m fedlib migrate-results)"]
     changes = []
-    old, new = _flat(meta.get("resolved") or {}), _flat(config.resolved())
+    from .results import placement_free
+
+    old, new = _flat(placement_free(meta.get("resolved")) or {}), _flat(placement_free(config.resolved()))
     for k in sorted(set(old) | set(new)):
         if old.get(k, "—") != new.get(k, "—"):
             changes.append(f"{k}: {_short(old.get(k, '—'))} -> {_short(new.get(k, '—'))}")

@@ -393,7 +393,7 @@ def _read_cifar(name: str, root: Path, looked: list[Path], download: bool) -> _I
         x_test=test.data,
         y_test=np.asarray(test.targets, dtype=np.int64),
         classes=list(train.classes),
-        source=f"{name} (torchvision files) from {looked[0]}",
+        source=f"{name} (torchvision files, {looked[0].name})",
     )
 
 
@@ -401,7 +401,7 @@ def _read_cifar10(root: Path, download: bool, cache_dir) -> _ImageArrays:
     torchvision_folder, jpeg_copy = _torchvision_paths("cifar10", root)[0], root / CIFAR10_JPEG
     if torchvision_folder.exists() or not jpeg_copy.is_file():
         return _read_cifar("cifar10", root, [torchvision_folder, jpeg_copy], download)
-    source = f"CIFAR-10 (JPEG copy) from {jpeg_copy}"
+    source = f"CIFAR-10 (JPEG copy, {jpeg_copy.name})"
     arrays = _load_image_tree(jpeg_copy, "cifar10-jpeg", source, cache_dir)
     if arrays.classes != list(CIFAR10_CLASSES):
         raise DataCorruptError(f"{jpeg_copy}: class folders {arrays.classes} are not CIFAR-10's")
@@ -422,7 +422,7 @@ def _read_svhn(root: Path, download: bool, cache_dir) -> _ImageArrays:
         x_test=test.data.transpose(0, 2, 3, 1),
         y_test=test.labels.astype(np.int64),
         classes=list(DIGITS),
-        source=f"svhn (torchvision files) from {root}",
+        source="svhn (torchvision files)",
     )
 
 
@@ -441,7 +441,7 @@ def _read_emnist(root: Path, download: bool, cache_dir) -> _ImageArrays:
         x_test=upright(test.data),
         y_test=test.targets.numpy().astype(np.int64),
         classes=list(train.classes),
-        source=f"emnist balanced (torchvision files) from {looked[0]}",
+        source=f"emnist balanced (torchvision files, {looked[0].name})",
     )
 
 
@@ -465,7 +465,7 @@ def _split_eurosat(dataset, folder: Path) -> _ImageArrays:
         x_test=images[test],
         y_test=labels[test],
         classes=list(dataset.classes),
-        source=f"eurosat from {folder} (stratified split, {EUROSAT_TEST_FRACTION:.0%} test, "
+        source=f"eurosat ({folder.name}, stratified split, {EUROSAT_TEST_FRACTION:.0%} test, "
         f"seed {EUROSAT_SPLIT_SEED})",
     )
 
@@ -795,14 +795,14 @@ def _locate(name: str, root: Path) -> tuple[tuple[Path, str] | None, list[Path]]
     if name == "cifar10":
         jpeg_copy = root / CIFAR10_JPEG
         if not looked[0].exists() and jpeg_copy.is_file():
-            return (jpeg_copy, f"CIFAR-10 (JPEG copy) from {jpeg_copy}"), [*looked, jpeg_copy]
+            return (jpeg_copy, f"CIFAR-10 (JPEG copy, {jpeg_copy.name})"), [*looked, jpeg_copy]
         looked = [*looked, jpeg_copy]
     if name == "svhn":
         ok = all(p.is_file() for p in looked)
-        return ((root, f"svhn (torchvision files) from {root}") if ok else None), looked
-    texts = {"cifar10": "cifar10 (torchvision files) from {}", "cifar100": "cifar100 (torchvision files) from {}",
-             "emnist": "emnist balanced (torchvision files) from {}", "eurosat": "eurosat from {}"}
-    return ((looked[0], texts[name].format(looked[0])) if looked[0].exists() else None), looked
+        return ((root, "svhn (torchvision files)") if ok else None), looked
+    texts = {"cifar10": "cifar10 (torchvision files, {})", "cifar100": "cifar100 (torchvision files, {})",
+             "emnist": "emnist balanced (torchvision files, {})", "eurosat": "eurosat ({})"}
+    return ((looked[0], texts[name].format(looked[0].name)) if looked[0].exists() else None), looked
 
 
 def _source_files(base: Path, only: list[str] | None = None) -> list[tuple[str, Path]]:

@@ -81,6 +81,15 @@ def _key_provenance(config: RunConfig, fingerprint: dict, key: str) -> dict[str,
             "data": {k: fingerprint.get(k) for k in ("source", "files", "sha256")}}
 
 
+PLACEMENT_FIELDS = ("device",)  # where a run ran (recorded in meta.device), not what it computes
+
+
+def placement_free(resolved: dict | None) -> dict | None:
+    """A resolved config without its placement: the results queue runs a chapter's CPU config on a
+    GPU and stores it under the chapter's key, so a stored run answers the config on any device."""
+    return None if resolved is None else {k: v for k, v in resolved.items() if k not in PLACEMENT_FIELDS}
+
+
 def result_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:
     """A check for ``ResultCache.get``: None when a stored run payload answers ``config`` on the data
     ``fingerprint`` describes (same resolved config, rule versions and data; a valid result),
@@ -91,7 +100,7 @@ def result_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str |
         if problem:
             return problem
         meta = payload["meta"]
-        if meta.get("resolved") != config.resolved():
+        if placement_free(meta.get("resolved")) != placement_free(config.resolved()):
             return "its config is not the requested one"
         if meta.get("rule_versions") != config.rule_versions():
             return f"computed with rule versions {meta.get('rule_versions')}, now {config.rule_versions()}"

@@ -295,7 +295,7 @@ def test_cifar10_falls_back_to_jpeg_copy(tmp_path):
     (tmp_path / "root" / "cifar10-jpeg").mkdir(parents=True)
     archive = write_archive(tree, tmp_path / "root" / data.CIFAR10_JPEG, top_folder=None)
     cifar = load_dataset("cifar10", root=tmp_path / "root")
-    assert cifar.source == f"CIFAR-10 (JPEG copy) from {archive}"
+    assert cifar.source == f"CIFAR-10 (JPEG copy, {archive.name})"
     assert cifar.input_shape == (3, 32, 32) and cifar.classes == list(data.CIFAR10_CLASSES)
     assert cifar.y_train.tolist() == list(range(10))
     red = pixel_values(cifar.x_train, cifar)[:, 0, 16, 16]

@@ -539,6 +539,22 @@ def test_23_a_stored_run_of_an_older_rule_is_listed_stale_not_current(tmp_path, 
         "shapfed"] == version + ".1"  # the cache does not answer with the old rule's numbers either
 
 
+def test_a_run_computed_on_another_device_answers_the_chapters_config():
+    """The results queue runs a chapter's CPU config on a GPU and stores it under the CPU key: the
+    recorded placement (meta.resolved.device) does not make it stale; any other field does."""
+    from fedlib.results import result_check
+
+    cfg = make_config(TINY, method={"name": "fedprox"})
+    payload = fedlib.run(cfg, cache=False, progress=False).to_dict()
+    on_gpu = {**payload, "meta": {**payload["meta"], "resolved": {**payload["meta"]["resolved"], "device": "cuda"}}}
+    check = result_check(cfg, cfg.data_fingerprint())
+    assert check(payload) is None and check(on_gpu) is None
+    other = {**payload["meta"]["resolved"], "device": "cuda", "lr": 0.5}
+    assert check({**payload, "meta": {**payload["meta"], "resolved": other}}) == "its config is not the requested one"
+    assert book.what_changed({**payload["meta"], "resolved": other}, cfg, cfg.data_fingerprint()) == [
+        f"lr: 0.5 -> {cfg.lr}"]
+
+
 def _legacy_entry(folder: Path, cfg, result) -> Path:
     """A stored run as f5ecf2b wrote it: old key, no rule versions or data fingerprint."""
     from fedlib.migrate import legacy_key

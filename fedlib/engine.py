@@ -1,4 +1,4 @@
-"""The engine: the one round loop (plan -> local -> server -> evaluate).
+"""The engine: the one round loop (plan -> local (main pass, then any local phases) -> server -> evaluate).
 
 Methods supply only their hooks (``fedlib.methods``). Local training of the selected clients
 is one call into the vectorized population engine per round (``fedlib.population``).
@@ -104,6 +104,10 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
             start_buffers = {k: v[rows] for k, v in client_state.buffers.items()} or start_buffers
         flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
                                    p.x_pool, p.y_pool, batches, local)
+        for phase in method.local_phases(state, selected, local):  # e.g. Ditto's personal models
+            phase_flat, phase_bufs = train_clients(model, phase.start, phase.start_buffers, p.x_pool, p.y_pool,
+                                                   batches, phase.training)
+            client_state = state.client_state = method.phase_done(state, phase, selected, phase_flat, phase_bufs)
         uploads = method.client_uploads(state, selected, flat, bufs,
                                         ClientData(p.x_pool, p.y_pool, selected_indices, gen))
         flat = _apply_roles(flat, selected, roles, global_flat, gen)
@@ -130,7 +134,8 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         if keep_global:
             global_flat, global_buffers = state.global_flat, state.global_buffers
         if client_state is not None:
-            client_state = method.update_client_state(state, weights, global_flat, global_buffers)
+            client_state = state.client_state = method.update_client_state(state, weights, global_flat,
+                                                                           global_buffers)
         t_server = time.perf_counter() - t0
         if cfg.reference_values and t == cfg.rounds - 1:
             reference = reference_values(p, state, updates)
@@ -156,8 +161,11 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
             break
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             t0 = time.perf_counter()
-            ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
-                          p.x_test, p.y_test, n_classes)
+            ev = method.evaluate(state, global_flat, global_buffers,
+                                 lambda flat, buffers: evaluate(model, flat, buffers, p.x_test, p.y_test, n_classes))
+            if ev is None:
+                ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+                              p.x_test, p.y_test, n_classes)
             last_eval = ev
             record.update(accuracy=float(ev.accuracy[0]), balanced_accuracy=float(ev.balanced_accuracy[0]),
                           f1=float(ev.macro_f1[0]),

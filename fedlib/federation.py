@@ -93,7 +93,7 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     n_test = config.test_samples or len(ds.y_test)
     with _MODEL_INIT_LOCK:  # the global RNG must not be shared with a concurrent run (threads)
         torch.manual_seed(config.seed)
-        model = build_model(config.model, ds.input_shape, ds.num_classes).to(device)
+        model = method.adapt_model(build_model(config.model, ds.input_shape, ds.num_classes)).to(device)
     # a fixed random subset of the test set (files may be sorted by class), the same for every run
     test = torch.from_numpy(np.sort(np.random.default_rng(2**31 - 1).permutation(len(ds.y_test))[:n_test]))
     return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[test].to(device),

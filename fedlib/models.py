@@ -265,6 +265,25 @@ _REGISTRY: dict[str, type[FedModel]] = {
 MODELS: tuple[str, ...] = tuple(_REGISTRY)
 
 
+class ProjectionHead(FedModel):
+    """``model`` with MOON's projection MLP between its features and a new classifier
+    (github.com/QinbinLi/MOON ``model.py`` ``ModelFedCon``): h = features(x),
+    z = l2(relu(l1(h))) (``out_dim`` wide), logits = head(z). ``features`` returns z, the
+    representation the model-contrastive loss compares."""
+
+    def __init__(self, model: FedModel, out_dim: int):
+        super().__init__()
+        num_classes = model.head.out_features
+        model.head = nn.Identity()  # replaced by the classifier on z
+        self.base, self.feature_dim = model, out_dim
+        self.l1 = nn.Linear(model.feature_dim, model.feature_dim)
+        self.l2 = nn.Linear(model.feature_dim, out_dim)
+        self.head = nn.Linear(out_dim, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.l2(F.relu(self.l1(self.base.features(x))))
+
+
 def build_model(
     name: str, input_shape: tuple[int, int, int], num_classes: int, **kwargs
 ) -> FedModel:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fedlib
-from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
+from fedlib.methods import ClientState, ClientUpdates, Federation, RoundState, build_method
 from fedlib.models import build_model
 from fedlib.population import ParamLayout
 
@@ -296,33 +296,115 @@ def test_moon_vectorized_training_equals_the_per_client_loop():
     from fedlib.population import LocalTraining, make_client_batches, train_clients
     from fedlib.testing import train_clients_loop
 
-    fed, layout, w, flat, data = _two_clients()
-    method = build_method("moon", {"mu": 2.0})
+    fed, _, _, _, data = _two_clients()
+    method = build_method("moon", {"mu": 2.0, "out_dim": 6})
+    fed.model = method.adapt_model(fed.model)  # their ModelFedCon: features -> l1 -> relu -> l2 -> head
     method.setup(fed)
-    method.previous = w.unsqueeze(0).repeat(N, 1)
-    method.previous_buffers = {}
-    method.previous[1] = flat[1]
-    method.has_previous[1] = True
-    cfg = method.local_training(_state(0, w), LocalTraining(batch_size=8, lr=0.1), np.array([0, 1]))
+    layout = ParamLayout(fed.model)
+    w = layout.flat_of(fed.model)
+    flat = w + 0.1 * torch.randn(2, layout.size, generator=torch.Generator().manual_seed(3))
+    state = _state(0, w)
+    state.client_state = method.init_client_state(fed, w, {})
+    state.updates = _updates([1], flat[1:])
+    state.client_state = method.update_client_state(state, None, w, {})  # client 1 trained before
+    assert state.client_state.tensors["seen"].tolist() == [False, True, False, False]
+    assert torch.equal(state.client_state.tensors["previous"][1], flat[1])
+    cfg = method.local_training(state, LocalTraining(batch_size=8, lr=0.1), np.array([0, 1]))
+    assert torch.equal(cfg.client_context["prev"][0], w) and torch.equal(cfg.client_context["prev"][1], flat[1])
     batches = make_client_batches(data.indices, 8, 1, torch.Generator().manual_seed(5))
     out, _ = train_clients(fed.model, w, {}, data.x, data.y, batches, cfg)
     ref, _ = train_clients_loop(fed.model, w, {}, data.x, data.y, batches, cfg)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
 
 
-def test_ditto_keeps_personal_models_and_averages_by_size():
-    fed, layout, w, flat, data = _two_clients()
-    from fedlib.population import LocalTraining
+def test_moon_projection_head_and_contrastive_term_by_hand():
+    """ModelFedCon: z = l2(relu(l1(h))), logits = l3(z). Eq. 3 with cos(z, z_glob) = 1,
+    cos(z, z_prev) = 0, τ = 0.5: ℓ_con = -2 + log(e^2 + e^0) = log(1 + e^-2); swapped: log(1 + e^2)."""
+    fed = _federation()
+    method = build_method("moon", {"mu": 1.0, "tau": 0.5, "out_dim": 3})
+    model = method.adapt_model(fed.model)
+    h_dim = model.base.feature_dim
+    assert (model.l1.in_features, model.l1.out_features, model.l2.out_features) == (h_dim, h_dim, 3)
+    assert (model.head.in_features, model.head.out_features, model.feature_dim) == (3, C, 3)
+    x = torch.randn(5, 1, 4, 4)
+    logits, z = model(x, return_features=True)
+    torch.testing.assert_close(z, model.l2(torch.relu(model.l1(model.base.features(x)))))
+    torch.testing.assert_close(logits, model.head(z))
+    assert build_method("moon", {"out_dim": 0}).adapt_model(fed.model) is fed.model
+    from fedlib.methods.fairness import model_contrastive_term
 
-    method = build_method("ditto", {"lam": 0.5})
+    z = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    z_glob = torch.tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 3.0]])  # cos 1, then 0
+    z_prev = torch.tensor([[0.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # cos 0, then 1
+    value = model_contrastive_term(z, z_glob, z_prev, 0.5)
+    assert value.tolist() == pytest.approx([math.log(1 + math.exp(-2)), math.log(1 + math.exp(2))], rel=1e-5)
+
+
+def _ditto(lam=0.5, scored="personal"):
+    """Ditto on the tiny federation: N clients, client k holding the validation samples k, k+N, ..."""
+    from fedlib.methods import ClientData
+
+    fed = _federation()
+    owners = [np.arange(k, 40, N) for k in range(N)]
+    fed.client_data = lambda c: ClientData(fed.x_val, fed.y_val, [owners[i] for i in c], torch.Generator())
+    method = build_method("ditto", {"lam": lam, "scored": scored})
     method.setup(fed)
+    w = ParamLayout(fed.model).flat_of(fed.model)
     state = _state(0, w)
-    method.local_training(state, LocalTraining(batch_size=8, lr=0.1), np.array([0, 2]))
-    assert method.client_uploads(state, np.array([0, 2]), flat, {}, data) is None
-    assert method.has_personal.tolist() == [True, False, True, False]
-    assert not torch.equal(method.personal[0], w) and torch.equal(method.personal[1], w)
-    updates = ClientUpdates(clients=np.array([0, 2]), flat=flat, buffers={}, sizes=np.array([15, 25]))
+    state.client_state = method.init_client_state(fed, w, {})
+    return fed, method, state, w, owners
+
+
+def test_ditto_personal_models_are_a_local_phase_from_the_initial_model():
+    """Alg. 1 line 6: v_k <- v_k - η(∇F_k(v_k) + λ(v_k - w^t)), v_k from w^0 (their local_models);
+    the engine runs the phase on the round's batches and keeps v_k in its client state."""
+    from fedlib.population import LocalTraining, make_client_batches, train_clients
+    from fedlib.testing import train_clients_loop
+
+    fed, method, state, w, owners = _ditto()
+    clients = np.array([0, 2])
+    w_t = w + 0.05  # the round's global model differs from w^0: v_k still starts at w^0
+    state.global_flat = w_t
+    [phase] = method.local_phases(state, clients, LocalTraining(batch_size=4, lr=0.1))
+    assert phase.name == "personal" and torch.equal(phase.start, w.unsqueeze(0).repeat(2, 1))
+    batches = make_client_batches([owners[0], owners[2]], 4, 1, torch.Generator().manual_seed(5))
+    v, _ = train_clients(fed.model, phase.start, {}, fed.x_val, fed.y_val, batches, phase.training)
+    v_loop, _ = train_clients_loop(fed.model, phase.start, {}, fed.x_val, fed.y_val, batches, phase.training)
+    torch.testing.assert_close(v, v_loop, atol=1e-5, rtol=1e-4)
+    assert phase.training.prox_mu == 0.0 and torch.equal(phase.training.client_context[1], w_t)  # λ/2||v - w^t||²
+    after = method.phase_done(state, phase, clients, v, {})
+    personal = after.tensors["personal"]
+    assert torch.equal(personal[[0, 2]], v) and torch.equal(personal[[1, 3]], w.unsqueeze(0).repeat(2, 1))
+    assert torch.equal(state.client_state.tensors["personal"], w.unsqueeze(0).repeat(N, 1))  # never in place
+    updates = ClientUpdates(clients=clients, flat=v, buffers={}, sizes=np.array([15, 25]))
     torch.testing.assert_close(method.aggregate(state, updates), torch.tensor([15 / 40, 25 / 40]))
+
+
+def test_ditto_scores_personal_models_as_their_test_routine_by_hand():
+    """Their score: Σ_k correct_k / Σ_k test_k over each client's own test split. With one test set,
+    client k's split is the test set reweighted to k's label shares p_k and clients weigh by n_k:
+    accuracy = Σ_k (n_k/n) Σ_c p_k[c] acc_k[c]. Two clients, two classes, by hand:
+    n = (10, 30), p_0 = (1, 0), p_1 = (0.5, 0.5), acc_0 = (0.8, 0.2), acc_1 = (0.6, 0.4)
+    -> 0.25 * 0.8 + 0.75 * (0.5 * 0.6 + 0.5 * 0.4) = 0.575; class 0: (0.25*0.8 + 0.375*0.6)/0.625 = 0.68."""
+    from fedlib.population import Evaluation
+
+    fed, method, state, w, owners = _ditto()
+    method.label_share = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    method.client_weight = torch.tensor([0.25, 0.75])
+    confusion = torch.tensor([[[80.0, 20.0], [80.0, 20.0]], [[60.0, 40.0], [60.0, 40.0]]])  # 100 per class
+    seen = {}
+
+    def score(flat, buffers):
+        seen["models"] = flat.shape[0]
+        return Evaluation(confusion, torch.tensor([1.0, 3.0]))
+
+    state.client_state = ClientState(tensors={"personal": torch.zeros(2, 3)})
+    ev = method.evaluate(state, w, {}, score)
+    assert seen["models"] == 2
+    assert ev.accuracy.item() == pytest.approx(0.575)
+    assert ev.per_class_accuracy[0].tolist() == pytest.approx([0.68, 0.4])
+    assert ev.confusion.sum().item() == pytest.approx(200.0) and ev.loss.item() == pytest.approx(2.5)
+    assert _ditto(scored="global")[1].evaluate(state, w, {}, score) is None  # the engine scores w
 
 
 def test_fedsv_exact_values_are_efficient():
@@ -347,7 +429,7 @@ def test_fedsv_exact_values_are_efficient():
 
 @pytest.mark.parametrize("name,params,message", [
     ("qfedavg", {"q": -1}, "q must be >= 0"), ("fedfa", {"beta": 2}, "beta must be in"),
-    ("ditto", {"lam": -1}, "lam must be >= 0"), ("moon", {"tau": 0}, "tau must be > 0"),
+    ("ditto", {"lam": -1}, "lam must be >= 0"), ("ditto", {"scored": "best"}, "scored must be"), ("moon", {"tau": 0}, "tau must be > 0"),
     ("fedsv", {"permutations": 0}, "permutations must be"),
 ])
 def test_flce_baselines_bad_hyperparameters(name, params, message):

@@ -13,6 +13,15 @@ a :class:`ClientState` from ``init_client_state``; the engine then holds it, pas
 ``RoundState.client_state``, starts the selected clients from its rows (``flat``,
 ``buffers``) and replaces it by what ``update_client_state`` returns after the server step.
 Methods without it (the default ``None``) run exactly as before.
+
+Local phases. After the main local pass (the uploads), a method may ask for more passes of the
+round's selected clients (``local_phases``: from which models, with which objective), e.g.
+Ditto's personal models; the engine runs each vectorized on the round's batches and hands the
+trained models to ``phase_done``, which returns the new per-client state. No method calls the
+trainer itself.
+
+Evaluation. ``evaluate`` scores the round (default: the global model on the test set); Ditto
+scores the clients' personal models as its authors do.
 """
 
 from __future__ import annotations
@@ -92,6 +101,18 @@ class ClientState:
 
 
 @dataclass
+class LocalPhase:
+    """One more local pass of the round's selected clients (see the module docstring): each
+    client starts from its row of ``start`` [n, P] / ``start_buffers`` {name: [n, ...]} and trains
+    with ``training`` on the same batches as the main pass."""
+
+    name: str
+    start: torch.Tensor
+    start_buffers: dict[str, torch.Tensor]
+    training: LocalTraining
+
+
+@dataclass
 class RoundState:
     round: int  # 0-based
     rng: np.random.Generator
@@ -146,6 +167,11 @@ class Method:
     def check_run(self, rounds: int, n_clients: int) -> None:
         """Raise ValueError (one line) when the hyper-parameters do not fit the run (checked with the config)."""
 
+    def adapt_model(self, model: nn.Module) -> nn.Module:
+        """The model this method trains, built from the config's (default: unchanged), e.g. MOON's
+        projection head; called once, under the seeded model initialisation."""
+        return model
+
     def setup(self, fed: Federation) -> None:
         self.fed = fed
 
@@ -183,6 +209,15 @@ class Method:
         (``{name: [n, ...]}``, arrives as ``ClientUpdates.extras``); None = nothing."""
         return None
 
+    def local_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
+        """More local passes of ``clients`` after the main one (default none)."""
+        return []
+
+    def phase_done(self, state: RoundState, phase: LocalPhase, clients: np.ndarray, flat: torch.Tensor,
+                   buffers: dict[str, torch.Tensor]) -> ClientState | None:
+        """The per-client state after ``phase`` trained ``clients`` to ``flat`` [n, P] / ``buffers``."""
+        return state.client_state
+
     # -- 3. server ---------------------------------------------------------------------
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         raise NotImplementedError
@@ -192,6 +227,14 @@ class Method:
         """The new global model from ``weights @ uploads`` (``flat``, ``buffers``); methods whose
         server step is not a weighted average of the uploads (q-FedAvg, FedFa, FedFV) change it."""
         return flat, buffers
+
+    # -- 4. evaluate -------------------------------------------------------------------
+    def evaluate(self, state: RoundState, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
+                 score: Callable[[torch.Tensor, dict[str, torch.Tensor]], Any]) -> Any:
+        """The round's test evaluation, a one-model ``fedlib.population.Evaluation``; ``score(flat
+        [M, P], buffers {name: [M, ...]})`` evaluates M models on the test set. None (default):
+        the engine scores the new global model. ``state.client_state`` is the updated state."""
+        return None
 
     def scores(self) -> np.ndarray | None:
         """Current contribution score of every client, or None if the method has none."""

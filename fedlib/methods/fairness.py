@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from ..population import evaluate
-from .base import ClientState, ClientUpdates, Federation, Method, RoundState, global_model_on_clients, register
+from .base import (ClientState, ClientUpdates, Federation, LocalPhase, Method, RoundState, global_model_on_clients,
+                   register)
 
 
 def top_share(update: torch.Tensor, share: float) -> torch.Tensor:
@@ -335,99 +336,145 @@ def _prox_loss(layout, lam):
     return loss
 
 
+PERSONAL, PERSONAL_BUFFER = "personal", "personal_buffer:"
+
+
 @register
 @dataclass
 class Ditto(Method):
-    """Ditto (Li, Hu, Beirami, Smith, ICML 2021), Algorithm 1: the global model is trained as in
-    FedAvg (sample-count weights); every selected client also updates its personal model v_k
-    with the same local SGD on  F_k(v) + λ/2 ||v - w^t||²,  starting from its last v_k (w^t for
-    a client never selected). The engine evaluates the global model; ``personal`` [N, P] holds
-    the v_k. λ = 0.1 (our choice; their grid is {0.01 ... 2}). Source: github.com/litian96/ditto,
-    ``flearn/trainers_MTL/ditto.py`` ``Server.train``; their code scores each client's personal model
-    on its own test split, fedlib the global model (book/reference/baselines.md)."""
+    """Ditto (Li, Hu, Beirami, Smith, ICML 2021), Algorithm 1, as ``flearn/trainers_MTL/ditto.py``
+    ``Server.train`` (github.com/litian96/ditto) runs it. The global model is trained as in FedAvg;
+    each selected client also updates its personal model v_k on the same batches:
+
+        v_k <- v_k - η (∇F_k(v_k) + λ (v_k - w^t))          (Alg. 1, line 6; λ/2 ||v - w^t||²)
+
+    Every v_k starts as the initial global model (their ``local_models``) and is kept by the engine
+    (``ClientState.tensors["personal"]``); the pass is a local phase of the engine.
+    ``scored``: "personal" (their ``test(local_models)``: every client's v_k on its own test
+    split, Σ correct / Σ test) or "global" (the global model on the test set). fedlib has one test
+    set, so a client's test split is the test set reweighted to the client's label shares, and
+    clients weigh by their sample counts: the expected confusion matrix of their test routine.
+    λ = 0.1 (our choice; their grid is {0.01 ... 2}). Sampling: uniform with sample-count weights,
+    theirs ∝ n_k with a simple average (the same expectation; book/reference/baselines.md)."""
 
     name = "ditto"
+    rule_version = "2"  # 2: personal pass as a local phase on the round's batches, v_k from w^0, scored personal
     lam: float = 0.1
+    scored: str = "personal"
 
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"method 'ditto': lam must be >= 0 (got {self.lam})")
+        if self.scored not in ("personal", "global"):
+            raise ValueError(f"method 'ditto': scored must be 'personal' or 'global' (got {self.scored!r})")
 
     def setup(self, fed: Federation) -> None:
-        from ..population import ParamLayout
+        from ..population import ParamLayout, flat_indices
 
         super().setup(fed)
         self.layout = ParamLayout(fed.model)
-        self.personal = None
-        self.personal_buffers = None
-        self.has_personal = torch.zeros(fed.n_clients, dtype=torch.bool)
+        data = fed.client_data(np.arange(fed.n_clients))
+        flat_index, owner, sizes = flat_indices(data.indices)
+        counts = torch.zeros(fed.n_clients * fed.n_classes).index_add_(
+            0, owner * fed.n_classes + data.y[flat_index.to(data.y.device)].cpu(), torch.ones(len(owner)))
+        self.label_share = counts.view(fed.n_clients, fed.n_classes) / sizes.clamp(min=1).unsqueeze(1)
+        self.client_weight = sizes.float() / sizes.sum().clamp(min=1)
 
-    def local_training(self, state, base, clients):
-        self._base = base
-        return base
+    def init_client_state(self, fed, global_flat, global_buffers):
+        initial = ClientState.replicate(fed.n_clients, global_flat, global_buffers)
+        return ClientState(tensors={PERSONAL: initial.flat,
+                                    **{PERSONAL_BUFFER + k: v for k, v in initial.buffers.items()}})
 
-    def client_uploads(self, state, clients, flat, buffers, data):
+    def _personal(self, cs: ClientState, rows=None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])
+        return pick(cs.tensors[PERSONAL]), {k[len(PERSONAL_BUFFER):]: pick(v) for k, v in cs.tensors.items()
+                                             if k.startswith(PERSONAL_BUFFER)}
+
+    def local_phases(self, state, clients, base):
         from dataclasses import replace
 
-        from ..population import make_client_batches, train_clients
+        start, buffers = self._personal(state.client_state, torch.as_tensor(clients, dtype=torch.long))
+        personal = replace(base, extra_loss=_prox_loss(self.layout, self.lam), prox_mu=0.0,
+                           client_context=state.global_flat.unsqueeze(0).expand(len(clients), -1))
+        return [LocalPhase(PERSONAL, start, buffers, personal)]
 
-        n = len(clients)
-        if self.personal is None:
-            self.personal = state.global_flat.unsqueeze(0).repeat(self.fed.n_clients, 1)
-            self.personal_buffers = {k: v.unsqueeze(0).repeat(self.fed.n_clients, *([1] * v.dim()))
-                                     for k, v in state.global_buffers.items()}
-        index = torch.as_tensor(clients, dtype=torch.long, device=self.personal.device)
-        start = torch.where(self.has_personal[clients].to(self.personal.device).unsqueeze(1),
-                            self.personal[index], state.global_flat.unsqueeze(0))
-        cfg = replace(self._base, extra_loss=_prox_loss(self.layout, self.lam), prox_mu=0.0,
-                      client_context=state.global_flat.unsqueeze(0).expand(n, -1))
-        batches = make_client_batches(data.indices, cfg.batch_size, cfg.epochs, data.generator)
-        batches.index, batches.mask = batches.index.to(data.x.device), batches.mask.to(data.x.device)
-        bufs = {k: v[index] for k, v in self.personal_buffers.items()}
-        v_new, b_new = train_clients(self.fed.model, start, bufs, data.x, data.y, batches, cfg)
-        self.personal[index] = v_new
-        for k in b_new:
-            self.personal_buffers[k][index] = b_new[k]
-        self.has_personal[clients] = True
-        return None
+    def phase_done(self, state, phase, clients, flat, buffers):
+        return state.client_state.with_rows(clients, **{PERSONAL: flat},
+                                            **{PERSONAL_BUFFER + k: v for k, v in buffers.items()})
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         from .fedavg import sample_count_weights
 
         return sample_count_weights(updates.sizes)
 
+    def evaluate(self, state, global_flat, global_buffers, score):
+        if self.scored == "global":
+            return None
+        from ..population import Evaluation
+
+        ev = score(*self._personal(state.client_state))  # every v_k on the whole test set
+        confusion = ev.confusion
+        given_class = confusion / confusion.sum(2, keepdim=True).clamp(min=1)  # P(pred | true c) per client
+        share = (self.client_weight.unsqueeze(1) * self.label_share).to(confusion)  # [N, C], sums to 1
+        expected = (share.unsqueeze(2) * given_class).sum(0) * confusion[0].sum()  # test set's size
+        loss = (self.client_weight.to(ev.loss) * ev.loss).sum()  # size-weighted, on the whole test set
+        return Evaluation(expected.unsqueeze(0), loss.unsqueeze(0))
+
+
+PREVIOUS, PREVIOUS_BUFFER, SEEN = "previous", "previous_buffer:", "seen"
+
+
+def model_contrastive_term(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
+    """MOON's ℓ_con per sample (Eq. 3): -log(e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}))."""
+    pos = F.cosine_similarity(z, z_glob, dim=-1) / tau
+    neg = F.cosine_similarity(z, z_prev, dim=-1) / tau
+    return -pos + torch.logaddexp(pos, neg)
+
 
 @register
 @dataclass
 class MOON(Method):
-    """MOON (Li, He, Song, CVPR 2021): local loss  ℓ_CE + μ ℓ_con  with the model-contrastive term
+    """MOON (Li, He, Song, CVPR 2021), as github.com/QinbinLi/MOON runs it (``main.py``
+    ``train_net_fedcon``, arguments mu 1, temperature 0.5, out_dim 256; ``model.py``
+    ``ModelFedCon``). Local loss  ℓ_CE + μ ℓ_con  with the model-contrastive term (Eq. 3)
 
         ℓ_con = -log( e^{cos(z, z_glob)/τ} / (e^{cos(z, z_glob)/τ} + e^{cos(z, z_prev)/τ}) )
 
-    z, z_glob, z_prev: the representation of the same batch under the model being trained, the
-    received global model and the client's previous local model (the global model for a client
-    never selected). Sample-count aggregation. μ = 1, τ = 0.5 (their CIFAR-10 τ; μ our choice);
-    representation = the model's features (no extra projection head). Source: github.com/QinbinLi/MOON
-    ``main.py`` (mu 1, temperature 0.5; their models add a 256-d projection head, not reproduced)."""
+    z, z_glob, z_prev: the projection (``out_dim`` wide, their projection MLP; 0 = the model's own
+    features) of the same batch under the model being trained, the received global model and the
+    client's previous local model, kept by the engine (``ClientState.tensors["previous"]``).
+    Sample-count aggregation. A client never trained before compares with the global model
+    (theirs: with its own random initial model)."""
 
     name = "moon"
+    rule_version = "2"  # 2: projection head (out_dim) as in their ModelFedCon
     mu: float = 1.0
     tau: float = 0.5
+    out_dim: int = 256
 
     def validate(self) -> None:
         if self.mu < 0:
             raise ValueError(f"method 'moon': mu must be >= 0 (got {self.mu})")
         if not self.tau > 0:
             raise ValueError(f"method 'moon': tau must be > 0 (got {self.tau})")
+        if self.out_dim < 0 or self.out_dim != int(self.out_dim):
+            raise ValueError(f"method 'moon': out_dim must be a whole number >= 0 (got {self.out_dim})")
+
+    def adapt_model(self, model):
+        from ..models import ProjectionHead
+
+        return ProjectionHead(model, int(self.out_dim)) if self.out_dim else model
 
     def setup(self, fed: Federation) -> None:
         from ..population import ParamLayout
 
         super().setup(fed)
         self.layout = ParamLayout(fed.model)
-        self.previous = None
-        self.previous_buffers = None
-        self.has_previous = torch.zeros(fed.n_clients, dtype=torch.bool)
+
+    def init_client_state(self, fed, global_flat, global_buffers):
+        initial = ClientState.replicate(fed.n_clients, global_flat, global_buffers)
+        return ClientState(tensors={PREVIOUS: initial.flat, SEEN: torch.zeros(fed.n_clients, dtype=torch.bool),
+                                    **{PREVIOUS_BUFFER + k: v for k, v in initial.buffers.items()}})
 
     def local_training(self, state, base, clients):
         from dataclasses import replace
@@ -436,19 +483,17 @@ class MOON(Method):
 
         from ..layers import sample_mask
 
-        fed, layout, mu, tau = self.fed, self.layout, self.mu, self.tau
-        if self.previous is None:
-            self.previous = state.global_flat.unsqueeze(0).repeat(fed.n_clients, 1)
-            self.previous_buffers = {k: v.unsqueeze(0).repeat(fed.n_clients, *([1] * v.dim()))
-                                     for k, v in state.global_buffers.items()}
-        index = torch.as_tensor(clients, dtype=torch.long, device=self.previous.device)
-        seen = self.has_previous[clients].to(self.previous.device)
+        fed, layout, mu, tau, cs = self.fed, self.layout, self.mu, self.tau, state.client_state
+        index = torch.as_tensor(clients, dtype=torch.long)
+        seen = cs.tensors[SEEN][index].to(state.global_flat.device)
+        previous = cs.tensors[PREVIOUS][index.to(cs.tensors[PREVIOUS].device)]
         context = {
             "global": state.global_flat.unsqueeze(0).expand(len(clients), -1),
-            "prev": torch.where(seen.unsqueeze(1), self.previous[index], state.global_flat.unsqueeze(0)),
+            "prev": torch.where(seen.unsqueeze(1), previous, state.global_flat.unsqueeze(0)),
             "global_buffers": {k: v.unsqueeze(0).expand(len(clients), *v.shape).clone()
                                for k, v in state.global_buffers.items()},
-            "prev_buffers": {k: v[index].clone() for k, v in self.previous_buffers.items()},
+            "prev_buffers": {k[len(PREVIOUS_BUFFER):]: v[index.to(v.device)].clone() for k, v in cs.tensors.items()
+                             if k.startswith(PREVIOUS_BUFFER)},
         }
 
         def represent(flat, buffers, xb, mask):
@@ -460,9 +505,7 @@ class MOON(Method):
         def model_contrastive(params, logits, features, y, mask, ctx, inputs):
             z_glob = represent(ctx["global"], ctx["global_buffers"], inputs, mask)
             z_prev = represent(ctx["prev"], ctx["prev_buffers"], inputs, mask)
-            pos = F.cosine_similarity(features, z_glob, dim=-1) / tau
-            neg = F.cosine_similarity(features, z_prev, dim=-1) / tau
-            term = -pos + torch.logaddexp(pos, neg)  # ℓ_con per sample
+            term = model_contrastive_term(features, z_glob, z_prev, tau)
             return mu * (term * mask).sum() / mask.sum().clamp(min=1.0)
 
         return replace(base, extra_loss=model_contrastive, extra_loss_inputs=True, client_context=context)
@@ -470,9 +513,9 @@ class MOON(Method):
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         from .fedavg import sample_count_weights
 
-        index = torch.as_tensor(updates.clients, dtype=torch.long, device=self.previous.device)
-        self.previous[index] = updates.flat
-        for k, v in updates.buffers.items():
-            self.previous_buffers[k][index] = v
-        self.has_previous[updates.clients] = True
         return sample_count_weights(updates.sizes)
+
+    def update_client_state(self, state, weights, global_flat, global_buffers):
+        u = state.updates  # this round's local models become the clients' previous models
+        return state.client_state.with_rows(u.clients, **{PREVIOUS: u.flat, SEEN: torch.ones(len(u.clients), dtype=torch.bool)},
+                                            **{PREVIOUS_BUFFER + k: v for k, v in u.buffers.items()})

@@ -12,7 +12,7 @@
 #    Optional environment, set in the command: WORKERS (default 6), BUDGET_S (seconds for the
 #    queue, default 480), e.g. command="WORKERS=8 bash benchmarks/gpu_coverage.sh run".
 # 3. Unpack what came back into the repository (files_at: the folder the tool names), commit:
-#        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/<chapter>/<key>.json
+#        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/runs/<key>.json
 #    <files_at>/gpu_coverage.log holds the queue's progress and the runs stored per device-minute.
 #
 # Order (fedlib/queue.py, --first): seed 0 of CELM Table 1 (CIFAR-10 rows), FedMS Table 1

@@ -64,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
                        help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
-    p_res.add_argument("--also", nargs="+", default=(), help=argparse.SUPPRESS)  # chapters sharing that run
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
     p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
@@ -147,7 +146,7 @@ def _results(args) -> int:
         if args.run_one:
             if not args.chapter:
                 raise ValueError("--run-one: needs --chapter")
-            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device, args.also)
+            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device)
             print(f"stored {path}")
             return 0
         if args.workers < 1:

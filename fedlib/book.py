@@ -5,7 +5,7 @@ Layout (relative to the repository root):
     book/<chapter>.ipynb           chapter sources, stored without outputs
     book/reference/<paper>.yaml    the papers' published numbers
     params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper
-    results/<chapter>/<key>.json   stored runs (usually the paper profile) with provenance
+    results/runs/<key>.json        stored runs (usually the paper profile) with provenance, one store for all chapters
     book/_executed/<profile>/      git-ignored: staged sources + executed notebooks + HTML
 """
 
@@ -281,8 +281,11 @@ class Stored:
         return text
 
 
-def results_dir(chapter: str) -> Path:
-    return repo_root() / "results" / chapter
+def results_dir(chapter: str | None = None) -> Path:
+    """The one store of runs, ``results/runs/`` (shared by every chapter; ``chapter`` is ignored)."""
+    from .results import runs_dir
+
+    return runs_dir()
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -329,9 +332,10 @@ def _parse_config(raw: Any):
 
 
 def stored_results(chapter: str, configs) -> Stored:
-    """Load ``results/<chapter>/*.json`` (never moving or deleting one) and sort them: current runs
-    of ``configs`` (key = resolved config + rule versions + data fingerprint, and the file's own
-    record agreeing), stale runs of the same configs made by another variant, and the rest."""
+    """Read the stored runs (``results/runs/*.json``, never moving or deleting one) that answer
+    ``configs``: current runs (key = resolved config + rule versions + data fingerprint, and the
+    file's own record agreeing) and stale runs of the same configs made by another variant; runs of
+    other configs are not this chapter's and are left out, unreadable files are listed as skipped."""
     from .cache import ResultCache
     from .run import RunResult, check_result, result_check
 
@@ -341,7 +345,7 @@ def stored_results(chapter: str, configs) -> Stored:
         wanted[c.key(fingerprint)] = (c, fingerprint)
     as_written = {json.dumps(c.to_dict(), sort_keys=True): k for k, (c, _) in wanted.items()}
     unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
-    store = ResultCache(results_dir(chapter), protect=True)
+    store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
     if not store.root.is_dir():
         return out
@@ -365,8 +369,7 @@ def stored_results(chapter: str, configs) -> Stored:
                 continue
         parsed = _parse_config(payload.get("config"))
         same = as_written.get(json.dumps(parsed.to_dict(), sort_keys=True)) if parsed is not None else None
-        if same is None:
-            out.skipped.append(path.name)
+        if same is None:  # another chapter's run (one store for all)
             continue
         config, fingerprint = wanted[same]
         out.stale[path.name] = {"config": payload.get("config"), "changed": what_changed(meta, config, fingerprint),
@@ -382,14 +385,13 @@ def current_and_stale(chapter: str, configs) -> tuple[dict[str, Any], dict[str, 
 
 
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
-    """Run ``configs`` and keep each result under ``results/<chapter>/`` (resumes: files that
-    exist are not recomputed)."""
+    """Run ``configs`` and keep each result under ``results/runs/<key>.json`` (resumes: files that
+    exist are not recomputed); ``chapter`` names the work in the progress lines."""
     from .cache import ResultCache
-    from .run import run
+    from .results import store_run
+    from .run import result_check, run
 
-    from .run import result_check
-
-    store = ResultCache(results_dir(chapter), protect=True)
+    store = ResultCache(results_dir(), protect=True)
     written = []
     for i, config in enumerate(configs):
         fingerprint = config.data_fingerprint()
@@ -401,10 +403,7 @@ def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
             print(f"[{i + 1}/{len(configs)}] {chapter}: {config.method.name} {config.split.name} seed {config.seed}",
                   flush=True)
         result = run(config, progress=progress)
-        payload = {"config": config.to_dict(), "result": result.to_dict(), "commit": git_commit(),
-                   "device": result.meta["device"], "date": result.meta["date"],
-                   "wall_time": result.meta["wall_time"]}  # of the run itself, even from the cache
-        written.append(store.put(key, payload))
+        written.append(store_run(key, config.to_dict(), result.to_dict()))
     return written
 
 
@@ -529,7 +528,7 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     root = repo_root()
     parts = [book_dir() / f"{chapter}.ipynb", root / "params" / chapter / f"{profile}.yaml"]
     parts += sorted((root / "fedlib").rglob("*.py")) + sorted((book_dir() / "reference").glob("*.yaml"))
-    parts += sorted(results_dir(chapter).glob("*.json")) if results_dir(chapter).is_dir() else []
+    parts += sorted(results_dir().glob("*.json")) if results_dir().is_dir() else []  # one store for all
     if chapter == STATUS_PAGE:
         parts += sorted((stage / "_headlines").glob("*.json"))
     for path in parts:

@@ -10,7 +10,7 @@ Verdicts (:func:`judge`): *holds* (every comparison measured and positive), *doe
 hold* (a measured comparison is ≤ 0; the worst margin is shown), *partly measured* (the
 measured ones are positive, others are not yet measured), *not yet measured*.
 
-Evidence comes from stored paper-profile runs (``results/<chapter>/``) first; where a claim
+Evidence comes from stored paper-profile runs (``results/runs/``) first; where a claim
 has none, from the build profile's runs in the result cache, labelled as reduced.
 """
 
@@ -255,11 +255,12 @@ def evidence_from(items, results_of: Callable[[Any], dict | None]) -> Evidence:
 
 
 def stored_evidence(chapter: str) -> Evidence:
-    """Stored paper-profile runs (``results/<chapter>/``), through the queue's store adapter."""
+    """Stored paper-profile runs (``results/runs/``), through the queue's store adapter."""
     from . import queue
     from .cache import ResultCache
+    from .results import runs_dir
 
-    roots = [queue.repo_results() / chapter]
+    roots = [runs_dir(queue.repo_results())]
 
     def read(item):
         for root in roots:

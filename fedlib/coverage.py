@@ -48,14 +48,16 @@ def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build
              reference=None) -> list[Cell]:
     """Every cell of ``chapter``'s paper tables (and its own tables) with its level.
 
-    ``stored``: keys stored under results/<chapter>/ (default: read the folder)."""
+    ``stored``: keys stored under results/runs/ (default: read the folder)."""
     from . import queue
     from .book import load_reference
 
     paper_items = queue.chapter_items(chapter, "paper") if paper_items is None else paper_items
     build_items = queue.chapter_items(chapter, build_profile) if build_items is None else build_items
     if stored is None:
-        stored = {p.stem for p in (queue.repo_results() / chapter).glob("*.json")}
+        from .results import runs_dir
+
+        stored = {p.stem for p in runs_dir(queue.repo_results()).glob("*.json")}
     if reference is None:
         reference = load_reference(chapter)
     missing = {}

@@ -1,4 +1,8 @@
-"""Re-key stored runs (``results/<chapter>/*.json``) to the current cache key.
+"""Re-key stored runs (``results/runs/*.json``) to the current cache key.
+
+First, runs still kept per chapter (``results/<chapter>/<key>.json``, the layout before one
+store) move to ``results/runs/<key>.json`` byte for byte (:func:`consolidate`); a run that two
+chapters kept twice is kept once when both copies hold the same result.
 
 A stored run is re-keyed (its file renamed to the current key, its history and numbers
 unchanged, its provenance completed and noted) only where it provably answers the current key:
@@ -110,19 +114,50 @@ def _legacy_problem(stem: str, payload: dict, config, fingerprint: dict) -> str 
     return None
 
 
+def consolidate(root: Path, *, dry_run: bool = False) -> list[tuple[str, str]]:
+    """Move ``root/<chapter>/<key>.json`` to ``root/runs/<key>.json`` with the file's bytes unchanged
+    (written atomically before the old file is removed). A second copy of a key already there is
+    removed only when its result is identical; otherwise both stay and it is reported. Returns
+    ``[(old path relative to root, outcome)]``."""
+    from .cache import atomic_write_text
+    from .results import RUNS_FOLDER
+
+    runs = root / RUNS_FOLDER
+    moved = []
+    for path in sorted(p for d in root.iterdir() if d.is_dir() and d.name != RUNS_FOLDER
+                       for p in d.glob("*.json")) if root.is_dir() else []:
+        target, name = runs / path.name, f"{path.parent.name}/{path.name}"
+        if target.exists():
+            same = json.loads(target.read_text())["payload"]["result"] == json.loads(path.read_text())["payload"]["result"]
+            moved.append((name, "duplicate of runs/, removed" if same else "differs from runs/, left in place"))
+            if same and not dry_run:
+                os.unlink(path)
+            continue
+        moved.append((name, "moved to runs/"))
+        if not dry_run:
+            runs.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(target, path.read_text())
+            os.unlink(path)
+    for folder in (d for d in root.iterdir() if d.is_dir() and d.name != RUNS_FOLDER) if not dry_run else ():
+        if not any(folder.iterdir()):
+            folder.rmdir()
+    return moved
+
+
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
                     today: str | None = None) -> dict[str, list]:
-    """Re-key the stored runs under ``root`` (default ``results/``), per chapter folder.
+    """Move per-chapter runs into ``root/runs/`` (:func:`consolidate`), then re-key the stored runs
+    under ``root`` (default ``results/``).
 
-    Returns ``{"rekeyed": [(chapter, old, new)], "current": [(chapter, key)], "stale": [(chapter, file,
-    why)]}``. A re-keyed file is written under the new key (atomically) before the old name is
+    Returns ``{"moved": [(old file, outcome)], "rekeyed": [(folder, old, new)], "current": [(folder,
+    key)], "stale": [(folder, file, why)]}``. A re-keyed file is written under the new key (atomically) before the old name is
     removed; nothing else is touched."""
     from .book import _parse_config, repo_root, what_changed
     from .run import _key_provenance, check_result, result_check
 
     root = Path(root) if root is not None else repo_root() / "results"
     today = today or _dt.date.today().isoformat()
-    report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
+    report: dict[str, list] = {"rekeyed": [], "current": [], "stale": [], "moved": consolidate(root, dry_run=dry_run)}
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         store = ResultCache(folder, protect=True)
         for path in sorted(folder.glob("*.json")):
@@ -169,8 +204,10 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
 
 
 def format_report(report: dict[str, list]) -> str:
-    lines = [f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
+    lines = [f"moved into runs/ {sum(o == 'moved to runs/' for _, o in report.get('moved', []))}, "
+             f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
              f"left stale {len(report['stale'])}"]
+    lines += [f"  {name}: {outcome}" for name, outcome in report.get("moved", []) if outcome != "moved to runs/"]
     lines += [f"  re-keyed {c}/{old}.json -> {new}.json" for c, old, new in report["rekeyed"]]
     lines += [f"  stale {c}/{name}: {why}" for c, name, why in report["stale"]]
     return "\n".join(lines)
@@ -181,7 +218,8 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     """Store, for each of ``configs`` that runs with update clipping off, a run already stored
     (under any chapter) with the same config but clipping on, where its history shows that no
     update was ever clipped: the two runs are then the same computation. The copy carries the
-    requested config and a provenance note; its history is byte-identical. Returns
+    requested config and a provenance note; its history is byte-identical; the clipped run stays
+    where it is. ``chapter`` only names whose configs these are. Returns
     ``[(source file, new key, note)]``."""
     from .book import _parse_config, repo_root
     from .run import _key_provenance, check_result, result_check
@@ -192,7 +230,9 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     for config in configs:
         if getattr(config, "update_clip", 0) is None:
             wanted[json.dumps({**config.resolved(), "update_clip": None}, sort_keys=True)] = config
-    target_store = ResultCache(root / chapter, protect=True)
+    from .results import RUNS_FOLDER
+
+    target_store = ResultCache(root / RUNS_FOLDER, protect=True)
     adopted = []
     for path in sorted(root.glob("*/*.json")):
         payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
@@ -209,9 +249,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
         if result_check(stored, fingerprint)(result) is not None:
             continue  # not current under its own config (other rule, other data)
         new = config.key(fingerprint)
-        if target_store.path(new).exists():
-            if path.parent.name == chapter and not dry_run:
-                os.unlink(path)  # adopted earlier
+        if target_store.path(new).exists():  # adopted earlier
             continue
         note = (f"re-keyed from {path.parent.name}/{path.stem} on {today}: computed with update_clip "
                 f"{stored.update_clip:g}, and its history shows no update was ever clipped, so it is the run "
@@ -222,6 +260,5 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
         meta = {**result["meta"], **_key_provenance(config, fingerprint, new), "rekeyed": note}
         target_store.put(new, {**payload, "config": config.to_dict(),
                                "result": {**result, "config": config.to_dict(), "meta": meta}})
-        if path.parent.name == chapter:  # within one chapter this is a rename
-            os.unlink(path)
+        # the clipped run stays: it is the answer to its own config (one store for every chapter)
     return adopted

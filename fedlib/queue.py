@@ -4,7 +4,7 @@ Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item
 its profile, saying which paper table, row and column the run backs, its seed, its config
 and the function that runs it (:func:`run_round`, :func:`run_logit`, :func:`run_scm`). The
 queue knows nothing else about chapters: it orders the items, skips those already stored
-under ``results/<chapter>/<key>.json``, estimates what each costs and runs them, one
+under ``results/runs/<key>.json`` (one store: a run two chapters share is stored once), estimates what each costs and runs them, one
 process per run, ``workers`` at a time, storing each result with its provenance as it
 finishes. A killed queue resumes where it stopped (stored files are never recomputed).
 
@@ -172,7 +172,7 @@ def unique(items: Iterable[QueueItem]) -> list[QueueItem]:
 
 
 def sharing(items: Iterable[QueueItem]) -> dict[str, tuple[str, ...]]:
-    """Config key -> the chapters whose runs include it (each keeps its own stored copy)."""
+    """Config key -> the chapters whose runs include it (they read the same stored run)."""
     out: dict[str, dict[str, None]] = {}
     for item in items:
         out.setdefault(item.key, {})[item.chapter] = None
@@ -205,64 +205,41 @@ def repo_results() -> Path:
 
 def results_root() -> Path:
     """Where the queue stores runs: ``$FEDLIB_RESULTS`` (e.g. a GPU machine's $OUT/results, to
-    be copied into the repository), else the repository's ``results/``."""
+    be copied into the repository), else the repository's ``results/``; runs go in its ``runs/``."""
     env = os.environ.get("FEDLIB_RESULTS")
     return Path(env) if env else repo_results()
 
 
 def stored_path(item: QueueItem) -> Path:
-    return results_root() / item.chapter / f"{item.key}.json"
+    from .results import runs_dir
+
+    return runs_dir(results_root()) / f"{item.key}.json"
 
 
-def is_stored(item: QueueItem, chapters: Iterable[str] = ()) -> bool:
-    """Stored where the queue writes, or already in the repository (for its chapter or one
-    of the ``chapters`` sharing the run)."""
-    return any(stored_in(item.key, c) is not None for c in (item.chapter, *chapters))
+def stored_in(key: str) -> Path | None:
+    """The stored run with ``key``: where the queue writes, or already in the repository."""
+    from .results import runs_dir
 
-
-def store_payload(item: QueueItem, result: dict, profile: str, also: Iterable[str] = ()) -> Path:
-    """Keep ``result`` under ``results/<chapter>/<key>.json`` (and under each chapter in
-    ``also``) in ``fedlib.book.store_results``' payload format, plus where the run sits in the queue."""
-    from .book import git_commit
-    from .cache import ResultCache
-
-    canonical = item.config.to_dict()
-    result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
-    meta = result.get("meta", {})
-    payload = {"config": canonical, "result": result, "commit": git_commit(), "device": meta.get("device"),
-               "date": meta.get("date"), "wall_time": meta.get("wall_time"),
-               "queue": {"profile": profile, "table": item.table, "row": item.row, "column": item.column,
-                         "seed": item.seed}}
-    for chapter in also:
-        if chapter != item.chapter:
-            ResultCache(results_root() / chapter, protect=True).put(item.key, payload)
-    return ResultCache(results_root() / item.chapter, protect=True).put(item.key, payload)
-
-
-def stored_in(key: str, chapter: str) -> Path | None:
     for root in (results_root(), repo_results()):
-        if (root / chapter / f"{key}.json").is_file():
-            return root / chapter / f"{key}.json"
+        if (runs_dir(root) / f"{key}.json").is_file():
+            return runs_dir(root) / f"{key}.json"
     return None
 
 
-def share_stored(entries: list["Entry"], log=print) -> int:
-    """Copy runs stored for one chapter to the other chapters that share them."""
-    from .cache import ResultCache
+def is_stored(item: QueueItem) -> bool:
+    return stored_in(item.key) is not None
 
-    copied = 0
-    for e in entries:
-        found = [p for p in (stored_in(e.item.key, c) for c in e.chapters) if p is not None]
-        if not found:
-            continue
-        payload = ResultCache(found[0].parent, protect=True).get(e.item.key)
-        for chapter in e.chapters:
-            if payload is not None and stored_in(e.item.key, chapter) is None:
-                ResultCache(results_root() / chapter, protect=True).put(e.item.key, payload)
-                copied += 1
-    if copied:
-        log(f"copied {copied} stored run(s) to the other chapters that share them")
-    return copied
+
+def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
+    """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
+    the run sits in the queue."""
+    from .results import store_run
+
+    canonical = item.config.to_dict()
+    result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
+    return store_run(item.key, canonical, result, results_root(),
+                     queue={"profile": profile, "table": item.table, "row": item.row, "column": item.column,
+                            "seed": item.seed})
 
 
 # ----------------------------------------------------------------------------- data
@@ -342,8 +319,10 @@ class CostModel:
         import json
 
         model = cls()
-        roots = [root] if root is not None else sorted({results_root(), repo_results()})
-        for path in sorted(p for r in roots for p in r.glob("*/*.json")):
+        from .results import runs_dir
+
+        roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
+        for path in sorted(p for r in roots for p in r.glob("*.json")):
             try:
                 payload = json.loads(path.read_text())["payload"]
                 config, wall = payload["config"], float(payload.get("wall_time") or 0)
@@ -421,7 +400,7 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
             missing[item.dataset] = data_missing(item.dataset)
         cost, how = model.estimate(item.config, device)
         chapters = shared.get(item.key, (item.chapter,))
-        entries.append(Entry(item, cost, how, is_stored(item, chapters), missing[item.dataset], chapters))
+        entries.append(Entry(item, cost, how, is_stored(item), missing[item.dataset], chapters))
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
 
@@ -472,15 +451,14 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
 # ----------------------------------------------------------------------------- running
 
 
-def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu", also: Iterable[str] = ()) -> Path:
-    """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it (also
-    under the chapters in ``also``)."""
+def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu") -> Path:
+    """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it once."""
     matches = [i for i in chapter_items(chapter, profile) if i.key == key]
     if not matches:
         raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
     item = matches[0]
     config = item.config if device == "cpu" else item.config.model_copy(update={"device": device})
-    return store_payload(item, item.runner(config), profile, also)
+    return store_payload(item, item.runner(config), profile)
 
 
 @dataclass
@@ -492,9 +470,8 @@ class Outcome:
 
 
 def _command(entry: Entry, profile: str, device: str) -> list[str]:
-    also = [c for c in entry.chapters if c != entry.item.chapter]
     return [sys.executable, "-m", "fedlib", "results", "--run-one", entry.item.key, "--chapter", entry.item.chapter,
-            "--profile", profile, "--device", device] + (["--also", *also] if also else [])
+            "--profile", profile, "--device", device]
 
 
 def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None = None, workers: int = 1,
@@ -504,7 +481,6 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
     With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
     when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
     the budget are stopped (nothing partial is stored)."""
-    share_stored([e for e in entries if e.stored and len(e.chapters) > 1], log)
     pending = [e for e in entries if not e.stored and not e.missing]
     outcome = Outcome()
     t0 = time.monotonic()

@@ -179,3 +179,35 @@ def _provenance(p, wall: float) -> dict[str, Any]:
         "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
         "client_class_counts": np.asarray(p.partition.counts).tolist(),
     }
+
+
+# ----------------------------------------------------------------------------- the stored runs
+
+RUNS_FOLDER = "runs"  # results/runs/<key>.json: every stored run, once, keyed by its config and data
+
+
+def runs_dir(results_root: "str | Path | None" = None) -> "Path":
+    """Where stored runs live: ``<results_root>/runs`` (default: the repository's ``results/``)."""
+    from pathlib import Path
+
+    from .book import repo_root
+
+    return Path(results_root if results_root is not None else repo_root() / "results") / RUNS_FOLDER
+
+
+def stored_payload(config: dict[str, Any], result: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    """A stored run: the config as written, the result, and one provenance block (commit, device,
+    date, wall time of the run itself, even when it came from the cache) plus ``extra``."""
+    from .book import git_commit
+
+    meta = result.get("meta", {})
+    return {"config": config, "result": result, "commit": git_commit(), "device": meta.get("device"),
+            "date": meta.get("date"), "wall_time": meta.get("wall_time"), **extra}
+
+
+def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None, **extra: Any):
+    """Keep one run under ``results/runs/<key>.json`` (atomic; an invalid file there is set aside,
+    never deleted). Every writer of stored runs goes through here. Returns the path."""
+    from .cache import ResultCache
+
+    return ResultCache(runs_dir(results_root), protect=True).put(key, stored_payload(config, result, **extra))

@@ -103,9 +103,11 @@ def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeyp
     assert payload["config"]["split"]["name"] == "pls" and payload["device"].startswith("cpu")
     stored = book.stored_results("fedavg", configs)
     assert list(stored.results) == [configs[0].key()] and not stored.skipped
+    assert written[0].parent == tmp_path / "results" / "runs"  # one store for every chapter
     other = book.stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
-    assert not other.results and other.skipped == [written[0].name]
-    assert "no longer matches" in other.describe()
+    assert not other.results and not other.skipped and not other.stale  # another config's run: not this page's
+    written[0].write_text("{")  # damaged
+    assert book.stored_results("fedavg", configs).skipped == [f"{written[0].name} (unreadable (JSONDecodeError))"]
 
 
 def test_progress_events_reach_the_builder_and_timings_are_stored(tmp_path, monkeypatch):

@@ -104,8 +104,8 @@ def test_plan_marks_stored_and_absent_runs_and_filters_cpu_and_gpu(tmp_path, mon
     monkeypatch.setattr(queue, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
     items = [fake_item("a"), fake_item("b"), fake_item("c", dataset="cifar10", model="cnn"),
              fake_item("d", dataset="cifar100", model="cnn")]
-    (tmp_path / "celm").mkdir()
-    (tmp_path / "celm" / "a-0.json").write_text("{}")
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a-0.json").write_text("{}")
     entries = {e.item.config.name: e for e in queue.plan(items=items, cost_model=queue.CostModel())}
     assert entries["a"].stored and not entries["b"].stored and entries["d"].missing
     cpu = queue.plan(items=items, part="cpu", cost_model=queue.CostModel())
@@ -158,7 +158,7 @@ def test_store_payload_keeps_the_chapters_config_and_provenance(tmp_path, monkey
               "meta": {"device": "cuda (H100)", "date": "2026-01-01", "wall_time": 12.0}}
     path = queue.store_payload(item, result, "paper")
     payload = json.loads(path.read_text())["payload"]
-    assert path == tmp_path / "celm" / "x-0.json"
+    assert path == tmp_path / "runs" / "x-0.json"
     assert payload["result"]["config"] == item.config.to_dict() == payload["config"]
     assert payload["device"] == "cuda (H100)" and payload["wall_time"] == 12.0
     assert payload["queue"]["table"] == "Table 1" and queue.is_stored(item)
@@ -189,17 +189,14 @@ def test_first_puts_named_tables_ahead_but_seed_zero_still_leads():
     assert [e.item.seed for e in only_seed1] == [1]
 
 
-def test_a_run_two_chapters_share_is_queued_once_and_stored_for_both(tmp_path, monkeypatch):
+def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
     monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
     a = fake_item("x")
     b = queue.QueueItem("fedavg", "Table 1 (FedAvg)", "row x", "FedAvg (uniform)", 0, a.config, lambda c: {})
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
     assert len(entries) == 1 and set(entries[0].chapters) == {"celm", "fedavg"}
-    assert "--also" in queue._command(entries[0], "paper", "cpu")
-    queue.store_payload(a, {"meta": {}}, "paper")  # stored for celm only
+    queue.store_payload(a, {"meta": {}}, "paper")
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
-    assert entries[0].stored
-    assert queue.share_stored(entries, log=lambda _: None) == 1
-    assert (tmp_path / "fedavg" / "x-0.json").is_file()
-    assert queue.share_stored(entries, log=lambda _: None) == 0
+    assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json")] == ["x-0.json"]
+    assert queue.is_stored(b)  # the other chapter reads the same file

@@ -181,7 +181,7 @@ def test_15_1_the_cache_key_follows_the_data_read(tmp_path):
 
 def test_15_2_reading_stored_results_never_deletes_them(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
-    folder = tmp_path / "results" / "fedavg"
+    folder = tmp_path / "results" / "runs"
     store = ResultCache(folder)
     cfg = make_config(TINY)
     result = fedlib.run(cfg, cache=False, progress=False)
@@ -569,35 +569,60 @@ def _legacy_entry(folder: Path, cfg, result) -> Path:
 def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
-    from fedlib.methods.fairness import MOON
+    from fedlib.methods.fairness import QFedAvg
     from fedlib.migrate import migrate_results
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     folder = tmp_path / "results" / "demo"
     same = make_config(TINY, method={"name": "fedprox"})
-    changed = make_config(TINY, method={"name": "moon"})
+    changed = make_config(TINY, method={"name": "qfedavg"})
     runs = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
     old_same = _legacy_entry(folder, same, runs["fedprox"])
-    old_changed = _legacy_entry(folder, changed, runs["moon"])
+    old_changed = _legacy_entry(folder, changed, runs["qfedavg"])
     history_text = json.dumps(json.loads(old_same.read_text())["payload"]["result"]["history"], indent=1)
 
     @dataclass
-    class MoonOtherMu(MOON):  # moon's default changed since the legacy run
-        mu: float = 0.25
+    class QFedAvgOtherQ(QFedAvg):  # q-FedAvg's default changed since the legacy run
+        q: float = 0.25
 
-    monkeypatch.setitem(METHODS, "moon", MoonOtherMu)
+    monkeypatch.setitem(METHODS, "qfedavg", QFedAvgOtherQ)
     report = migrate_results(tmp_path / "results", today="2026-11-26")
-    assert [(c, old) for c, old, _ in report["rekeyed"]] == [("demo", old_same.stem)]
-    assert [(c, name) for c, name, _ in report["stale"]] == [("demo", old_changed.name)]
-    assert "method.mu" in report["stale"][0][2]
-    new = ResultCache(folder).get(same.key())
-    assert new is not None and not old_same.exists() and old_changed.exists()
+    assert report["moved"] == [(f"demo/{p.name}", "moved to runs/") for p in sorted((old_same, old_changed))]
+    assert [(c, old) for c, old, _ in report["rekeyed"]] == [("runs", old_same.stem)]
+    assert [(c, name) for c, name, _ in report["stale"]] == [("runs", old_changed.name)]
+    assert "method.q" in report["stale"][0][2]
+    runs = tmp_path / "results" / "runs"
+    new = ResultCache(runs).get(same.key())
+    assert new is not None and not old_same.exists() and not (runs / old_same.name).exists()
+    assert not folder.exists() and (runs / old_changed.name).exists()  # the stale run moved, unchanged
     assert json.dumps(new["result"]["history"], indent=1) == history_text and new["config"] == same.to_dict()
     assert new["result"]["meta"]["rekeyed"] == (f"re-keyed from {old_same.stem} on 2026-11-26: resolved config "
                                                 "and data fingerprint identical")
     stored = book.stored_results("demo", [same, changed])
     assert list(stored.results) == [same.key()] and list(stored.stale) == [old_changed.name]
-    assert migrate_results(tmp_path / "results")["current"] == [("demo", same.key())]  # idempotent
+    assert migrate_results(tmp_path / "results")["current"] == [("runs", same.key())]  # idempotent
+
+
+def test_16_per_chapter_runs_move_into_one_store_byte_for_byte(tmp_path):
+    """results/<chapter>/<key>.json -> results/runs/<key>.json with identical bytes; a run two
+    chapters kept is kept once when the results agree, and both stay when they differ."""
+    from fedlib.migrate import consolidate
+
+    root = tmp_path / "results"
+    cfg = make_config(TINY)
+    result = fedlib.run(cfg, cache=False, progress=False).to_dict()
+    a = ResultCache(root / "celm").put(cfg.key(), {"config": cfg.to_dict(), "result": result, "commit": "x"})
+    b = ResultCache(root / "fedavg").put(cfg.key(), {"config": cfg.to_dict(), "result": result, "commit": "y"})
+    other = {**result, "final": {**result["final"], "accuracy": 0.0}}
+    c = ResultCache(root / "fedms").put("0" * 20, {"config": cfg.to_dict(), "result": other})
+    d = ResultCache(root / "logitfl").put("0" * 20, {"config": cfg.to_dict(), "result": result})
+    original = {p: p.read_bytes() for p in (a, c)}
+    assert consolidate(root, dry_run=True) and a.exists() and not (root / "runs").exists()
+    report = dict(consolidate(root))
+    assert report == {"celm/" + a.name: "moved to runs/", "fedavg/" + b.name: "duplicate of runs/, removed",
+                      "fedms/" + c.name: "moved to runs/", "logitfl/" + d.name: "differs from runs/, left in place"}
+    assert (root / "runs" / a.name).read_bytes() == original[a] and (root / "runs" / c.name).read_bytes() == original[c]
+    assert sorted(p.name for p in root.iterdir()) == ["logitfl", "runs"] and d.exists()
 
 
 def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
@@ -605,6 +630,7 @@ def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
 
     report = migrate_results(ROOT / "results", dry_run=True)
     assert not report["rekeyed"], "run: python -m fedlib migrate-results"
+    assert not [m for m in report["moved"]], "run: python -m fedlib migrate-results (one store: results/runs/)"
     assert len(report["current"]) + len(report["stale"]) == len(list((ROOT / "results").glob("*/*.json")))
 
 
@@ -630,8 +656,8 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
     wanted = [unclipped, make_config(TINY, method={"name": "fedprox"}, update_clip=None)]
     adopted = adopt_unclipped("demo", wanted, root, today="2026-11-26")
     assert [(src, key) for src, key, _ in adopted] == [(f"other/{source.name}", unclipped.key())]
-    new = ResultCache(root / "demo").get(unclipped.key())
-    assert new["config"]["update_clip"] is None and source.exists()  # another chapter's file is copied
+    new = ResultCache(root / "runs").get(unclipped.key())
+    assert new["config"]["update_clip"] is None and source.exists()  # the clipped run stays
     assert json.dumps(new["result"]["history"]) == json.dumps(result.to_dict()["history"])
     assert "no update was ever clipped" in new["result"]["meta"]["rekeyed"]
     assert book.stored_results("demo", wanted).results.keys() == {unclipped.key()}

@@ -298,15 +298,15 @@ def data_label(result: dict, model: str) -> str:
 
 
 def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool = False) -> list:
-    """Run a profile's federations and keep each under ``results/fedscm/<key>.json`` with its
-    provenance (resumes: files that exist are not recomputed). The pipeline's counterpart of
-    ``fedlib.book.store_results``, which runs round-engine configs only. ``diagnosis=True`` runs
-    the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
-    from ..book import git_commit, load_profile, results_dir
+    """Run a profile's federations and keep each under ``results/runs/<key>.json`` with its
+    provenance (``fedlib.results.store_run``; files that exist are not recomputed). ``diagnosis=True``
+    runs the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
+    from ..book import load_profile, results_dir
     from ..cache import ResultCache
+    from ..results import store_run
     from ..scm_pipeline import run_pipeline
 
-    store = ResultCache(results_dir("fedscm"))
+    store = ResultCache(results_dir(), protect=True)
     written = []
     params = load_profile("fedscm", profile)
     cfgs = ([c for _, c in diagnosis_configs(params)] if diagnosis else []) + configs(params)
@@ -316,19 +316,17 @@ def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool
         if progress:
             print(f"[{i + 1}/{len(cfgs)}] fedscm: {config.shift} α={config.alpha} seed {config.seed}", flush=True)
         result = run_pipeline(config, progress=progress)
-        written.append(store.put(config.key(), {"config": config.to_dict(), "result": result, "commit": git_commit(),
-                                                "device": result["meta"]["device"], "date": result["meta"]["date"],
-                                                "wall_time": result["meta"]["wall_time"]}))
+        written.append(store_run(config.key(), config.to_dict(), result))
     return written
 
 
 def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
-    """Stored pipeline results (``results/fedscm/``) whose config is one of ``configs(params)``
+    """Stored pipeline results (``results/runs/``) whose config is one of ``configs(params)``
     (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
     from ..book import results_dir
     from ..cache import ResultCache
 
-    store = ResultCache(results_dir("fedscm"))
+    store = ResultCache(results_dir(), protect=True)
     out = {}
     for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
         payload = store.get(config.key())

@@ -122,12 +122,13 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
 
 
 def store_results(configs_: list, progress: bool = True) -> list:
-    """Run ``configs_`` (logit or FedAvg) and keep each result as ``results/logitfl/<key>.json``
-    (the payload format of ``fedlib.book.store_results``; files that exist are not recomputed)."""
-    from ..book import git_commit, results_dir
+    """Run ``configs_`` (logit or FedAvg) and keep each result as ``results/runs/<key>.json``
+    (``fedlib.results.store_run``; files that exist are not recomputed)."""
+    from ..book import results_dir
     from ..cache import ResultCache
+    from ..results import store_run
 
-    store = ResultCache(results_dir("logitfl"), protect=True)
+    store = ResultCache(results_dir(), protect=True)
     written = []
     for i, config in enumerate(configs_):
         if store.get(config.key()) is not None:
@@ -136,14 +137,12 @@ def store_results(configs_: list, progress: bool = True) -> list:
             name = getattr(config, "aggregator", None) or config.method.name
             print(f"[{i + 1}/{len(configs_)}] logitfl: {config.dataset} {name} seed {config.seed}", flush=True)
         result = run_all([config])[config.key()]
-        written.append(store.put(config.key(), {
-            "config": config.to_dict(), "result": result.to_dict(), "commit": git_commit(),
-            "device": result.meta["device"], "date": result.meta["date"], "wall_time": result.meta["wall_time"]}))
+        written.append(store_run(config.key(), config.to_dict(), result.to_dict()))
     return written
 
 
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
-    """The current stored runs (``results/logitfl/``) of ``params``' configs: ({config key: RunResult},
+    """The current stored runs (``results/runs/``) of ``params``' configs: ({config key: RunResult},
     {config key: provenance}); stale ones (another variant) are left out (``fedlib.book.stored_results``)."""
     from ..book import stored_results
 
@@ -262,7 +261,7 @@ def _stage_points(stage: str, done: list[dict[str, Any]], top: int) -> list[dict
 def calibration_path():
     from ..book import results_dir
 
-    return results_dir("logitfl").parent / "logitfl-calibration.json"  # not a run: beside the run folders
+    return results_dir().parent / "logitfl-calibration.json"  # not a run: beside the store of runs
 
 
 def load_calibration(path=None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from .federation import Prepared
-from .methods import ClientData, ClientUpdates, Federation, RoundState
+from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
 from .population import LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, train_clients, warm_up
 from .results import RunResult, _provenance, _strict
 from .screening import screen_updates
@@ -65,7 +65,10 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
                             clients_per_round=cfg.per_round, client_sizes=sizes, device=p.device,
                             x_val=p.x_val, y_val=p.y_val, input_shape=tuple(p.dataset.input_shape),
                             client_data=lambda c: ClientData(p.x_pool, p.y_pool, [part.indices[i] for i in c],
-                                                             torch.Generator().manual_seed(cfg.seed))))
+                                                             torch.Generator().manual_seed(cfg.seed)),
+                            seed=cfg.seed))
+    train_indices = method.training_indices(list(part.indices))
+    test_set = TestSet(model, p.x_test, p.y_test, n_classes)
     client_state = method.init_client_state(method.fed, global_flat, global_buffers)
     rng = np.random.default_rng(cfg.seed)
     history: list[dict[str, Any]] = []
@@ -93,9 +96,21 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         # 2. local training of all selected clients at once
         t0 = time.perf_counter()
         gen = _round_generator(cfg.seed, t, p.device)
-        selected_indices = [part.indices[c] for c in selected]  # ragged sample lists (a gather, no compute)
+        selected_indices = [train_indices[c] for c in selected]  # ragged sample lists (a gather, no compute)
         batches = make_client_batches(selected_indices, cfg.batch_size, cfg.local_epochs, gen)
         batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
+
+        def run_phase(phase, trained):
+            """A method's extra local pass (``LocalPhase``), vectorized like the main one."""
+            phase_batches, x, y = batches, p.x_pool, p.y_pool
+            if phase.indices is not None:
+                phase_batches = make_client_batches(phase.indices, phase.training.batch_size, phase.training.epochs, gen)
+                phase_batches.index, phase_batches.mask = (phase_batches.index.to(p.device),
+                                                           phase_batches.mask.to(p.device))
+                x, y = phase.x, phase.y
+            start_flat, start_bufs = (trained if phase.start is None else (phase.start, phase.start_buffers))
+            return train_clients(model, start_flat, start_bufs, x, y, phase_batches, phase.training)
+
         start = method.start_models(state, selected)
         start_buffers = {k: v.unsqueeze(0) for k, v in global_buffers.items()}
         if start is None and client_state is not None and client_state.flat is not None:
@@ -105,8 +120,9 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
                                    p.x_pool, p.y_pool, batches, local)
         for phase in method.local_phases(state, selected, local):  # e.g. Ditto's personal models
-            phase_flat, phase_bufs = train_clients(model, phase.start, phase.start_buffers, p.x_pool, p.y_pool,
-                                                   batches, phase.training)
+            phase_flat, phase_bufs = run_phase(phase, (flat, bufs))
+            if phase.replaces_upload:
+                flat, bufs = phase_flat, phase_bufs
             client_state = state.client_state = method.phase_done(state, phase, selected, phase_flat, phase_bufs)
         uploads = method.client_uploads(state, selected, flat, bufs,
                                         ClientData(p.x_pool, p.y_pool, selected_indices, gen))
@@ -114,7 +130,8 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         t_train = time.perf_counter() - t0
         # 3. server
         t0 = time.perf_counter()
-        screened = screen_updates(selected, flat, bufs, global_flat, clip_factor=cfg.update_clip)
+        screened = screen_updates(selected, flat, bufs, global_flat,
+                                  clip_factor=cfg.update_clip if method.parameter_uploads else None)
         updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
                                 sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
                                 extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
@@ -150,19 +167,17 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         scores = method.scores()
         if scores is not None:
             record["scores"] = np.asarray(scores, dtype=float).tolist()
-        extras = method.diagnostics()
-        if extras:
-            record["diagnostics"] = extras
+        record["diagnostics"] = None  # the method's, filled after the evaluation (which may add to them)
         if screened.notes:
             record["screening"] = screened.notes
         if not torch.isfinite(global_flat).all():
+            _set_diagnostics(record, method.diagnostics())
             history.append(_strict(record))
             stopped = _stop_message(t, lr, screened, False, suspect_log)
             break
         if (t + 1) % cfg.eval_every == 0 or t == cfg.rounds - 1:
             t0 = time.perf_counter()
-            ev = method.evaluate(state, global_flat, global_buffers,
-                                 lambda flat, buffers: evaluate(model, flat, buffers, p.x_test, p.y_test, n_classes))
+            ev = method.evaluate(state, global_flat, global_buffers, test_set)
             if ev is None:
                 ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
                               p.x_test, p.y_test, n_classes)
@@ -173,6 +188,13 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
                           time_eval=time.perf_counter() - t0)
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
+        _set_diagnostics(record, method.diagnostics())
+        t0 = time.perf_counter()
+        for phase in method.round_end_phases(state, updates.clients, local):  # e.g. logit-FL refinement
+            client_state = state.client_state = method.phase_done(state, phase, updates.clients,
+                                                                  *run_phase(phase, None))
+        if t0 != (t1 := time.perf_counter()) and record.get("time_train") is not None:
+            record["time_train"] += t1 - t0
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
         record = _strict(record)
         history.append(record)
@@ -191,9 +213,17 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
     if reference is not None:
         final["reference"] = reference
+    final.update(method.final_extras() or {})
     meta = _provenance(p, time.perf_counter() - t_start)
     meta["warmup_s"] = warmup
     return RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
+
+
+def _set_diagnostics(record: dict[str, Any], extras: dict[str, Any] | None) -> None:
+    if extras:
+        record["diagnostics"] = extras
+    else:
+        record.pop("diagnostics", None)
 
 
 def _stop_message(t: int, lr: float, screened, everything_dropped: bool,

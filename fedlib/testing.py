@@ -6,6 +6,7 @@ production code, used only by the tests and the benchmarks as references.
   supcon_loss_loop       fedlib.methods.flce.supcon_loss    FLCE Eq. 4 term by term
   class_prototypes_loop  fedlib.methods.flce.class_prototypes  one client, one class at a time
   stability_loop         fedlib.methods.scm.stability       plain loop over pairs of runs
+  logit_protocol_loop    fedlib.methods.logit (LogitFL)     the logit protocol as its own round loop
 """
 
 from __future__ import annotations
@@ -147,3 +148,80 @@ def stability_loop(selections) -> dict[str, float]:
         ent.append(0.0 if f in (0.0, 1.0) else -(f * np.log2(f) + (1 - f) * np.log2(1 - f)))
     return {"D.R.": rows[0], "Hamming": rows[1], "Entropy": float(np.mean(ent)), "Cosine": rows[2], "F1": rows[3],
             "Jaccard": rows[4]}
+
+
+def logit_protocol_loop(config) -> list[dict]:
+    """The logit-based protocol as its own round loop (the loop ``fedlib/logit_run.py`` ran before
+    the protocol became engine methods): per round the test accuracy of the aggregated ensemble,
+    the public-set accuracy and each client's test accuracy. ``config``: a RunConfig whose method
+    is ``logit_simple``, ``logit_uwa`` or ``logit_meta``. Oracle of ``fedlib.methods.logit``."""
+    from .federation import prepare
+    from .methods import logit as agg
+    from .population import make_client_batches, predict, train_clients
+
+    p = prepare(config)
+    m, model, device = p.method, p.model, p.device
+    n, c, aggregator = config.n_clients, p.dataset.num_classes, config.method.name.removeprefix("logit_")
+    x_pub, y_pub = p.x_val, p.y_val
+    train_idx, val_table, val_valid = agg.split_validation(p.partition.indices, m.val_fraction, config.seed)
+    x_all = torch.cat([x_pub, p.x_test, p.x_pool[val_table.flatten()]])
+    n_pub, n_test, width = len(y_pub), len(p.y_test), val_table.shape[1]
+    if aggregator == "uwa":
+        if m.gmm_components is None:
+            init_resp = F.one_hot(p.y_pool[val_table], c).float()
+        else:
+            draw = torch.randint(m.gmm_components, val_table.shape, generator=torch.Generator().manual_seed(config.seed))
+            init_resp = F.one_hot(draw, m.gmm_components).float()
+    layout = ParamLayout(model)
+    flat, bufs = layout.flat_of(model), {k: v.unsqueeze(0) for k, v in layout.buffers_of(model).items()}
+    rng = np.random.default_rng(config.seed)
+    pub_all, empty = np.arange(n_pub), np.zeros(0, dtype=np.int64)
+    distill = LocalTraining(epochs=m.distill_epochs, batch_size=config.batch_size, lr=m.distill_lr or config.lr,
+                            momentum=config.momentum, chunk_size=config.client_chunk,
+                            extra_loss=lambda params, out, feats, yb, mb, ctx: agg.distillation_loss(out, yb, mb,
+                                                                                                     m.temperature))
+
+    def refine(flat, bufs, targets, present_np, gen):
+        batches = make_client_batches([pub_all if on else empty for on in present_np], config.batch_size,
+                                      m.distill_epochs, gen)
+        return train_clients(model, flat, bufs, x_pub, targets, batches, distill)
+
+    history, targets = [], None
+    for t in range(config.rounds):
+        gen = torch.Generator().manual_seed((config.seed * 1_000_003 + t * 7_919 + 1) % (2**63))
+        present_np = rng.random(n) >= m.dropout
+        if not present_np.any():
+            present_np[rng.integers(n)] = True
+        present = torch.from_numpy(present_np)
+        local = LocalTraining(epochs=config.local_epochs, batch_size=config.batch_size, lr=config.lr,
+                              momentum=config.momentum, chunk_size=config.client_chunk)
+        batches = make_client_batches([ix if on else empty for ix, on in zip(train_idx, present_np)],
+                                      config.batch_size, config.local_epochs, gen)
+        flat, bufs = train_clients(model, flat, bufs, p.x_pool, p.y_pool, batches, local)
+        if m.public_logits == "after_refine" and targets is not None and m.distill_epochs:
+            flat, bufs = refine(flat, bufs, targets, present_np, gen)
+        logits = predict(model, flat, bufs, x_all, batch_size=512)
+        pub, test = logits[:, :n_pub], logits[:, n_pub:n_pub + n_test]
+        val = logits[:, n_pub + n_test:].reshape(n, n, width, c).diagonal(dim1=0, dim2=1).permute(2, 0, 1)
+        if aggregator == "simple":
+            agg_pub, agg_test = agg.simple_average(pub, present), agg.simple_average(test, present)
+        elif aggregator == "uwa":
+            gmm = agg.fit_gmm(val, val_valid, init_resp, m.gmm_iters, m.reg_covar)
+            ll_pub, ll_test = agg.gmm_log_likelihood(gmm, pub), agg.gmm_log_likelihood(gmm, test)
+            if m.uwa_score == "standardized":
+                ll_pub, ll_test = agg.standardize_scores(agg.gmm_log_likelihood(gmm, val), val_valid, ll_pub, ll_test)
+            agg_pub, _ = agg.uwa_aggregate(pub, ll_pub, present, m.uwa_tau)
+            agg_test, _ = agg.uwa_aggregate(test, ll_test, present, m.uwa_tau)
+        else:
+            lab = slice(0, m.meta_labeled)
+            meta = agg.train_meta_model(pub[:, lab], y_pub[lab], c, hidden=m.meta_hidden, steps=m.meta_steps,
+                                        lr=m.meta_lr, drop=m.meta_drop, present=present, seed=config.seed * 1000 + t)
+            agg_pub, agg_test = agg.meta_aggregate(meta, pub, present), agg.meta_aggregate(meta, test, present)
+        history.append({"accuracy": float((agg_test.argmax(-1) == p.y_test).float().mean()),
+                        "public_accuracy": float((agg_pub.argmax(-1) == y_pub).float().mean()),
+                        "client_accuracy": (test.argmax(-1) == p.y_test).float().mean(1).tolist(),
+                        "present": present_np.tolist()})
+        targets = torch.softmax(agg_pub, dim=-1).detach()
+        if m.public_logits == "after_local" and t + 1 < config.rounds and m.distill_epochs:
+            flat, bufs = refine(flat, bufs, targets, present_np, gen)
+    return history

@@ -40,6 +40,7 @@ FAST = {  # smaller inner loops; the rule is the same
     "celm": {"lm_steps": 5},
     "flce": {"completion_steps": 50},
     "fedsv": {"permutations": 4},
+    "logit_meta": {"meta_labeled": 20, "meta_steps": 10},
 }
 RTOL, ATOL = 1e-4, 1e-6  # bitwise on one machine; float noise across CPUs stays far below a rule change
 

@@ -394,17 +394,18 @@ def test_ditto_scores_personal_models_as_their_test_routine_by_hand():
     confusion = torch.tensor([[[80.0, 20.0], [80.0, 20.0]], [[60.0, 40.0], [60.0, 40.0]]])  # 100 per class
     seen = {}
 
-    def score(flat, buffers):
-        seen["models"] = flat.shape[0]
-        return Evaluation(confusion, torch.tensor([1.0, 3.0]))
+    class Test:
+        def score(self, flat, buffers):
+            seen["models"] = flat.shape[0]
+            return Evaluation(confusion, torch.tensor([1.0, 3.0]))
 
     state.client_state = ClientState(tensors={"personal": torch.zeros(2, 3)})
-    ev = method.evaluate(state, w, {}, score)
+    ev = method.evaluate(state, w, {}, Test())
     assert seen["models"] == 2
     assert ev.accuracy.item() == pytest.approx(0.575)
     assert ev.per_class_accuracy[0].tolist() == pytest.approx([0.68, 0.4])
     assert ev.confusion.sum().item() == pytest.approx(200.0) and ev.loss.item() == pytest.approx(2.5)
-    assert _ditto(scored="global")[1].evaluate(state, w, {}, score) is None  # the engine scores w
+    assert _ditto(scored="global")[1].evaluate(state, w, {}, Test()) is None  # the engine scores w
 
 
 def test_fedsv_exact_values_are_efficient():

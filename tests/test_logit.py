@@ -4,6 +4,8 @@ averaging when each client knows two classes, the distillation loss, configs and
 
 import json
 
+import fedlib
+
 import numpy as np
 import pytest
 import torch
@@ -277,3 +279,38 @@ def test_public_logits_orders_refinement_and_upload(synthetic):
     # distill_lr = None is the local lr; a different step size changes the refinement
     assert _final_logits(synthetic, distill_lr=SMALL["lr"]) == local
     assert _final_logits(synthetic, distill_lr=0.5)[1][1] != local[1][1]
+
+
+LOGIT_TINY = dict(dataset="mnist", fraction=0.05, test_samples=500, model="mlp", n_clients=5, rounds=3,
+                  batch_size=32, split={"name": "k_classes", "k": 2}, server_val=200, update_clip=None)
+
+
+@pytest.mark.parametrize("method", [
+    {"name": "logit_simple"}, {"name": "logit_simple", "public_logits": "after_refine"},
+    {"name": "logit_uwa"}, {"name": "logit_uwa", "public_logits": "after_refine", "uwa_score": "standardized"},
+    {"name": "logit_meta", "meta_labeled": 100, "meta_steps": 30},
+    {"name": "logit_meta", "meta_labeled": 100, "meta_steps": 30, "dropout": 0.4},
+])
+def test_the_logit_protocol_on_the_engine_equals_its_own_round_loop(method):
+    """The engine runs the logit protocol (local phases for the refinement, the evaluate hook for
+    the ensemble) with the same numbers as the protocol's own loop (fedlib.testing oracle). Under
+    dropout the engine draws batches for the present clients only (its convention for every method;
+    the loop drew them for all), so there the rounds' clients agree and the numbers may not."""
+    from fedlib.config import make_config
+    from fedlib.testing import logit_protocol_loop
+
+    config = make_config(LOGIT_TINY, method=method)
+    loop = logit_protocol_loop(config)
+    engine = fedlib.run(config, cache=False, progress=False)
+    assert [h["diagnostics"]["present"] for h in engine.history] == [h["present"] for h in loop]
+    assert [h["selected"] for h in engine.history] == [np.flatnonzero(h["present"]).tolist() for h in loop]
+    if method.get("dropout"):
+        assert any(not all(h["present"]) for h in loop) and all(0 <= h["accuracy"] <= 1 for h in engine.history)
+        return
+    assert [h["accuracy"] for h in engine.history] == [h["accuracy"] for h in loop]
+    assert [h["diagnostics"]["public_accuracy"] for h in engine.history] == [h["public_accuracy"] for h in loop]
+    for h, ref in zip(engine.history, loop):  # absent clients: null (the loop scores their stale models)
+        got = h["diagnostics"]["client_accuracy"]
+        assert [g for g, on in zip(got, ref["present"]) if on] == [r for r, on in zip(ref["client_accuracy"], ref["present"]) if on]
+        assert all(g is None for g, on in zip(got, ref["present"]) if not on)
+    assert engine.final["accuracy"] == loop[-1]["accuracy"] and engine.final["public_accuracy"] == loop[-1]["public_accuracy"]

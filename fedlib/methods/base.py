@@ -20,8 +20,12 @@ Ditto's personal models; the engine runs each vectorized on the round's batches 
 trained models to ``phase_done``, which returns the new per-client state. No method calls the
 trainer itself.
 
+A phase may instead train on its own data (the logit protocol's public set with soft targets),
+replace the uploads, or run at the end of the round (``round_end_phases``).
+
 Evaluation. ``evaluate`` scores the round (default: the global model on the test set); Ditto
-scores the clients' personal models as its authors do.
+scores the clients' personal models as its authors do, the logit protocol its aggregated
+ensemble.
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class Federation:
     # Client-side computations before selection (PoC's local losses, FedEMD's label
     # distributions): ``client_data(clients)`` gives those clients' own data; set by the engine.
     client_data: Callable[[np.ndarray], "ClientData"] | None = None
+    seed: int = 0  # the run's seed (for a method's own seeded draws)
 
 
 @dataclass
@@ -103,13 +108,40 @@ class ClientState:
 @dataclass
 class LocalPhase:
     """One more local pass of the round's selected clients (see the module docstring): each
-    client starts from its row of ``start`` [n, P] / ``start_buffers`` {name: [n, ...]} and trains
-    with ``training`` on the same batches as the main pass."""
+    client starts from its row of ``start`` [n, P] / ``start_buffers`` {name: [n, ...]} (None: from
+    the model the main pass just trained) and trains with ``training``, on the main pass's batches,
+    or on its own data (``x``, ``y`` with ``indices[i]`` the samples of client i, e.g. the public
+    set with soft targets). ``replaces_upload``: the clients upload the phase's models."""
 
     name: str
-    start: torch.Tensor
-    start_buffers: dict[str, torch.Tensor]
+    start: torch.Tensor | None
+    start_buffers: dict[str, torch.Tensor] | None
     training: LocalTraining
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+    indices: list[np.ndarray] | None = None
+    replaces_upload: bool = False
+
+
+@dataclass
+class TestSet:
+    """The test set as a method's ``evaluate`` sees it: ``score`` M models (an ``Evaluation``),
+    ``predict`` their logits [M, n, C]; labels ``y``."""
+
+    model: nn.Module
+    x: torch.Tensor
+    y: torch.Tensor
+    n_classes: int
+
+    def score(self, flat: torch.Tensor, buffers: dict[str, torch.Tensor]):
+        from ..population import evaluate
+
+        return evaluate(self.model, flat, buffers, self.x, self.y, self.n_classes)
+
+    def predict(self, flat: torch.Tensor, buffers: dict[str, torch.Tensor], batch_size: int = 512) -> torch.Tensor:
+        from ..population import predict
+
+        return predict(self.model, flat, buffers, self.x, batch_size=batch_size)
 
 
 @dataclass
@@ -156,6 +188,9 @@ class ClientData:
 class Method:
     name: ClassVar[str] = ""
     needs_validation: ClassVar[bool] = False  # the server holds a labelled validation set
+    # False: the uploads are not updates of one shared model (the logit protocol's client models),
+    # so the engine never clips them (non-finite ones are still dropped)
+    parameter_uploads: ClassVar[bool] = True
     # The method's rule version, part of every cache key and stored result: change it (a short
     # string) whenever the method's update rule changes in a way its hyper-parameters do not show,
     # then regenerate its golden value (``python tests/golden_methods.py --regenerate <name>``).
@@ -174,6 +209,11 @@ class Method:
 
     def setup(self, fed: Federation) -> None:
         self.fed = fed
+
+    def training_indices(self, indices: list[np.ndarray]) -> list[np.ndarray]:
+        """Each client's samples for local training, from its share of the split (default: all of
+        them; the logit protocol keeps a validation split out). Called once, after ``setup``."""
+        return indices
 
     def init_client_state(self, fed: Federation, global_flat: torch.Tensor,
                           global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
@@ -213,6 +253,11 @@ class Method:
         """More local passes of ``clients`` after the main one (default none)."""
         return []
 
+    def round_end_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
+        """Local passes of ``clients`` at the end of the round, after the server step and the
+        evaluation (default none), e.g. the logit protocol's refinement on the new soft targets."""
+        return []
+
     def phase_done(self, state: RoundState, phase: LocalPhase, clients: np.ndarray, flat: torch.Tensor,
                    buffers: dict[str, torch.Tensor]) -> ClientState | None:
         """The per-client state after ``phase`` trained ``clients`` to ``flat`` [n, P] / ``buffers``."""
@@ -230,10 +275,14 @@ class Method:
 
     # -- 4. evaluate -------------------------------------------------------------------
     def evaluate(self, state: RoundState, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
-                 score: Callable[[torch.Tensor, dict[str, torch.Tensor]], Any]) -> Any:
-        """The round's test evaluation, a one-model ``fedlib.population.Evaluation``; ``score(flat
-        [M, P], buffers {name: [M, ...]})`` evaluates M models on the test set. None (default):
-        the engine scores the new global model. ``state.client_state`` is the updated state."""
+                 test: TestSet) -> Any:
+        """The round's test evaluation, a one-model ``fedlib.population.Evaluation`` (``test`` scores
+        or predicts with any models). None (default): the engine scores the new global model.
+        ``state.client_state`` is the updated state, ``state.updates`` the round's uploads."""
+        return None
+
+    def final_extras(self) -> dict[str, Any] | None:
+        """JSON-ready entries for the run's ``final`` block besides the test metrics."""
         return None
 
     def scores(self) -> np.ndarray | None:

@@ -407,12 +407,12 @@ class Ditto(Method):
 
         return sample_count_weights(updates.sizes)
 
-    def evaluate(self, state, global_flat, global_buffers, score):
+    def evaluate(self, state, global_flat, global_buffers, test):
         if self.scored == "global":
             return None
         from ..population import Evaluation
 
-        ev = score(*self._personal(state.client_state))  # every v_k on the whole test set
+        ev = test.score(*self._personal(state.client_state))  # every v_k on the whole test set
         confusion = ev.confusion
         given_class = confusion / confusion.sum(2, keepdim=True).clamp(min=1)  # P(pred | true c) per client
         share = (self.client_weight.unsqueeze(1) * self.label_share).to(confusion)  # [N, C], sums to 1

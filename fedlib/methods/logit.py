@@ -247,3 +247,307 @@ def distillation_loss(logits: torch.Tensor, teacher_probs: torch.Tensor, mask: t
     student = torch.log_softmax(logits / temperature, dim=-1)
     kl = (teacher * (torch.log(teacher.clamp(min=1e-12)) - student)).sum(-1)
     return temperature**2 * (kl * mask).sum() / mask.sum().clamp(min=1.0)
+
+
+# ----------------------------------------------------------------------------- the protocol as methods
+
+
+def split_validation(indices: list[np.ndarray], fraction: float, seed: int):
+    """Each client's samples -> (training lists, validation table [N, V], validity [N, V]).
+
+    One shuffle of all clients (random keys, argsort); client i keeps the first
+    ceil(fraction * n_i) of its shuffled samples for validation (at least 1, at most n_i - 1)."""
+    from ..population import padded_indices
+
+    table, sizes = padded_indices(indices)
+    col = torch.arange(table.shape[1]).unsqueeze(0)
+    real = col < sizes.unsqueeze(1)
+    keys = torch.rand(table.shape, generator=torch.Generator().manual_seed(seed + 7))
+    shuffled = torch.gather(table, 1, torch.argsort(keys.masked_fill(~real, 2.0), dim=1))
+    n_val = torch.ceil(fraction * sizes).long().clamp(min=1).minimum((sizes - 1).clamp(min=0))
+    width = max(int(n_val.max()), 1)
+    val_valid = col[:, :width] < n_val.unsqueeze(1)
+    train_keep = (col >= n_val.unsqueeze(1)) & real
+    train = [row[keep].numpy() for row, keep in zip(shuffled, train_keep)]  # ragged lists for the batcher
+    return train, shuffled[:, :width], val_valid
+
+
+def weight_diagnostics(w: torch.Tensor, present: torch.Tensor, y: torch.Tensor, n_classes: int,
+                       bins: int = 20) -> dict:
+    """UWA weights on the public set: per client and true class mean weight, histograms of the
+    largest weight and of the normalised entropy (1 = uniform over the clients present)."""
+    onehot = F.one_hot(y, n_classes).to(w.dtype)  # [n, C]
+    by_class = (w @ onehot) / onehot.sum(0).clamp(min=1)  # [N, C]
+    n_present = int(present.sum())
+    entropy = -(w * torch.log(w.clamp(min=1e-30))).sum(0) / max(math.log(n_present), 1e-12)
+    top = w.max(0).values
+    edges = torch.linspace(0, 1, bins + 1)
+    return {
+        "class_weight": by_class.tolist(),
+        "max_weight_hist": torch.histc(top.float().cpu(), bins, 0, 1).tolist(),
+        "entropy_hist": torch.histc(entropy.clamp(0, 1).float().cpu(), bins, 0, 1).tolist(),
+        "hist_edges": edges.tolist(),
+        "mean_max_weight": float(top.mean()),
+        "mean_entropy": float(entropy.mean()) if n_present > 1 else 0.0,
+        "uniform_weight": 1.0 / n_present,
+    }
+
+
+from .base import ClientState, LocalPhase, Method, register  # noqa: E402  (the functions above need none of it)
+
+
+@dataclass
+class LogitFL(Method):
+    """The logit-based protocol ("Who to trust?", arXiv 2509.15147) on the engine. Each client
+    keeps its own model (the engine's client state); per round:
+
+    1. the present clients train on their private data (minus a ``val_fraction`` validation split);
+    2. they upload their logits on the public set (the server's held-out set, ``server_val``
+       samples) and on their own validation split;
+    3. the server aggregates the public logits (``aggregate_logits``: simple averaging, UWA or the
+       meta-model); the same rule on the test logits is the global prediction the run reports;
+    4. the clients refine on the soft targets softmax(z̄) with  T² KL(softmax(z̄/T) ‖ softmax(z/T))
+       (``distillation_loss``), ``distill_epochs`` over the public set (not after the last round).
+
+    ``public_logits``: ``after_local`` is that order; ``after_refine`` refines on the previous
+    round's aggregate right after step 1, so uploads come from refined models. ``dropout``: each
+    client misses a round with this probability (every client is asked each round, whatever
+    ``clients_per_round`` says; batches are drawn for the present clients, the
+    engine's convention). No shared model: the uploads are never clipped. The protocol's own
+    loop is ``fedlib.testing.logit_protocol_loop`` (the tests' oracle: same numbers)."""
+
+    needs_validation = True  # the public set
+    parameter_uploads = False
+    distill_epochs: int = 1
+    distill_lr: float | None = None  # None: the config's lr
+    temperature: float = 2.0
+    public_logits: str = "after_local"
+    val_fraction: float = 0.1
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        name = f"method {self.name!r}"
+        if self.distill_epochs < 0 or self.distill_epochs != int(self.distill_epochs):
+            raise ValueError(f"{name}: distill_epochs must be a whole number >= 0 (got {self.distill_epochs})")
+        if self.distill_lr is not None and not (isinstance(self.distill_lr, (int, float)) and self.distill_lr > 0):
+            raise ValueError(f"{name}: distill_lr must be > 0 or null (got {self.distill_lr!r})")
+        if not self.temperature > 0:
+            raise ValueError(f"{name}: temperature must be > 0 (got {self.temperature})")
+        if self.public_logits not in ("after_local", "after_refine"):
+            raise ValueError(f"{name}: public_logits must be 'after_local' or 'after_refine' (got {self.public_logits!r})")
+        if not 0 < self.val_fraction < 1:
+            raise ValueError(f"{name}: val_fraction must be in (0, 1) (got {self.val_fraction})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"{name}: dropout must be in [0, 1) (got {self.dropout})")
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        data = fed.client_data(np.arange(fed.n_clients))
+        self.train, val_table, val_valid = split_validation(data.indices, self.val_fraction, fed.seed)
+        device = fed.x_val.device
+        self.val_table, self.val_valid = val_table.to(device), val_valid.to(device)
+        self.x_upload = torch.cat([fed.x_val, data.x[self.val_table.flatten()]])  # public set, validation splits
+        self.targets = None  # softmax of the last aggregate on the public set
+        self.last: dict = {}
+        self.history_extras: dict = {}
+
+    def training_indices(self, indices):
+        return self.train
+
+    def init_client_state(self, fed, global_flat, global_buffers):
+        return ClientState.replicate(fed.n_clients, global_flat, global_buffers)  # a common initialisation
+
+    def select_clients(self, state) -> np.ndarray:
+        present = state.rng.random(self.fed.n_clients) >= self.dropout  # drawn every round, as the protocol
+        if not present.any():
+            present[state.rng.integers(self.fed.n_clients)] = True
+        return np.flatnonzero(present)
+
+    # -- local ---------------------------------------------------------------------------
+    def _distill(self, base, clients, start=None, start_buffers=None) -> LocalPhase:
+        from dataclasses import replace
+
+        temperature = self.temperature
+        training = replace(base, epochs=self.distill_epochs, lr=self.distill_lr or base.lr, prox_mu=0.0,
+                           extra_loss=lambda params, out, feats, yb, mb, ctx: distillation_loss(out, yb, mb, temperature))
+        public = np.arange(len(self.fed.y_val))
+        return LocalPhase("distill", start, start_buffers, training, x=self.fed.x_val, y=self.targets,
+                          indices=[public] * len(clients), replaces_upload=start is None)
+
+    def local_phases(self, state, clients, base):
+        if self.public_logits == "after_refine" and self.targets is not None and self.distill_epochs:
+            return [self._distill(base, clients)]  # on the previous round's aggregate, before the upload
+        return []
+
+    def round_end_phases(self, state, clients, base):
+        if self.public_logits == "after_local" and state.round + 1 < self.fed.rounds and self.distill_epochs:
+            cs, rows = state.client_state, torch.as_tensor(clients, dtype=torch.long)
+            return [self._distill(base, clients, cs.flat[rows.to(cs.flat.device)],
+                                  {k: v[rows.to(v.device)] for k, v in cs.buffers.items()})]
+        return []
+
+    def phase_done(self, state, phase, clients, flat, buffers):
+        if phase.replaces_upload:  # the uploads become the clients' models after the server step
+            return state.client_state
+        return state.client_state.with_rows(clients, flat, buffers)
+
+    def client_uploads(self, state, clients, flat, buffers, data):
+        from ..population import predict
+
+        logits = predict(self.fed.model, flat, buffers, self.x_upload, batch_size=512)
+        n_pub, n, width = len(self.fed.y_val), self.fed.n_clients, self.val_table.shape[1]
+        own = logits[:, n_pub:].reshape(len(clients), n, width, -1)[torch.arange(len(clients)),
+                                                                       torch.as_tensor(clients)]
+        return {"public": logits[:, :n_pub], "validation": own}
+
+    # -- server --------------------------------------------------------------------------
+    def _full(self, rows: torch.Tensor, clients: np.ndarray) -> torch.Tensor:
+        """[n, ...] rows of the present clients -> [N, ...] (zeros for absent clients, masked)."""
+        out = rows.new_zeros((self.fed.n_clients, *rows.shape[1:]))
+        out[torch.as_tensor(clients, device=rows.device)] = rows
+        return out
+
+    def aggregate(self, state, updates):
+        public = self._full(updates.extras["public"], updates.clients)
+        self.present = torch.zeros(self.fed.n_clients, dtype=torch.bool, device=public.device)
+        self.present[torch.as_tensor(updates.clients, device=public.device)] = True
+        self.validation = self._full(updates.extras["validation"], updates.clients)
+        self.round = state.round
+        aggregated = self.aggregate_logits(public, "public")
+        self.targets = torch.softmax(aggregated, dim=-1).detach()
+        n_present, n_pub, c = int(self.present.sum()), len(self.fed.y_val), self.fed.n_classes
+        self.last = {"public_accuracy": float((aggregated.argmax(-1) == self.fed.y_val).float().mean()),
+                     "present": self.present.cpu().tolist(), **self.history_extras,
+                     "floats_up": n_present * n_pub * c + (n_present * n_pub if self.name == "logit_uwa" else 0),
+                     "floats_down": n_present * n_pub * c, "fedavg_floats": 2 * n_present * updates.flat.shape[1]}
+        return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
+
+    def server_update(self, state, weights, flat, buffers):
+        return state.global_flat, state.global_buffers  # no shared model
+
+    def update_client_state(self, state, weights, global_flat, global_buffers):
+        u = state.updates
+        return state.client_state.with_rows(u.clients, u.flat, u.buffers)
+
+    def aggregate_logits(self, logits: torch.Tensor, which: str) -> torch.Tensor:
+        """The server's rule on [N, n, C] client logits (``which``: 'public' fits it, 'test' reuses it)."""
+        raise NotImplementedError
+
+    # -- evaluation: the aggregated ensemble ------------------------------------------------------
+    def evaluate(self, state, global_flat, global_buffers, test):
+        from ..population import Evaluation
+
+        u = state.updates
+        logits = test.predict(u.flat, u.buffers)
+        aggregated = self.aggregate_logits(self._full(logits, u.clients), "test")
+        c = self.fed.n_classes
+        confusion = torch.zeros(c * c, device=aggregated.device).index_add_(
+            0, test.y * c + aggregated.argmax(-1), torch.ones(len(test.y), device=aggregated.device))
+        accuracy = torch.full((self.fed.n_clients,), float("nan"))
+        accuracy[torch.as_tensor(u.clients)] = (logits.argmax(-1) == test.y).float().mean(1).cpu()
+        self.last["client_accuracy"] = [None if math.isnan(a) else a for a in accuracy.tolist()]  # absent: null
+        return Evaluation(confusion.view(1, c, c), F.cross_entropy(aggregated, test.y).view(1))
+
+    def diagnostics(self):
+        return self.last or None
+
+    def final_extras(self):
+        accs = [a for a in self.last.get("client_accuracy", []) if a is not None]
+        return {"public_accuracy": self.last.get("public_accuracy"),
+                "mean_client_accuracy": float(np.mean(accs)) if accs else None}
+
+
+@register
+@dataclass
+class LogitSimple(LogitFL):
+    """Simple averaging of the client logits: z̄_s = (1/|A_s|) Σ_{i∈A_s} z_is."""
+
+    name = "logit_simple"
+
+    def aggregate_logits(self, logits, which):
+        return simple_average(logits, self.present)
+
+
+@register
+@dataclass
+class LogitUWA(LogitFL):
+    """UWA: each client fits a GMM to its logits on its validation split; per sample the weights
+    are w_is = softmax_i(ℓ_is / τ) over the clients present, ℓ_is = log p_i(z_is); z̄_s = Σ_i w_is z_is.
+    ``uwa_score: standardized`` (our variant) z-scores ℓ by the client's own validation scores."""
+
+    name = "logit_uwa"
+    gmm_components: int | None = None  # None: one per class the client holds
+    gmm_iters: int = 10
+    uwa_tau: float = 1.0
+    uwa_score: str = "loglik"
+    reg_covar: float = 0.01
+
+    def validate(self) -> None:
+        super().validate()
+        if self.uwa_score not in ("loglik", "standardized"):
+            raise ValueError(f"method 'logit_uwa': uwa_score must be 'loglik' or 'standardized' (got {self.uwa_score!r})")
+        if not self.uwa_tau > 0 or not self.reg_covar > 0:
+            raise ValueError(f"method 'logit_uwa': uwa_tau and reg_covar must be > 0 (got {self.uwa_tau}, {self.reg_covar})")
+        if self.gmm_components is not None and self.gmm_components < 1:
+            raise ValueError(f"method 'logit_uwa': gmm_components must be >= 1 or null (got {self.gmm_components})")
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        if self.gmm_components is None:  # class-conditional start: one component per class held
+            self.init_resp = F.one_hot(fed.client_data(np.arange(fed.n_clients)).y[self.val_table], fed.n_classes).float()
+        else:
+            draw = torch.randint(self.gmm_components, self.val_table.shape, generator=torch.Generator().manual_seed(fed.seed))
+            self.init_resp = F.one_hot(draw, self.gmm_components).float().to(self.val_table.device)
+        self.uwa_weights = None
+
+    def aggregate_logits(self, logits, which):
+        if which == "public":  # fit on the clients' validation logits (client side), then score
+            self.gmm = fit_gmm(self.validation, self.val_valid, self.init_resp, self.gmm_iters, self.reg_covar)
+        ll = gmm_log_likelihood(self.gmm, logits)
+        if self.uwa_score == "standardized":
+            ll = standardize_scores(gmm_log_likelihood(self.gmm, self.validation), self.val_valid, ll)
+        aggregated, w = uwa_aggregate(logits, ll, self.present, self.uwa_tau)
+        if which == "public":
+            self.uwa_weights = weight_diagnostics(w, self.present, self.fed.y_val, self.fed.n_classes)
+            self.history_extras = {k: self.uwa_weights[k] for k in ("mean_max_weight", "mean_entropy")}
+        return aggregated
+
+    def final_extras(self):
+        return {**super().final_extras(), "uwa_weights": self.uwa_weights}
+
+
+@register
+@dataclass
+class LogitMeta(LogitFL):
+    """The meta-model: an MLP g([z_1s, …, z_Ns]) -> label trained each round on ``meta_labeled``
+    labelled public samples (client-dropout augmentation ``meta_drop``); z̄_s = g(...)."""
+
+    name = "logit_meta"
+    meta_labeled: int = 1000
+    meta_hidden: int = 64
+    meta_steps: int = 300
+    meta_lr: float = 0.01
+    meta_drop: float = 0.2
+
+    def validate(self) -> None:
+        super().validate()
+        if self.meta_labeled < 10 or self.meta_hidden < 1 or self.meta_steps < 1 or not self.meta_lr > 0:
+            raise ValueError("method 'logit_meta': meta_labeled >= 10, meta_hidden >= 1, meta_steps >= 1 and "
+                             f"meta_lr > 0 (got {self.meta_labeled}, {self.meta_hidden}, {self.meta_steps}, {self.meta_lr})")
+        if not 0 <= self.meta_drop < 1:
+            raise ValueError(f"method 'logit_meta': meta_drop must be in [0, 1) (got {self.meta_drop})")
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        if self.meta_labeled > len(fed.y_val):
+            raise ValueError(f"method 'logit_meta': meta_labeled must be <= the {len(fed.y_val)} public samples "
+                             "(server_val)")
+
+    def aggregate_logits(self, logits, which):
+        if which == "public":
+            labelled = slice(0, self.meta_labeled)
+            self.meta = train_meta_model(logits[:, labelled], self.fed.y_val[labelled], self.fed.n_classes,
+                                         hidden=self.meta_hidden, steps=self.meta_steps, lr=self.meta_lr,
+                                         drop=self.meta_drop, present=self.present,
+                                         seed=self.fed.seed * 1000 + self.round)
+        return meta_aggregate(self.meta, logits, self.present)

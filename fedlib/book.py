@@ -321,12 +321,14 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
 
 
 def _parse_config(raw: Any):
-    """A stored config (RunConfig or logit protocol) as this version reads it, or None."""
+    """A stored config as this version reads it, or None (e.g. a logit-loop config not yet
+    converted: ``python -m fedlib migrate-results``)."""
     from .config import make_config
-    from .logit_run import make_logit_config
 
+    if isinstance(raw, dict) and "aggregator" in raw:
+        return None
     try:
-        return make_logit_config(raw) if "aggregator" in raw else make_config(raw)
+        return make_config(raw)
     except Exception:  # noqa: BLE001 - a config this version cannot read any more
         return None
 

@@ -44,44 +44,23 @@ def legacy_rules() -> dict[str, Any]:
 def legacy_key(raw: dict[str, Any]) -> str | None:
     """The key the old formula gave a stored config (as written), or None if it cannot be read."""
     from .book import _parse_config
-    from .logit_run import LogitConfig
 
     config = _parse_config(raw)
     if config is None:
         return None
     data = config.model_dump(mode="json", exclude={"data_root", "client_chunk"})
     data["_format"] = LEGACY_FORMAT
-    if isinstance(config, LogitConfig):
-        from .logit_run import LEGACY
-
-        for name, value in LEGACY.items():  # fields added later, at the values the old protocol had
-            if data.get(name) == value:
-                del data[name]
-        data["_protocol"] = "logit"
-    else:
-        if not config.reference_values:
-            data.pop("reference_values")
-        if config.test_samples is not None:
-            data["_test_subset"] = "random"
+    if not config.reference_values:
+        data.pop("reference_values")
+    if config.test_samples is not None:
+        data["_test_subset"] = "random"
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
 def legacy_resolved(config) -> dict[str, Any] | None:
     """``config.resolved()`` as the code of f5ecf2b would have resolved it (None: not expressible)."""
-    from .logit_run import LogitConfig
-
     rules = legacy_rules()
-    if isinstance(config, LogitConfig):
-        from .logit_run import LEGACY
-
-        data = config.model_dump(mode="json", exclude={"data_root"})
-        if any(data.get(name) != value for name, value in LEGACY.items()):
-            return None  # a protocol option the old code did not have
-        data = {k: v for k, v in data.items() if k not in LEGACY}
-        if sorted(set(type(config).model_fields) - set(LEGACY)) != rules["logit_fields"]:
-            return None
-        return {**data, "_protocol": "logit"}
     if sorted(type(config).model_fields) != rules["run_fields"] or config.method.name not in rules["methods"]:
         return None
     method = rules["methods"][config.method.name]
@@ -92,6 +71,72 @@ def legacy_resolved(config) -> dict[str, Any] | None:
         needs = method["needs_validation"] or config.reference_values
         data["server_val"] = rules["server_val_default"] if needs else 0
     return json.loads(json.dumps(data))
+
+
+# ----------------------------------------------------------------------------- the logit protocol's own loop
+
+LOGIT_LOOP_COMMIT = "5928e36"  # the last commit whose fedlib/logit_run.py ran the logit protocol's own loop
+
+
+def logit_run_config(raw: dict[str, Any]):
+    """The engine RunConfig of a config written by the logit protocol's own loop (``aggregator``,
+    ``k``, ``public_size`` ...): the same data, split, model, training and protocol choices."""
+    from .chapters.logitfl import protocol_config
+
+    return protocol_config(raw["aggregator"], **{k: v for k, v in raw.items() if k != "aggregator"})
+
+
+def _logit_record(h: dict[str, Any], lr: float, uwa: bool) -> dict[str, Any]:
+    present = [i for i, on in enumerate(h["present"]) if on]
+    diagnostics = {k: h[k] for k in ("public_accuracy", "present", "mean_max_weight", "mean_entropy", "floats_up",
+                                     "floats_down", "fedavg_floats") if k in h}
+    diagnostics["client_accuracy"] = [a if on else None for a, on in zip(h["client_accuracy"], h["present"])]
+    return {"round": h["round"], "lr": lr, "selected": present, "dropped": [], "clipped": [], "aggregated": present,
+            "weights": [1.0 / len(present)] * len(present), "time_train": h["time_train"],
+            "time_server": h["time_server"], "diagnostics": diagnostics, "accuracy": h["accuracy"],
+            "balanced_accuracy": h["balanced_accuracy"], "per_class_accuracy": h["per_class_accuracy"]}
+
+
+def convert_logit_runs(root: Path, *, dry_run: bool = False, today: str | None = None) -> list[tuple[str, str]]:
+    """Store each run of the logit protocol's own loop (config with ``aggregator``) under the key of
+    its engine config (``logit_run_config``), its numbers unchanged: that loop and the engine's
+    logit methods compute the same rounds (``tests/test_logit.py``, the loop is the oracle
+    ``fedlib.testing.logit_protocol_loop``). Records move to the engine's layout (the protocol's
+    quantities under ``diagnostics``); the loop recorded no similarity, F1, loss or eval time.
+    The old file is removed once the new one is written. Returns ``[(old key, new key)]``."""
+    from .cache import ResultCache
+    from .results import RUNS_FOLDER, _key_provenance, check_result
+
+    runs = ResultCache(root / RUNS_FOLDER, protect=True)
+    today = today or _dt.date.today().isoformat()
+    done = []
+    for path in sorted(runs.root.glob("*.json")) if runs.root.is_dir() else []:
+        payload, problem = runs.read(path.stem)
+        if problem or "aggregator" not in (payload.get("config") or {}):
+            continue
+        raw, result = payload["config"], payload["result"]
+        config = logit_run_config(raw)
+        fingerprint = config.data_fingerprint()
+        new = config.key(fingerprint)
+        done.append((path.stem, new))
+        if dry_run:
+            continue
+        uwa = raw["aggregator"] == "uwa"
+        final = {k: v for k, v in result["final"].items() if k != "uwa_weights" or uwa}
+        final.setdefault("f1", None)
+        note = (f"re-keyed from {path.stem} on {today}: computed by the logit protocol's own loop (fedlib/logit_run.py "
+                f"at {LOGIT_LOOP_COMMIT}), which computes the same rounds as the engine's logit methods (their "
+                "equivalence test); its records moved to the engine's layout; similarity, F1, loss and eval time "
+                "were not recorded")
+        meta = {**result["meta"], **_key_provenance(config, fingerprint, new), "rekeyed": note}
+        converted = {"config": config.to_dict(), "final": final, "meta": meta,
+                     "history": [_logit_record(h, config.lr, uwa) for h in result["history"]]}
+        if check_result(converted) is not None:
+            raise ValueError(f"{path.name}: the converted run is not valid ({check_result(converted)})")
+        runs.put(new, {**payload, "config": config.to_dict(), "result": converted})
+        if new != path.stem:
+            path.unlink()
+    return done
 
 
 def _legacy_problem(stem: str, payload: dict, config, fingerprint: dict) -> str | None:
@@ -144,6 +189,25 @@ def consolidate(root: Path, *, dry_run: bool = False) -> list[tuple[str, str]]:
     return moved
 
 
+def convert_calibration(path: Path, *, dry_run: bool = False) -> int:
+    """The logit calibration record's points written by the protocol's own loop get their engine
+    config and key (``logit_run_config``), so a resumed search recognises them; numbers unchanged."""
+    from .cache import atomic_write_text
+
+    if not path.is_file():
+        return 0
+    record = json.loads(path.read_text())
+    changed = 0
+    for point in record.get("points", []):
+        if "aggregator" in (point.get("config") or {}):
+            config = logit_run_config(point["config"])
+            point["config"], point["key"] = config.to_dict(), config.key()
+            changed += 1
+    if changed and not dry_run:
+        atomic_write_text(path, json.dumps(record, indent=1))
+    return changed
+
+
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
                     today: str | None = None) -> dict[str, list]:
     """Move per-chapter runs into ``root/runs/`` (:func:`consolidate`), then re-key the stored runs
@@ -157,7 +221,9 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
 
     root = Path(root) if root is not None else repo_root() / "results"
     today = today or _dt.date.today().isoformat()
-    report: dict[str, list] = {"rekeyed": [], "current": [], "stale": [], "moved": consolidate(root, dry_run=dry_run)}
+    report: dict[str, list] = {"rekeyed": [], "current": [], "stale": [], "moved": consolidate(root, dry_run=dry_run),
+                               "logit": convert_logit_runs(root, dry_run=dry_run, today=today),
+                               "calibration": convert_calibration(root / "logitfl-calibration.json", dry_run=dry_run)}
     for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         store = ResultCache(folder, protect=True)
         for path in sorted(folder.glob("*.json")):
@@ -208,6 +274,7 @@ def format_report(report: dict[str, list]) -> str:
              f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
              f"left stale {len(report['stale'])}"]
     lines += [f"  {name}: {outcome}" for name, outcome in report.get("moved", []) if outcome != "moved to runs/"]
+    lines += [f"  logit protocol run {old}.json -> {new}.json (engine config)" for old, new in report.get("logit", [])]
     lines += [f"  re-keyed {c}/{old}.json -> {new}.json" for c, old, new in report["rekeyed"]]
     lines += [f"  stale {c}/{name}: {why}" for c, name, why in report["stale"]]
     return "\n".join(lines)

@@ -2,7 +2,7 @@
 
 Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item per run of
 its profile, saying which paper table, row and column the run backs, its seed, its config
-and the function that runs it (:func:`run_round`, :func:`run_logit`, :func:`run_scm`). The
+and the function that runs it (:func:`run_round` for every engine run, :func:`run_scm`). The
 queue knows nothing else about chapters: it orders the items, skips those already stored
 under ``results/runs/<key>.json`` (one store: a run two chapters share is stored once), estimates what each costs and runs them, one
 process per run, ``workers`` at a time, storing each result with its provenance as it
@@ -68,7 +68,7 @@ class QueueItem:
     row: str
     column: str
     seed: int
-    config: Any  # RunConfig | LogitConfig | ScmConfig: .key(), .to_dict()
+    config: Any  # RunConfig | ScmConfig: .key(), .to_dict()
     runner: Callable[[Any], dict]
     headline: bool = False
     table_rank: int = 0  # 0: the paper's main table(s); larger: ablations, appendix
@@ -117,12 +117,6 @@ def run_round(config) -> dict:
     from .run import run
 
     return run(config, progress=False).to_dict()
-
-
-def run_logit(config) -> dict:
-    from .logit_run import run_logit as _run
-
-    return _run(config, progress=False).to_dict()
 
 
 def run_scm(config) -> dict:
@@ -274,7 +268,7 @@ def _get(config, name, default=None):
 
 
 def runner_kind(config) -> str:
-    if _get(config, "aggregator") is not None:
+    if method_name(config).startswith("logit_"):
         return "logit"
     if _get(config, "post_rounds") is not None:
         return "scm"
@@ -293,8 +287,11 @@ def work(config) -> float:
     n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
     kind = runner_kind(config)
     if kind == "logit":
-        return _get(config, "rounds") * (_get(config, "local_epochs") * n + _get(config, "distill_epochs", 1)
-                                         * _get(config, "public_size") * _get(config, "n_clients"))
+        method = _get(config, "method")
+        params = (method.get("params") or {k: v for k, v in method.items() if k != "name"}) if isinstance(
+            method, dict) else method.params
+        return _get(config, "rounds") * (_get(config, "local_epochs") * n + params.get("distill_epochs", 1)
+                                         * _get(config, "server_val") * _get(config, "n_clients"))
     if kind == "scm":
         per_client = n / _get(config, "n_clients")
         post = _get(config, "post_rounds") * _get(config, "post_epochs", 1) * 10 * per_client

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedlib.cache import ResultCache
 from fedlib.config import ConfigError
 from fedlib.data import load_dataset
-from fedlib.logit_run import fedavg_config, make_logit_config, run_logit
+from fedlib.chapters.logitfl import fedavg_config, protocol_config
 from fedlib.methods import logit as agg
 from fedlib.models import build_model
 from fedlib.partition import k_classes
@@ -182,17 +182,22 @@ def test_distillation_loss_is_temperature_scaled_kl():
     assert float(same) == pytest.approx(0.0, abs=1e-5)
 
 
-@pytest.mark.parametrize("bad,message", [
-    ({"meta_labeled": 600, "public_size": 500}, "meta_labeled: must be <= public_size = 500"),
-    ({"aggregator": "median"}, "aggregator: Input should be 'simple', 'uwa' or 'meta'"),
-    ({"temperature": 0}, "temperature: Input should be greater than 0"),
-    ({"rounds_": 3}, "unknown key 'rounds_'"),
-    ({"k": 11}, "split.k: must be <= the 10 classes of mnist"),
+@pytest.mark.parametrize("method,message", [
+    ({"name": "logit_meta", "meta_labeled": 600}, "meta_labeled must be <= the 500 public samples"),
+    ({"name": "logit_median"}, "unknown method 'logit_median'"),
+    ({"name": "logit_simple", "temperature": 0}, "temperature must be > 0"),
+    ({"name": "logit_simple", "public_logits": "before"}, "public_logits must be 'after_local' or 'after_refine'"),
+    ({"name": "logit_uwa", "uwa_score": "z"}, "uwa_score must be 'loglik' or 'standardized'"),
+    ({"name": "logit_simple", "meta_steps": 3}, "unknown hyper-parameter 'meta_steps'"),
 ])
-def test_bad_configs_raise_one_line_errors(bad, message):
-    with pytest.raises(ConfigError) as info:
-        make_logit_config(**bad)
+def test_bad_logit_settings_raise_one_line_errors(method, message):
+    config = dict(dataset="mnist", fraction=0.05, n_clients=5, split={"name": "k_classes", "k": 2}, server_val=500,
+                  rounds=1, method=method)
+    with pytest.raises((ConfigError, ValueError)) as info:
+        fedlib.run(config, cache=False, progress=False)
     assert message in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="unknown setting 'rounds_'"):
+        protocol_config("simple", rounds_=3)
 
 
 SMALL = dict(dataset="synthetic", model="mlp", n_clients=3, k=2, public_size=200, meta_labeled=100,
@@ -205,65 +210,82 @@ def synthetic():
 
 
 @pytest.mark.parametrize("aggregator", ["simple", "uwa", "meta"])
-def test_run_logit_is_json_cached_and_counts_floats(tmp_path, synthetic, aggregator):
-    cfg = make_logit_config(**SMALL, aggregator=aggregator)
+def test_logit_runs_are_json_cached_and_count_floats(tmp_path, synthetic, aggregator):
+    cfg = protocol_config(aggregator, **SMALL)
+    assert cfg.method.name == f"logit_{aggregator}" and cfg.server_val == 200 and cfg.update_clip is None
     store = ResultCache(tmp_path)
-    result = run_logit(cfg, cache=store, dataset=synthetic)
+    result = fedlib.run(cfg, cache=store, dataset=synthetic, progress=False)
     json.dumps(result.to_dict(), allow_nan=False)
     assert len(result.history) == 2 and 0.0 <= result.final["accuracy"] <= 1.0
-    h = result.history[0]
+    h = result.history[0]["diagnostics"]
     extra = 200 if aggregator == "uwa" else 0  # UWA clients also send each sample's log-likelihood
     assert h["floats_up"] == 3 * (200 * 6 + extra) and h["floats_down"] == 3 * 200 * 6
-    assert h["fedavg_floats"] == 2 * 3 * result.meta["model_parameters"]
-    assert (result.final["uwa_weights"] is not None) == (aggregator == "uwa")
-    again = run_logit(cfg, cache=store, dataset=synthetic)
+    n_params = sum(t.numel() for t in build_model("mlp", SHAPE, 6).parameters())
+    assert h["fedavg_floats"] == 2 * 3 * n_params
+    assert ("uwa_weights" in result.final) == (aggregator == "uwa")
+    assert all(h["clipped"] == [] for h in result.history)  # no shared model: never clipped
+    again = fedlib.run(cfg, cache=store, dataset=synthetic, progress=False)
     assert again.to_dict() == result.to_dict()  # served from the cache
-    assert fedavg_config(cfg).server_val == 200 and fedavg_config(cfg).split.params == {"k": 2}
+    fedavg = fedavg_config(cfg)
+    assert fedavg.server_val == 200 and fedavg.split.params == {"k": 2} and fedavg.method.name == "fedavg"
 
 
 def test_client_dropout_rounds_run_with_every_aggregator(synthetic):
     for aggregator in ("simple", "uwa", "meta"):
-        cfg = make_logit_config(**{**SMALL, "n_clients": 4, "rounds": 3}, aggregator=aggregator, dropout=0.5, seed=3)
-        result = run_logit(cfg, cache=False, dataset=synthetic)
-        present = np.asarray([h["present"] for h in result.history])
+        cfg = protocol_config(aggregator, **{**SMALL, "n_clients": 4, "rounds": 3}, dropout=0.5, seed=3)
+        result = fedlib.run(cfg, cache=False, dataset=synthetic, progress=False)
+        present = np.asarray([h["diagnostics"]["present"] for h in result.history])
         assert present.sum(1).min() >= 1 and not present.all()
+        assert [h["selected"] for h in result.history] == [np.flatnonzero(row).tolist() for row in present]
         assert all(np.isfinite(h["accuracy"]) for h in result.history)
 
 
 def test_local_validation_split_is_disjoint_and_sized():
-    from fedlib.logit_run import _split_validation
-
     indices = [np.arange(0, 20), np.arange(20, 23), np.arange(23, 73)]
-    train, val_table, valid = _split_validation(indices, 0.1, seed=0)
+    train, val_table, valid = agg.split_validation(indices, 0.1, seed=0)
     assert valid.sum(1).tolist() == [2, 1, 5]  # ceil(0.1 n), at least one, at most n - 1
     for i, ix in enumerate(indices):
         val = val_table[i][valid[i]].numpy()
         assert set(val) | set(train[i]) == set(ix) and not set(val) & set(train[i])
 
 
-def test_new_protocol_fields_keep_the_first_protocols_keys():
-    """Fields added after the first protocol, at the values that reproduce it, are left out of the
-    resolved config, so first-protocol runs keep their keys; another value is another run."""
-    from fedlib.logit_run import LEGACY
-    from fedlib.migrate import legacy_key, legacy_resolved
+def test_a_logit_loop_run_converts_to_its_engine_config_with_its_numbers(tmp_path):
+    """A run the protocol's own loop stored (config with ``aggregator``) is stored again under its
+    engine config's key, numbers unchanged, records in the engine's layout, provenance noted."""
+    from fedlib.migrate import convert_logit_runs
 
-    cfg = make_logit_config(**SMALL)
-    assert (cfg.public_logits, cfg.distill_lr) == ("after_local", None)
-    assert not set(LEGACY) & set(cfg.resolved())
-    assert legacy_resolved(cfg) == cfg.resolved()  # what the code before the fields resolved
-    assert legacy_key(cfg.to_dict()) == legacy_key({k: v for k, v in cfg.to_dict().items() if k not in LEGACY})
-    keys = {cfg.key(), make_logit_config(**SMALL, public_logits="after_refine").key(),
-            make_logit_config(**SMALL, distill_lr=0.05).key()}
-    assert len(keys) == 3  # a new value is a new run
-    assert legacy_resolved(make_logit_config(**SMALL, distill_lr=0.05)) is None
-    with pytest.raises(ConfigError, match="public_logits: Input should be 'after_local' or 'after_refine'"):
-        make_logit_config(**SMALL, public_logits="before")
+    raw = {"dataset": "mnist", "data_root": None, "fraction": 0.05, "test_samples": 500, "model": "mlp",
+           "n_clients": 5, "k": 2, "public_size": 200, "meta_labeled": 100, "aggregator": "uwa", "rounds": 1,
+           "local_epochs": 1, "distill_epochs": 1, "batch_size": 32, "lr": 0.05, "momentum": 0.0,
+           "temperature": 2.0, "val_fraction": 0.1, "gmm_components": None, "gmm_iters": 10, "uwa_tau": 1.0,
+           "uwa_score": "loglik", "reg_covar": 0.01, "meta_hidden": 64, "meta_steps": 300, "meta_lr": 0.01,
+           "meta_drop": 0.2, "dropout": 0.0, "seed": 0, "device": "cpu", "client_chunk": None}
+    record = {"round": 0, "accuracy": 0.5, "balanced_accuracy": 0.4, "per_class_accuracy": [0.5] * 10,
+              "public_accuracy": 0.6, "client_accuracy": [0.1] * 5, "present": [True] * 5, "floats_up": 1,
+              "floats_down": 2, "fedavg_floats": 3, "time_train": 1.0, "time_server": 0.5, "mean_max_weight": 0.7,
+              "mean_entropy": 0.2}
+    result = {"config": raw, "history": [record], "meta": {"wall_time": 3.0, "device": "cpu"},
+              "final": {"accuracy": 0.5, "balanced_accuracy": 0.4, "per_class_accuracy": [0.5] * 10,
+                        "public_accuracy": 0.6, "mean_client_accuracy": 0.1, "rounds_completed": 1, "stopped": None,
+                        "uwa_weights": {"mean_max_weight": 0.7}}}
+    old = ResultCache(tmp_path / "runs", protect=True).put("a" * 20, {"config": raw, "result": result})
+    [(was, new)] = convert_logit_runs(tmp_path, today="2026-11-26")
+    engine = protocol_config("uwa", **{k: v for k, v in raw.items() if k != "aggregator"})
+    assert was == "a" * 20 and new == engine.key() and not old.exists()
+    stored = ResultCache(tmp_path / "runs").get(new)
+    assert stored["config"] == engine.to_dict() and stored["result"]["final"]["accuracy"] == 0.5
+    h = stored["result"]["history"][0]
+    assert (h["accuracy"], h["diagnostics"]["public_accuracy"], h["selected"]) == (0.5, 0.6, [0, 1, 2, 3, 4])
+    assert "logit protocol's own loop" in stored["result"]["meta"]["rekeyed"]
+    from fedlib.results import result_check
+
+    assert result_check(engine, engine.data_fingerprint())(stored["result"]) is None  # current for its config
 
 
 def _final_logits(synthetic, **overrides):
-    result = run_logit(make_logit_config(**{**SMALL, "aggregator": "simple", **overrides}), cache=False,
-                       dataset=synthetic)
-    return [h["accuracy"] for h in result.history], [h["client_accuracy"] for h in result.history]
+    result = fedlib.run(protocol_config("simple", **{**SMALL, **overrides}), cache=False, dataset=synthetic,
+                        progress=False)
+    return [h["accuracy"] for h in result.history], [h["diagnostics"]["client_accuracy"] for h in result.history]
 
 
 def test_public_logits_orders_refinement_and_upload(synthetic):

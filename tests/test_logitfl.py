@@ -3,11 +3,13 @@ the runs the page reads; the table helpers read results correctly."""
 
 import pytest
 
+import fedlib
+
 from fedlib import book
 from fedlib.chapters import logitfl as chapter
 from fedlib.config import RunConfig
 from fedlib.data import load_dataset
-from fedlib.logit_run import LogitConfig, run_logit
+from fedlib.models import build_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -18,8 +20,9 @@ def test_every_profile_makes_distinct_valid_configs(profile):
     params = book.load_profile("logitfl", profile)
     configs = chapter.configs(params)
     assert len({c.key() for c in configs}) == len(configs)
-    logit = [c for c in configs if isinstance(c, LogitConfig)]
-    fedavg = [c for c in configs if isinstance(c, RunConfig)]
+    assert all(isinstance(c, RunConfig) for c in configs)  # one config class: every run is fedlib.run's
+    logit = [c for c in configs if c.method.name.startswith("logit_")]
+    fedavg = [c for c in configs if c.method.name == "fedavg"]
     n_seeds, n_agg = len(params["seeds"]), len(params["aggregators"])
     assert len(fedavg) == (len(params["ks"]) + len(params["cifar10_ks"])) * n_seeds
     assert all(c.method.name == "fedavg" and c.server_val in (params["public_size"], params["cifar10_public_size"])
@@ -27,13 +30,15 @@ def test_every_profile_makes_distinct_valid_configs(profile):
     expected = n_seeds * (n_agg * (len(params["ks"]) + len(params["cifar10_ks"]) + len(params["public_sizes_ablation"])
                                    + len(params["dropouts"])) + len(params["uwa_taus"]))
     assert len(logit) == expected
-    assert {c.k for c in logit} == set(params["ks"]) | set(params["cifar10_ks"])
+    assert {c.split.params["k"] for c in logit} == set(params["ks"]) | set(params["cifar10_ks"])
+    assert all(c.update_clip is None for c in logit) and all(c.update_clip == 10.0 for c in fedavg)
 
 
 def test_paper_profile_follows_the_papers_setting():
     params = book.load_profile("logitfl", "paper")
     c = chapter.logit_config(params, "uwa", 2, 0)
-    assert (c.dataset, c.model, c.public_size, c.k, c.fraction) == ("mnist", "lenet5", 5000, 2, 1.0)
+    assert (c.dataset, c.model, c.server_val, c.split.params["k"], c.fraction) == ("mnist", "lenet5", 5000, 2, 1.0)
+    assert c.method.name == "logit_uwa" and c.split.name == "k_classes"
     assert chapter.logit_config(params, "meta", 2, 0, cifar10=True).model == "resnet18"
     with pytest.raises(ValueError, match="unknown experiment 'table9'"):
         chapter.experiment_configs(params, "table9")
@@ -47,7 +52,7 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
     results = {}
     for a in params["aggregators"]:
         c = chapter.logit_config(params, a, 2, 0)
-        results[c.key()] = run_logit(c, dataset=ds)
+        results[c.key()] = fedlib.run(c, dataset=ds, progress=False)
     row = chapter.row(params, results, 2, with_fedavg=False)
     assert set(row) == {"simple", "uwa", "meta"}
     for a, (mean, _) in row.items():
@@ -55,7 +60,7 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
     res = results[chapter.logit_config(params, "simple", 2, 0).key()]
     comm = chapter.communication(res)
     assert comm["up"] == comm["down"] == 3 * 150 * 6
-    assert comm["fedavg"] == 2 * 3 * res.meta["model_parameters"]
+    assert comm["fedavg"] == 2 * 3 * sum(t.numel() for t in build_model(res.config["model"], (1, 8, 8), 6).parameters())
     assert comm["ratio"] == pytest.approx(comm["fedavg"] / comm["total"])
     rounds, acc = chapter.curve(res)
     assert rounds == [1, 2] and acc[-1] == pytest.approx(100 * res.final["accuracy"])
@@ -77,13 +82,15 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
 
 
 def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
-    """The search with a stand-in for run_logit whose accuracy is a known function of the point."""
-    import fedlib.logit_run as logit_run
+    """The search with a stand-in for fedlib.run whose accuracy is a known function of the point."""
+    import sys
+
     from fedlib.run import RunResult
 
     def fake_accuracy(c):  # best structure: after_refine with 1 epoch; best single move: lr 0.1
-        return (0.5 + 0.2 * (c.public_logits == "after_refine") + 0.1 * (c.local_epochs == 1)
-                + 0.05 * (c.lr == 0.1) + 0.02 * (c.distill_epochs == 3) + 0.001 * c.temperature)
+        m = c.method.params
+        return (0.5 + 0.2 * (m["public_logits"] == "after_refine") + 0.1 * (c.local_epochs == 1)
+                + 0.05 * (c.lr == 0.1) + 0.02 * (m["distill_epochs"] == 3) + 0.001 * m["temperature"])
 
     seen = []
 
@@ -93,15 +100,15 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
         return RunResult(config=config.to_dict(), history=[{"round": 0, "accuracy": acc}],
                          final={"accuracy": acc, "mean_client_accuracy": 0.2}, meta={"wall_time": 1.0, "device": "cpu"})
 
-    monkeypatch.setattr(logit_run, "run_logit", fake_run)
+    monkeypatch.setattr(sys.modules["fedlib.run"], "run", fake_run)
     path = tmp_path / "calibration.json"
     record = chapter.calibrate(stages=("structure",), path=path, progress=False)
     assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [
         ("after_local", 1), ("after_local", 2), ("after_refine", 1), ("after_refine", 2)]
     assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**chapter.FIRST, "public_logits": 0,
                                                                          "local_epochs": 0} for p in record["points"])
-    assert all(c.aggregator == "simple" and c.k == 2 and c.fraction == chapter.SCREEN["fraction"]
-               and c.public_size == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
+    assert all(c.method.name == "logit_simple" and c.split.params["k"] == 2 and c.fraction == chapter.SCREEN["fraction"]
+               and c.server_val == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
                and c.model == "mlp"
                for c in seen)  # simple averaging only, screening protocol
     record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
@@ -131,10 +138,12 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
 
 
 def test_first_protocol_runs_stay_readable_after_calibration():
-    """The stored paper-profile runs made before the protocol fields existed keep their keys."""
+    """The stored paper-profile runs made before the protocol fields existed are found (a default
+    left out and a default written give the same key); they were converted from the loop's layout."""
     first = {**book.load_profile("logitfl", "paper"), **chapter.FIRST}
     results, _ = chapter.stored(first)
     simple = results[chapter.logit_config(first, "simple", 2, 0).key()]
-    assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config  # written before the fields
+    assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config["method"]  # written before the fields
+    assert "logit protocol's own loop" in simple.meta["rekeyed"]
     assert simple.final["accuracy"] == pytest.approx(0.596, abs=1e-4)
     assert results[chapter.logit_config(first, "meta", 2, 0).key()].final["accuracy"] == pytest.approx(0.96, abs=1e-4)

@@ -96,15 +96,20 @@ def configs(params: dict[str, Any], datasets: list[str] | None = None) -> list[R
             for m in params["methods"] for seed in params["seeds"]]
 
 
-def uwa_configs(params: dict[str, Any], dataset: str) -> list:
-    """The logit protocol's federations (k-classes split, public set) for UWA and simple averaging."""
-    from ..logit_run import make_logit_config
+def uwa_configs(params: dict[str, Any], dataset: str) -> list[RunConfig]:
+    """The logit protocol's federations (k-classes split, public set) for UWA and simple averaging
+    (methods ``logit_uwa``, ``logit_simple``: ordinary rows, run by ``fedlib.run``)."""
+    from .logitfl import protocol_config
 
-    u = params["uwa"]
-    return [make_logit_config(dataset=dataset, model=params["models"][dataset], n_clients=params["n_clients"],
-                              fraction=params["fraction"], test_samples=params["test_samples"], seed=seed,
-                              aggregator=agg, **u)
+    return [protocol_config(agg, dataset=dataset, model=params["models"][dataset], n_clients=params["n_clients"],
+                            fraction=params["fraction"], test_samples=params["test_samples"], seed=seed,
+                            **params["uwa"])
             for agg in ("simple", "uwa") for seed in params["seeds"]]
+
+
+def aggregator(config: RunConfig) -> str:
+    """'simple' or 'uwa' for a logit-protocol run."""
+    return config.method.name.removeprefix("logit_")
 
 
 # ----------------------------------------------------------------------------- reading one run
@@ -276,13 +281,14 @@ def best(frame, column: str, higher_is_better: bool = True, tol: float = 1e-9) -
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue); not a paper's
     table, so it ranks after the papers' main tables; headline: the Maverick split."""
-    from ..queue import QueueItem, run_logit, run_round
+    from ..queue import QueueItem, run_round
 
     first = params["seeds"][0]
     items = [QueueItem("leaderboard", "Leaderboard", f"{d} {s}", label(m), seed, run_config(params, d, s, m, seed),
                        run_round, headline=s == "Maverick", table_rank=2, first_seed=seed == first)
              for d in params["datasets"] for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
     for d in params["datasets"]:
-        items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.k}", c.aggregator, c.seed, c, run_logit,
+        items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c),
+                            c.seed, c, run_round,
                             table_rank=2, first_seed=c.seed == first) for c in uwa_configs(params, d)]
     return items

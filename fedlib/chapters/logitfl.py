@@ -7,8 +7,10 @@ Experiments, each a list of configs sharing one protocol (``params/logitfl/<prof
   dropout      client dropout (each client misses a round with probability p), k = ks[0]
   uwa_tau      UWA with a softer softmax over clients (our variant, τ > 1), k = ks[0]
 
-Logit runs are ``LogitConfig`` (``fedlib.logit_run``); the FedAvg baselines are ordinary
-``RunConfig`` runs on the same split with the public set held out (``fedavg_config``).
+Every run is a ``RunConfig`` run by ``fedlib.run``: the logit runs use the methods
+``logit_simple``, ``logit_uwa`` and ``logit_meta`` (``fedlib.methods.logit``; the public set is the
+server's held-out set, ``server_val``); the FedAvg baselines run on the same split with the same
+public set held out (``fedavg_config``).
 """
 
 from __future__ import annotations
@@ -17,35 +19,68 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig
-from ..logit_run import LogitConfig, fedavg_config, make_logit_config
+from ..config import RunConfig, make_config
 from . import unique_configs
 
-# protocol choices added with LogitConfig.rule_version 2 (absent from a profile: the first protocol)
+# protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
+# the method hyper-parameters each aggregator takes besides the shared ones
+METHOD_ONLY = {"uwa": ("uwa_tau", "uwa_score", "gmm_components", "gmm_iters", "reg_covar"),
+               "meta": ("meta_labeled", "meta_hidden", "meta_steps", "meta_lr", "meta_drop")}
+SHARED = ("distill_epochs", "distill_lr", "temperature", "public_logits", "val_fraction", "dropout")
+# the protocol's federation in its own terms, with the defaults of our reading of the paper
+PROTOCOL_DEFAULTS = dict(dataset="mnist", data_root=None, fraction=1.0, test_samples=None, model="lenet5",
+                         n_clients=10, k=2, public_size=5000, rounds=10, local_epochs=1, batch_size=64, lr=0.05,
+                         momentum=0.0, seed=0, device="cpu", client_chunk=None)
+
+
+def protocol_config(aggregator: str, **fields) -> RunConfig:
+    """A logit-protocol run from the protocol's own terms (``k`` classes per client, a
+    ``public_size`` public set, the aggregator's settings; ``PROTOCOL_DEFAULTS`` for the rest) as
+    the engine config: a ``k_classes`` split, ``server_val`` = the public set, method
+    ``logit_<aggregator>``, no update clipping (no shared model). Settings of another aggregator
+    (e.g. ``meta_labeled`` for UWA) are ignored; unknown names raise."""
+    every = set(PROTOCOL_DEFAULTS) | set(SHARED) | {f for names in METHOD_ONLY.values() for f in names}
+    unknown = sorted(set(fields) - every)
+    if unknown:
+        raise ValueError(f"logit protocol: unknown setting {unknown[0]!r}; known: {', '.join(sorted(every))}")
+    f = {**PROTOCOL_DEFAULTS, **{k: v for k, v in fields.items() if k in PROTOCOL_DEFAULTS}}
+    method = {k: v for k, v in fields.items() if k in SHARED + METHOD_ONLY.get(aggregator, ())}
+    if aggregator == "meta":
+        method["meta_labeled"] = min(method.get("meta_labeled", 1000), f["public_size"])
+    k, public = f.pop("k"), f.pop("public_size")
+    return make_config(**f, split={"name": "k_classes", "k": k}, server_val=public, update_clip=None,
+                       method={"name": f"logit_{aggregator}", **method})
 
 
 def logit_config(params: dict[str, Any], aggregator: str, k: int, seed: int, cifar10: bool = False,
-                 **overrides) -> LogitConfig:
-    """One logit run of the chapter's protocol (``cifar10``: the CIFAR-10 variant)."""
+                 **overrides) -> RunConfig:
+    """One logit run of the chapter's protocol (``cifar10``: the CIFAR-10 variant); ``overrides``:
+    ``public_size`` or any protocol setting (``dropout``, ``uwa_tau``, ...)."""
     data = dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
                 public_size=params["public_size"], rounds=params["rounds"])
     if cifar10:
         data = dict(dataset="cifar10", model=params["cifar10_model"], fraction=params["cifar10_fraction"],
                     public_size=params["cifar10_public_size"], rounds=params["cifar10_rounds"])
-    data.update(overrides)
-    return make_logit_config(
-        **data, n_clients=params["n_clients"], k=k, aggregator=aggregator, seed=seed,
-        test_samples=params["test_samples"], meta_labeled=min(params["meta_labeled"], data["public_size"]),
-        local_epochs=params["local_epochs"], distill_epochs=params["distill_epochs"],
-        batch_size=params["batch_size"], lr=params["lr"], temperature=params["temperature"],
-        meta_steps=params["meta_steps"], **{f: params[f] for f in PROTOCOL_FIELDS if f in params},
-    )
+    return protocol_config(aggregator, **{
+        **data, "n_clients": params["n_clients"], "k": k, "seed": seed, "test_samples": params["test_samples"],
+        "meta_labeled": params["meta_labeled"], "local_epochs": params["local_epochs"],
+        "distill_epochs": params["distill_epochs"], "batch_size": params["batch_size"], "lr": params["lr"],
+        "temperature": params["temperature"], "meta_steps": params["meta_steps"],
+        **{f: params[f] for f in PROTOCOL_FIELDS if f in params}, **overrides})
 
 
-def experiment_configs(params: dict[str, Any], experiment: str) -> list[LogitConfig | RunConfig]:
+def fedavg_config(logit: RunConfig) -> RunConfig:
+    """FedAvg on the same data, split and local training as ``logit`` (the public set held out:
+    ``server_val``), with the engine's default update clipping, as the chapter has always run it."""
+    data = logit.to_dict()
+    data.pop("update_clip")
+    return make_config({**data, "method": {"name": "fedavg"}})
+
+
+def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
     """The runs of one experiment: logit configs, then the FedAvg baselines where it has them."""
     seeds, aggregators = params["seeds"], params["aggregators"]
     k0 = params["ks"][0]
@@ -68,18 +103,16 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[LogitCon
     raise ValueError(f"experiments: unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
 
 
-def configs(params: dict[str, Any], experiments=None) -> list[LogitConfig | RunConfig]:
+def configs(params: dict[str, Any], experiments=None) -> list[RunConfig]:
     """Every run of the chapter (or of ``experiments``), without duplicates."""
     return unique_configs(experiment_configs, params, experiments)
 
 
 def run_all(configs_: list, progress: bool = False) -> dict[str, Any]:
-    """Run (or fetch from the cache) logit and FedAvg configs: {config key: RunResult}."""
-    from ..logit_run import run_logit
+    """Run (or fetch from the cache) the chapter's configs: {config key: RunResult}."""
     from ..run import run
 
-    return {c.key(): (run_logit(c, progress=progress) if isinstance(c, LogitConfig) else run(c, progress=progress))
-            for c in configs_}
+    return {c.key(): run(c, progress=progress) for c in configs_}
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -104,18 +137,24 @@ def row(params: dict[str, Any], results: dict, k: int, cifar10: bool = False, wi
     return out
 
 
+def per_round(result, key: str) -> list:
+    """One logit-protocol quantity per round (the method's diagnostics in the run's history)."""
+    return [h["diagnostics"][key] for h in result.history]
+
+
 def communication(result, fedavg_result=None) -> dict[str, float]:
     """Floats sent per round (mean over rounds) by the logit protocol and, for comparison,
     by FedAvg with the same clients (2 x clients x parameters: model down and up)."""
-    up = float(np.mean([h["floats_up"] for h in result.history]))
-    down = float(np.mean([h["floats_down"] for h in result.history]))
-    fedavg = float(np.mean([h["fedavg_floats"] for h in result.history]))
+    up = float(np.mean(per_round(result, "floats_up")))
+    down = float(np.mean(per_round(result, "floats_down")))
+    fedavg = float(np.mean(per_round(result, "fedavg_floats")))
     return {"up": up, "down": down, "total": up + down, "fedavg": fedavg, "ratio": fedavg / (up + down)}
 
 
 def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
-    rounds = [h["round"] + 1 for h in result.history if h.get(key) is not None]
-    return rounds, [100.0 * h[key] for h in result.history if h.get(key) is not None]
+    """Rounds and ``key`` (%) per round: a test metric, or a diagnostic such as ``public_accuracy``."""
+    values = [(h["round"] + 1, h.get(key, (h.get("diagnostics") or {}).get(key))) for h in result.history]
+    return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
 
 
 # ----------------------------------------------------------------------------- stored runs
@@ -134,7 +173,7 @@ def store_results(configs_: list, progress: bool = True) -> list:
         if store.get(config.key()) is not None:
             continue
         if progress:
-            name = getattr(config, "aggregator", None) or config.method.name
+            name = config.method.name
             print(f"[{i + 1}/{len(configs_)}] logitfl: {config.dataset} {name} seed {config.seed}", flush=True)
         result = run_all([config])[config.key()]
         written.append(store_run(config.key(), config.to_dict(), result.to_dict()))
@@ -156,8 +195,7 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): the paper's
     headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
-    from ..logit_run import fedavg_config
-    from ..queue import QueueItem, run_logit, run_round
+    from ..queue import QueueItem, run_round
 
     seeds, first, k0 = params["seeds"], params["seeds"][0], params["ks"][0]
     data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
@@ -167,7 +205,7 @@ def queue_items(params: dict[str, Any]) -> list:
     def logit(table, row, agg, k, seed, rank=0, cifar10=False, headline=False, **overrides):
         c = logit_config(params, agg, k, seed, cifar10, **overrides)
         backs = ((table, row, LABELS[agg]),) + ((("Headline", row, LABELS[agg]),) if headline else ())
-        return QueueItem("logitfl", table, row, LABELS[agg], seed, c, run_logit, headline=headline, table_rank=rank,
+        return QueueItem("logitfl", table, row, LABELS[agg], seed, c, run_round, headline=headline, table_rank=rank,
                          first_seed=seed == first, backs=backs)
 
     def fedavg(table, row, k, seed, cifar10=False, headline=False):
@@ -231,7 +269,7 @@ def _point(choice: dict[str, Any]) -> dict[str, Any]:
 
 
 def calibration_config(params: dict[str, Any], choice: dict[str, Any], screen: bool = True,
-                       seed: int = SCREEN_SEED) -> LogitConfig:
+                       seed: int = SCREEN_SEED) -> RunConfig:
     """Simple averaging, MNIST, k = ks[0], at ``choice`` (the SEARCH_SPACE fields); ``screen``:
     the reduced screening protocol, else the profile's own (paper) protocol."""
     p = {**params, **_point(choice), **({"test_samples": SCREEN["test_samples"]} if screen else {})}
@@ -301,7 +339,7 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
 
     from ..book import git_commit, load_profile
     from ..cache import atomic_write_text
-    from ..logit_run import run_logit
+    from ..run import run
 
     params = load_profile("logitfl", profile)
     path = path or calibration_path()
@@ -316,7 +354,7 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
             if progress:
                 print(f"[calibrate {stage} {i + 1}/{len(todo)}] {choice}", flush=True)
             wall, cpu = time.perf_counter(), time.process_time()
-            result = run_logit(config)
+            result = run(config)
             wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
             lock = Path(tempfile.gettempdir()) / f"fedlib-calibration-{hashlib.sha256(str(path).encode()).hexdigest()[:12]}.lock"
             with open(lock, "w") as held:  # shards append one at a time

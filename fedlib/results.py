@@ -178,6 +178,7 @@ def _provenance(p, wall: float) -> dict[str, Any]:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
         "client_class_counts": np.asarray(p.partition.counts).tolist(),
+        "model_parameters": sum(t.numel() for t in p.model.parameters()),
     }
 
 

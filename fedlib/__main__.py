@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
             configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
             for source, key, _ in adopt_unclipped(chapter, configs, args.root, dry_run=args.dry_run):
-                print(f"  adopted {source} as {chapter}/{key}.json (clipping on, never acted)")
+                print(f"  adopted {source} as runs/{key}.json for {chapter} (clipping on, never acted)")
         return 0
     if extra and (args.command != "run" or any(token.startswith("-") for token in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")

@@ -160,26 +160,6 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
 # ----------------------------------------------------------------------------- stored runs
 
 
-def store_results(configs_: list, progress: bool = True) -> list:
-    """Run ``configs_`` (logit or FedAvg) and keep each result as ``results/runs/<key>.json``
-    (``fedlib.results.store_run``; files that exist are not recomputed)."""
-    from ..book import results_dir
-    from ..cache import ResultCache
-    from ..results import store_run
-
-    store = ResultCache(results_dir(), protect=True)
-    written = []
-    for i, config in enumerate(configs_):
-        if store.get(config.key()) is not None:
-            continue
-        if progress:
-            name = config.method.name
-            print(f"[{i + 1}/{len(configs_)}] logitfl: {config.dataset} {name} seed {config.seed}", flush=True)
-        result = run_all([config])[config.key()]
-        written.append(store_run(config.key(), config.to_dict(), result.to_dict()))
-    return written
-
-
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
     """The current stored runs (``results/runs/``) of ``params``' configs: ({config key: RunResult},
     {config key: provenance}); stale ones (another variant) are left out (``fedlib.book.stored_results``)."""

@@ -282,7 +282,10 @@ def cached_evidence(chapter: str, profile: str) -> Evidence:
     runs, pipelines = ResultCache(), pipeline_cache()
 
     def read(item):
-        return (pipelines if item.runner is queue.run_scm else runs).get(item.key)
+        from .results import run_of
+
+        entry = (pipelines if item.runner is queue.run_scm else runs).get(item.key)
+        return None if entry is None else run_of(entry)
 
     return evidence_from(queue.chapter_items(chapter, profile), read)
 

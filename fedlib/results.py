@@ -185,6 +185,8 @@ def _provenance(p, wall: float) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the stored runs
 
 RUNS_FOLDER = "runs"  # results/runs/<key>.json: every stored run, once, keyed by its config and data
+# A run's cache entry ($FEDLIB_CACHE/runs/<key>.json) and its stored copy are the same JSON
+# (``stored_payload``): copying one to the other's folder is all it takes to keep a run.
 
 
 def runs_dir(results_root: "str | Path | None" = None) -> "Path":
@@ -204,6 +206,18 @@ def stored_payload(config: dict[str, Any], result: dict[str, Any], **extra: Any)
     meta = result.get("meta", {})
     return {"config": config, "result": result, "commit": git_commit(), "device": meta.get("device"),
             "date": meta.get("date"), "wall_time": meta.get("wall_time"), **extra}
+
+
+def run_of(entry: dict[str, Any]) -> dict[str, Any]:
+    """The run result of a cache or store entry: entries are ``stored_payload``s (config, result,
+    provenance); a bare result (the cache's format before one store) is read as it is."""
+    return entry["result"] if isinstance(entry.get("result"), dict) and "history" not in entry else entry
+
+
+def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:
+    """``result_check`` on an entry's run (:func:`run_of`), for ``ResultCache.get``."""
+    check = result_check(config, fingerprint)
+    return lambda entry: check(run_of(entry))
 
 
 def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None, **extra: Any):

@@ -26,7 +26,10 @@ from .results import (  # noqa: F401
     _provenance,
     _strict,
     check_result,
+    entry_check,
     result_check,
+    run_of,
+    stored_payload,
 )
 from .progress import report as report_progress
 
@@ -49,10 +52,9 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
         dataset = _load(config)
         fingerprint = _fingerprint_of(config, dataset)
     key = config.key(fingerprint)
-    check = result_check(config, fingerprint)
-    if store is not None and (hit := store.get(key, check)) is not None:
+    if store is not None and (hit := store.get(key, entry_check(config, fingerprint))) is not None:
         report_progress("run", cached=True, wall=0.0)
-        return RunResult.from_dict(hit)
+        return RunResult.from_dict(run_of(hit))
     t_load = time.perf_counter()
     prepared = prepare(config, dataset)
     t_load = time.perf_counter() - t_load
@@ -60,8 +62,8 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     fresh.meta["time_load"] = t_load  # data, split and model set-up; not in wall_time
     fresh.meta.update(_key_provenance(config, fingerprint, key))
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
-    if store is not None:
-        store.put(key, result.to_dict())
+    if store is not None:  # the same JSON as a stored copy under results/runs/
+        store.put(key, stored_payload(config.to_dict(), result.to_dict()))
     report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 
@@ -96,9 +98,9 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     for i, c in enumerate(configs):
         fingerprint = c.data_fingerprint()
         keys[i] = c.key(fingerprint)
-        hit = store.get(keys[i], result_check(c, fingerprint)) if store is not None else None
+        hit = store.get(keys[i], entry_check(c, fingerprint)) if store is not None else None
         if hit is not None:
-            results[i] = RunResult.from_dict(hit)
+            results[i] = RunResult.from_dict(run_of(hit))
             report_progress("run", cached=True, wall=0.0)
         else:
             pending[i] = executor.submit(_run_in_worker, c.to_dict())
@@ -111,7 +113,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         for i in done:
             payload = pending.pop(i).result()  # a worker's exception is raised here
             if store is not None:  # under the key of the data the worker read (its own files)
-                store.put(payload["meta"].get("config_key", keys[i]), payload)
+                store.put(payload["meta"].get("config_key", keys[i]), stored_payload(payload["config"], payload))
             results[i] = RunResult.from_dict(payload)
             bar.update(1)
     bar.close()

@@ -685,3 +685,25 @@ def test_15_1_the_fedscm_pipeline_cache_key_follows_the_data_read(monkeypatch):
     assert cfg.key() != key
     monkeypatch.setattr(fedlib.data, "data_fingerprint", real)
     assert cfg.key() == key
+
+
+def test_16_a_cache_entry_and_a_stored_copy_are_the_same_json(tmp_path, monkeypatch):
+    """fedlib.run's cache entry is a stored run: copied into results/runs/ the chapters read it,
+    and the store answers fedlib.run as a cache; a bare result (the old cache format) still reads."""
+    import shutil
+
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    cfg = make_config(TINY)
+    cache = ResultCache(tmp_path / "cache")
+    first = fedlib.run(cfg, cache=cache, progress=False)
+    entry = json.loads(cache.path(cfg.key()).read_text())["payload"]
+    assert set(entry) >= {"config", "result", "commit", "device", "date", "wall_time"}
+    assert entry["config"] == cfg.to_dict() and entry["result"]["final"] == first.final
+    (tmp_path / "results" / "runs").mkdir(parents=True)
+    shutil.copy(cache.path(cfg.key()), tmp_path / "results" / "runs")
+    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
+    again = fedlib.run(cfg, cache=ResultCache(tmp_path / "results" / "runs", protect=True), progress=False)
+    assert again.to_dict() == first.to_dict()
+    old = ResultCache(tmp_path / "old")
+    old.put(cfg.key(), first.to_dict())  # the cache's format before one store
+    assert fedlib.run(cfg, cache=old, progress=False).to_dict() == first.to_dict()

@@ -189,12 +189,11 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
         _set_diagnostics(record, method.diagnostics())
-        t0 = time.perf_counter()
         for phase in method.round_end_phases(state, updates.clients, local):  # e.g. logit-FL refinement
+            t0 = time.perf_counter()
             client_state = state.client_state = method.phase_done(state, phase, updates.clients,
                                                                   *run_phase(phase, None))
-        if t0 != (t1 := time.perf_counter()) and record.get("time_train") is not None:
-            record["time_train"] += t1 - t0
+            record["time_train"] += time.perf_counter() - t0  # local training, though after the server step
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
         record = _strict(record)
         history.append(record)

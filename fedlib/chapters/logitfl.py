@@ -20,16 +20,18 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
+from ..methods import METHODS
+from ..methods.logit import LogitFL
 from . import unique_configs
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
-# the method hyper-parameters each aggregator takes besides the shared ones
-METHOD_ONLY = {"uwa": ("uwa_tau", "uwa_score", "gmm_components", "gmm_iters", "reg_covar"),
-               "meta": ("meta_labeled", "meta_hidden", "meta_steps", "meta_lr", "meta_drop")}
-SHARED = ("distill_epochs", "distill_lr", "temperature", "public_logits", "val_fraction", "dropout")
+# the protocol settings every aggregator takes, and those only one takes (the methods' own fields)
+SHARED = tuple(LogitFL.hyperparameters())
+METHOD_ONLY = {name.removeprefix("logit_"): tuple(f for f in cls.hyperparameters() if f not in SHARED)
+               for name, cls in METHODS.items() if issubclass(cls, LogitFL)}
 # the protocol's federation in its own terms, with the defaults of our reading of the paper
 PROTOCOL_DEFAULTS = dict(dataset="mnist", data_root=None, fraction=1.0, test_samples=None, model="lenet5",
                          n_clients=10, k=2, public_size=5000, rounds=10, local_epochs=1, batch_size=64, lr=0.05,

@@ -14,6 +14,7 @@ webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not in
 pytestmark = pytest.mark.skipif(CHROMIUM is None or CHROMEDRIVER is None,
                                 reason="Debian's chromium and chromium-driver are not installed")
 
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -48,18 +49,21 @@ def browser():
 
 
 def _figures(driver) -> list[str]:
-    """The PNG sources of the explorer's figures (split, accuracy, contribution)."""
-    return [img.get_attribute("src") for img in driver.find_elements(By.CSS_SELECTOR, ".widget-output img")]
+    """The PNG sources of the explorer's figures (split, accuracy, contribution), read in one script
+    so that a redraw between two element lookups cannot leave a stale reference."""
+    return driver.execute_script(
+        "return Array.from(document.querySelectorAll('.widget-output img')).map(img => img.src);")
 
 
 def _status(driver) -> str:
-    labels = [label.text for label in driver.find_elements(By.CSS_SELECTOR, ".widget-label")]
+    labels = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.widget-label')).map(label => label.innerText);")
     return " | ".join(labels)
 
 
 def test_changing_the_seed_and_pressing_run_redraws_the_curves_and_contributions(served, browser):
     browser.get(served)
-    wait = WebDriverWait(browser, 240, poll_frequency=0.5)
+    wait = WebDriverWait(browser, 240, poll_frequency=0.5, ignored_exceptions=(StaleElementReferenceException,))
     wait.until(lambda d: len(_figures(d)) == 3)  # the first view: the notebook's own Run
     split, accuracy, contribution = _figures(browser)
     assert all(src.startswith("data:image/png;base64,") for src in (split, accuracy, contribution))

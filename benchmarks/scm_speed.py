@@ -29,7 +29,8 @@ import torch
 from fedlib.methods import scm
 from fedlib.models import build_model
 from fedlib.population import ParamLayout
-from fedlib.scm_pipeline import client_probabilities, client_probabilities_loop
+from fedlib.scm_pipeline import client_probabilities
+from fedlib.testing import client_probabilities_loop
 
 
 def _sync(device):

@@ -56,8 +56,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
     warmup = warm_up(model, p.x_pool, p.y_pool)  # one-time torch.func costs, kept out of round 1
     t_start = time.perf_counter()
     layout = ParamLayout(model)
-    global_flat = layout.flat_of(model)
-    global_buffers = layout.buffers_of(model)
+    global_flat, global_buffers = p.init if p.init is not None else (layout.flat_of(model), layout.buffers_of(model))
     sizes = np.asarray(part.sizes)
     roles = np.asarray(part.roles)
     n_classes = p.dataset.num_classes
@@ -215,7 +214,10 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
     final.update(method.final_extras() or {})
     meta = _provenance(p, time.perf_counter() - t_start)
     meta["warmup_s"] = warmup
-    return RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
+    result = RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
+    if p.keep_model:
+        result.model = (global_flat, global_buffers)
+    return result
 
 
 def _set_diagnostics(record: dict[str, Any], extras: dict[str, Any] | None) -> None:

@@ -19,7 +19,7 @@ from .methods import build_method
 from .models import build_model
 from .partition import make_partition
 
-__all__ = ["Prepared", "prepare", "resolve_device", "DEFAULT_SERVER_VAL"]
+__all__ = ["Prepared", "prepare", "given", "resolve_device", "DEFAULT_SERVER_VAL"]
 
 DEFAULT_SERVER_VAL = 1000
 
@@ -48,6 +48,8 @@ class Prepared:
     method: Any
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
+    init: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None  # the starting global model (flat, buffers)
+    keep_model: bool = False  # hand the final global model back (RunResult.model)
 
 
 def _subsample(y: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
@@ -99,3 +101,22 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[test].to(device),
                     ds.y_test[test].to(device), model, method, x_val if n_val else None,
                     y_val if n_val else None)
+
+
+def given(config: RunConfig, dataset: Dataset, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+          indices: list, x_test: torch.Tensor, y_test: torch.Tensor,
+          init: tuple[torch.Tensor, dict[str, torch.Tensor]] | None = None, keep_model: bool = False) -> Prepared:
+    """A federation built elsewhere (its clients' ``indices`` into ``x, y``, its own test set, a model
+    and its starting weights ``init``) made ready for the engine: ``engine.execute(given(...))`` runs
+    ``config``'s rounds, method and local training on it, e.g. FedSCM's training of a selected cohort
+    (``fedlib.scm_pipeline``). ``config.n_clients`` must equal ``len(indices)``; its split and dataset
+    fields only describe the run."""
+    if config.n_clients != len(indices):
+        raise ConfigError(f"config: n_clients: must equal the {len(indices)} given clients (got {config.n_clients})")
+    device = resolve_device(config.device)
+    indices = [np.asarray(i, dtype=np.int64) for i in indices]
+    counts = partition_module.client_class_counts(indices, y.cpu().numpy(), dataset.num_classes)
+    part = partition_module.Partition(indices, counts, ["benign"] * len(indices))
+    method = build_method(config.method.name, config.method.params)
+    return Prepared(config, device, dataset, part, x.to(device), y.to(device), x_test.to(device), y_test.to(device),
+                    model.to(device), method, init=init, keep_model=keep_model)

@@ -205,6 +205,7 @@ class LocalTraining:
     momentum: float = 0.0
     weight_decay: float = 0.0
     prox_mu: float = 0.0  # FedProx: + mu/2 ||w - w_global||^2
+    max_steps: int | None = None  # at most this many mini-batch steps per client (None: the whole epochs)
     # extra_loss(params, logits, features, y, mask, context) -> scalar, per client;
     # ``context`` is that client's slice of ``client_context`` (any pytree, dim 0 = clients).
     extra_loss: Callable[..., torch.Tensor] | None = None
@@ -304,6 +305,8 @@ def train_clients(
     """Train N clients at once from ``start`` ([P] shared or [N, P]); returns the
     trained flat parameters ``[N, P]`` and buffers ``{name: [N, ...]}``."""
     layout = ParamLayout(model)
+    if cfg.max_steps is not None:
+        batches = ClientBatches(batches.index[: cfg.max_steps], batches.mask[: cfg.max_steps])
     n = batches.index.shape[1]
     start = start.detach()
     bufs = {k: (v.expand(n, *v.shape[1:]) if v.shape[0] == 1 else v).clone() for k, v in buffers.items()}

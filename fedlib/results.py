@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -27,6 +27,7 @@ class RunResult:
     history: list[dict[str, Any]]
     final: dict[str, Any]
     meta: dict[str, Any]
+    model: Any = field(default=None, repr=False, compare=False)  # (flat, buffers) when asked for
 
     def to_dict(self) -> dict[str, Any]:
         return {"config": self.config, "history": self.history, "final": self.final, "meta": self.meta}

@@ -12,7 +12,8 @@ target is drawn like the (K + 1)-th client, and then
 3. FedSCM picks the clients (``methods.scm``, PGD or SLSQP)             (Alg. 2, step 2);
 4. the global model starts as ``Σ_k λ_k h_k`` over the selected clients (``population.aggregate``)
                                                                          (Alg. 2, step 3);
-5. FedProx trains it with the selected clients only, aggregating with λ (Alg. 2, steps 4–5).
+5. FedProx trains it with the selected clients only, aggregating with λ (Alg. 2, steps 4–5): an
+   ordinary engine run (method ``cohort``, ``post_training_config``) started from that model.
 
 Baselines on the same client models: Random (m clients, uniform weights), Best Source (the
 single client with the best accuracy on the labelled target set: an oracle, no training),
@@ -277,52 +278,44 @@ def client_probabilities(model, flat, buffers, x, model_chunk=None, batch_size=1
     return torch.softmax(predict(model, flat, buffers, x, batch_size=batch_size, model_chunk=model_chunk).float(), -1)
 
 
-def client_probabilities_loop(model, flat, buffers, x, batch_size=1024) -> torch.Tensor:
-    """The same, one client after another: the test oracle and benchmark baseline."""
-    import copy
+def post_training_config(config: ScmConfig, weights: np.ndarray | None, prox_mu: float,
+                         per_round: int | None = None) -> "RunConfig":
+    """Algorithm 2, steps 4-5 as an ordinary run's config: the cohort's clients (one per weight)
+    run FedProx (μ) from the global model each round, all of them or ``per_round`` drawn at random
+    (FedAvg's partial participation), and the server aggregates with λ (``weights``; None: the
+    clients' sample counts). No update clipping: the cohort is trusted, as in the paper."""
+    from .config import make_config
 
-    layout = ParamLayout(model)
-    local = copy.deepcopy(model).eval()
-    out = []
-    with torch.no_grad():
-        for i in range(flat.shape[0]):
-            layout.load_into(local, flat[i], {k: v[i] for k, v in buffers.items()})
-            out.append(torch.cat([torch.softmax(local(x[s:s + batch_size]).float(), -1)
-                                  for s in range(0, len(x), batch_size)]))
-    return torch.stack(out)
+    n = len(weights)
+    return make_config({
+        "dataset": config.dataset, "data_root": config.data_root, "model": config.model, "n_clients": n,
+        "clients_per_round": per_round if per_round and per_round < n else None,
+        "rounds": config.post_rounds, "local_epochs": config.post_epochs, "batch_size": config.batch_size,
+        "lr": config.post_lr, "momentum": 0.0, "weight_decay": config.weight_decay, "seed": config.seed,
+        "device": config.device, "eval_every": config.post_rounds, "update_clip": None,
+        "client_chunk": config.client_chunk,
+        "method": {"name": "cohort", "weights": [float(w) for w in weights], "mu": prox_mu,
+                   "max_steps": config.post_steps},
+    }, source="fedscm post-training")
 
 
-def post_train(model, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict, config: ScmConfig,
-               device, prox_mu: float, salt: int, per_round: int | None = None,
+def post_train(model, dataset, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict,
+               config: ScmConfig, prox_mu: float, per_round: int | None = None,
                init: tuple[torch.Tensor, dict] | None = None) -> tuple[torch.Tensor, dict]:
-    """Algorithm 2, steps 3–5: start from Σ_k λ_k h_k of ``clients`` (or ``init``); each round
-    every one of them (or ``per_round`` of them drawn at random, FedAvg's partial participation)
-    runs FedProx locally from the global model and the server aggregates with λ."""
-    w_all = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
+    """Algorithm 2, steps 3-5: the global model starts as Σ_k λ_k h_k of ``clients`` (or ``init``),
+    then the engine trains it with that cohort (:func:`post_training_config`); returns the final
+    global model (flat, buffers)."""
+    from .engine import execute as engine_run
+    from .federation import given
+
     if init is None:
         sel = torch.as_tensor(clients, device=flat.device)
-        global_flat, global_bufs = aggregate(flat[sel], w_all, {k: v[sel] for k, v in buffers.items()})  # step 3
-    else:
-        global_flat, global_bufs = init
-    rng = np.random.default_rng(config.seed * 31 + salt)
-    cfg = LocalTraining(epochs=config.post_epochs, batch_size=config.batch_size, lr=config.post_lr,
-                        momentum=0.0, weight_decay=config.weight_decay, prox_mu=prox_mu,
-                        chunk_size=config.client_chunk)
-    x, y = fed["x"].to(device), fed["y"].to(device)
-    for t in range(config.post_rounds):  # step 4: the rounds (clients run together inside train_clients)
-        pick = np.arange(len(clients)) if not per_round or per_round >= len(clients) else np.sort(
-            rng.choice(len(clients), per_round, replace=False))
-        w = w_all[torch.as_tensor(pick, device=flat.device)]
-        w = w / w.sum()
-        batches = make_client_batches([fed["indices"][c] for c in clients[pick]], config.batch_size,
-                                      config.post_epochs, _generator(config.seed, 1000 * salt + t + 1))
-        if config.post_steps:  # at most post_steps mini-batches per client and round
-            batches = ClientBatches(batches.index[: config.post_steps], batches.mask[: config.post_steps])
-        batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
-        local, local_bufs = train_clients(model, global_flat, {k: v.unsqueeze(0) for k, v in global_bufs.items()},
-                                          x, y, batches, cfg)
-        global_flat, global_bufs = aggregate(local, w, local_bufs)  # h(t) = Σ λ_k h_k(t)
-    return global_flat, global_bufs
+        w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
+        init = aggregate(flat[sel], w, {k: v[sel] for k, v in buffers.items()})  # step 3
+    run_config = post_training_config(config, weights, prox_mu, per_round)
+    prepared = given(run_config, dataset, model, fed["x"], fed["y"], [fed["indices"][c] for c in clients],
+                     fed["x_eval"], fed["y_eval"], init=init, keep_model=True)
+    return engine_run(prepared, progress=False).model  # steps 4-5: the rounds
 
 
 def with_server_client(fed: dict, x_extra: torch.Tensor, y_extra: torch.Tensor) -> dict:
@@ -567,7 +560,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
                 aug = with_server_client(fed, x_server[mask], kd["labels"][mask]) if mask.any() else fed
                 who = np.arange(config.n_clients + (1 if mask.any() else 0))
                 w = np.append(weights, kd["target"]) if mask.any() else weights
-                g_flat, g_bufs = post_train(model, flat, bufs, who, w, aug, config, device, 0.0, salt, None, init)
+                g_flat, g_bufs = post_train(model, ds, flat, bufs, who, w, aug, config, 0.0, None, init)
             clients = np.flatnonzero(weights > 0)
         elif train == "comda":  # Co-MDA (our reading): black-box consensus labels, a target model from scratch
             co = fda.comda_weights(probs, config.comda_clients)
@@ -593,15 +586,15 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
             init = aggregate(flat, torch.as_tensor(weights, dtype=flat.dtype, device=flat.device), bufs)
             g_flat, g_bufs = init
             if config.post_rounds:
-                g_flat, g_bufs = post_train(model, flat, bufs, np.arange(config.n_clients), weights, moved_fed, config,
-                                            device, 0.0, salt, config.fedavg_per_round, init)
+                g_flat, g_bufs = post_train(model, ds, flat, bufs, np.arange(config.n_clients), weights, moved_fed,
+                                            config, 0.0, config.fedavg_per_round, init)
             g_flat, g_bufs = server_train(model, g_flat, g_bufs, x_server[:n_val], pseudo[:n_val], config, device,
                                           config.adapt_steps, salt)
             info = {"pseudo-label accuracy (%)": 100 * float((pseudo == y_server).double().mean())}
             clients = np.flatnonzero(weights > 0)
             weights = weights[clients]
         elif train and config.post_rounds:
-            g_flat, g_bufs = post_train(model, flat, bufs, clients, weights, fed, config, device, mu, salt,
+            g_flat, g_bufs = post_train(model, ds, flat, bufs, clients, weights, fed, config, mu,
                                         config.fedavg_per_round if label == "FedAvg" else None)
         else:
             sel = torch.as_tensor(clients, device=flat.device)

@@ -7,6 +7,8 @@ production code, used only by the tests and the benchmarks as references.
   class_prototypes_loop  fedlib.methods.flce.class_prototypes  one client, one class at a time
   stability_loop         fedlib.methods.scm.stability       plain loop over pairs of runs
   logit_protocol_loop    fedlib.methods.logit (LogitFL)     the logit protocol as its own round loop
+  client_probabilities_loop  fedlib.scm_pipeline.client_probabilities  one client model after another
+  cohort_training_loop   method ``cohort`` on the engine      FedSCM's post-training as its own round loop
 """
 
 from __future__ import annotations
@@ -225,3 +227,43 @@ def logit_protocol_loop(config) -> list[dict]:
         if m.public_logits == "after_local" and t + 1 < config.rounds and m.distill_epochs:
             flat, bufs = refine(flat, bufs, targets, present_np, gen)
     return history
+
+
+def client_probabilities_loop(model, flat, buffers, x, batch_size=1024) -> torch.Tensor:
+    """The same, one client after another: the test oracle and benchmark baseline."""
+    layout = ParamLayout(model)
+    local = copy.deepcopy(model).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(flat.shape[0]):
+            layout.load_into(local, flat[i], {k: v[i] for k, v in buffers.items()})
+            out.append(torch.cat([torch.softmax(local(x[s:s + batch_size]).float(), -1)
+                                  for s in range(0, len(x), batch_size)]))
+    return torch.stack(out)
+
+
+def cohort_training_loop(model, init, x, y, indices, weights, rounds: int, training: LocalTraining, seed: int,
+                         per_round: int | None = None):
+    """FedSCM's post-selection training (Algorithm 2, steps 4-5) as a plain round loop: each round
+    all clients (or ``per_round`` drawn as the engine draws them) train from the global model,
+    one after another (``train_clients_loop``), on the engine's batches for that round, and the
+    server takes Σ λ_k w_k / Σ λ_k over them. Returns the final (flat, buffers)."""
+    from .engine import _round_generator
+    from .population import aggregate, make_client_batches
+
+    rng = np.random.default_rng(seed)
+    lam = torch.as_tensor(weights, dtype=torch.float64)
+    flat, bufs = init
+    n = len(indices)
+    for t in range(rounds):
+        pick = np.arange(n) if not per_round or per_round >= n else np.sort(rng.choice(n, size=per_round,
+                                                                                       replace=False))
+        batches = make_client_batches([indices[c] for c in pick], training.batch_size, training.epochs,
+                                      _round_generator(seed, t, "cpu"))
+        if training.max_steps is not None:
+            batches = ClientBatches(batches.index[: training.max_steps], batches.mask[: training.max_steps])
+        local, local_bufs = train_clients_loop(model, flat, {k: v.unsqueeze(0) for k, v in bufs.items()}, x, y,
+                                               batches, training)
+        w = lam[torch.as_tensor(pick)]
+        flat, bufs = aggregate(local, (w / w.sum()).float(), local_bufs)
+    return flat, bufs

@@ -15,16 +15,18 @@ from fedlib.config import ConfigError
 from fedlib.data import load_dataset
 from fedlib.methods import scm
 from fedlib.models import build_model
-from fedlib.population import ParamLayout
+from fedlib.population import LocalTraining, ParamLayout, aggregate
 from fedlib.scm_pipeline import (
     build_federation,
     client_probabilities,
-    client_probabilities_loop,
     execute,
     make_scm_config,
     method_labels,
+    post_train,
+    post_training_config,
     run_pipeline,
 )
+from fedlib.testing import client_probabilities_loop, cohort_training_loop
 
 SHAPE = (1, 8, 8)
 
@@ -179,3 +181,66 @@ def test_stored_results_round_trip(tmp_path, monkeypatch, data):
     store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
     got = chapter.stored_results(params)
     assert list(got) == [cfg.key()] and got[cfg.key()]["methods"] == result["methods"]
+
+
+@pytest.mark.parametrize("per_round,steps,mu", [(None, None, 0.01), (2, 2, 0.0)])
+def test_post_training_is_an_engine_run_equal_to_the_round_loop(data, per_round, steps, mu):
+    """Algorithm 2, steps 3-5 through the engine (method ``cohort``) = the plain round loop over
+    the same batches: λ-average start, FedProx, λ renormalised over each round's clients."""
+    cfg = _config(post_rounds=3, post_steps=steps, post_epochs=1)
+    fed = build_federation(cfg, data)
+    torch.manual_seed(0)
+    model = build_model("mlp", SHAPE, 4)
+    layout = ParamLayout(model)
+    flat = layout.flat_of(model) + 0.05 * torch.randn(cfg.n_clients, layout.size,
+                                                      generator=torch.Generator().manual_seed(3))
+    bufs = {k: v.unsqueeze(0).expand(cfg.n_clients, *v.shape) for k, v in layout.buffers_of(model).items()}
+    clients, lam = np.array([0, 2, 5, 7]), np.array([0.4, 0.3, 0.2, 0.1])
+    got, _ = post_train(model, data, flat, bufs, clients, lam, fed, cfg, mu, per_round)
+    init = aggregate(flat[torch.as_tensor(clients)], torch.as_tensor(lam, dtype=torch.float32),
+                     {k: v[torch.as_tensor(clients)] for k, v in bufs.items()})
+    training = LocalTraining(epochs=1, batch_size=cfg.batch_size, lr=cfg.post_lr, weight_decay=cfg.weight_decay,
+                             prox_mu=mu, max_steps=steps)
+    want, _ = cohort_training_loop(model, init, fed["x"], fed["y"], [fed["indices"][c] for c in clients], lam,
+                                   cfg.post_rounds, training, cfg.seed, per_round)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+    assert not torch.allclose(got, init[0], atol=1e-3)  # it trained
+
+
+def test_post_training_config_is_an_ordinary_run_config():
+    cfg = _config(post_rounds=4, post_steps=3, fedavg_per_round=2)
+    run = post_training_config(cfg, np.array([2.0, 1.0, 1.0]), 0.01, per_round=2)
+    assert (run.n_clients, run.clients_per_round, run.rounds, run.lr, run.momentum, run.update_clip) == \
+        (3, 2, 4, cfg.post_lr, 0.0, None)
+    assert run.method.name == "cohort" and run.method.params == {"weights": [2.0, 1.0, 1.0], "mu": 0.01,
+                                                                  "max_steps": 3}
+    assert post_training_config(cfg, np.ones(3), 0.0, per_round=5).clients_per_round is None  # all take part
+
+
+def test_cohort_weights_are_lambda_renormalised_over_the_round():
+    from fedlib.methods import build_method
+    from fedlib.methods.base import ClientUpdates
+
+    method = build_method("cohort", {"weights": [0.5, 0.25, 0.25]})
+    updates = ClientUpdates(clients=np.array([1, 2]), flat=torch.zeros(2, 3), sizes=np.array([10, 90]), buffers={})
+    torch.testing.assert_close(method.aggregate(None, updates), torch.tensor([0.5, 0.5]))
+    sizes = build_method("cohort", {}).aggregate(None, updates)  # no λ: sample counts (FedAvg)
+    torch.testing.assert_close(sizes, torch.tensor([0.1, 0.9]))
+
+
+@pytest.mark.parametrize("params,message", [
+    ({"mu": -1}, "mu must be >= 0"), ({"max_steps": 0}, "max_steps must be >= 1"),
+    ({"weights": [0.0, 0.0]}, "positive sum"),
+])
+def test_cohort_bad_hyper_parameters_fail_with_one_line(params, message):
+    from fedlib.methods import build_method
+
+    with pytest.raises(ValueError, match=message):
+        build_method("cohort", params)
+
+
+def test_cohort_weights_must_match_the_clients():
+    from fedlib.config import make_config
+
+    with pytest.raises(ConfigError, match=r"weights must have one entry per client \(5\), got 2"):
+        make_config({"method": {"name": "cohort", "weights": [1.0, 2.0]}, "n_clients": 5})

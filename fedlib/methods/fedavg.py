@@ -55,3 +55,39 @@ class FedProx(Method):
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
+
+
+@register
+@dataclass
+class Cohort(Method):
+    """A fixed cohort trained with fixed aggregation weights: w_g = Σ_k λ_k w_k / Σ_k λ_k over the
+    round's clients, FedProx locally (μ ≥ 0), at most ``max_steps`` SGD steps per client and round.
+    FedSCM's post-selection training (Algorithm 2, steps 4-5): the federation is the selected
+    clients, λ the selection's weights, the start their λ-average (``Prepared.init``)."""
+
+    name = "cohort"
+    weights: list[float] | None = None  # λ, one per client (None: sample counts, FedAvg)
+    mu: float = 0.0
+    max_steps: int | None = None
+
+    def validate(self) -> None:
+        if self.mu < 0:
+            raise ValueError(f"method 'cohort': mu must be >= 0 (got {self.mu})")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"method 'cohort': max_steps must be >= 1 or None (got {self.max_steps})")
+        if self.weights is not None and (any(w < 0 for w in self.weights) or not sum(self.weights) > 0):
+            raise ValueError("method 'cohort': weights must be >= 0 with a positive sum")
+
+    def check_run(self, rounds: int, n_clients: int) -> None:
+        if self.weights is not None and len(self.weights) != n_clients:
+            raise ValueError(f"method 'cohort': weights must have one entry per client ({n_clients}), "
+                             f"got {len(self.weights)}")
+
+    def local_training(self, state, base, clients):
+        return replace(base, prox_mu=self.mu, max_steps=self.max_steps)
+
+    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        if self.weights is None:
+            return sample_count_weights(updates.sizes)
+        lam = torch.as_tensor(self.weights, dtype=torch.float64)[torch.as_tensor(updates.clients)]
+        return (lam / lam.sum()).float()  # λ renormalised over the round's clients (all of them, or a draw)

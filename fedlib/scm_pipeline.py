@@ -68,7 +68,8 @@ from .population import (
     train_clients,
 )
 
-PIPELINE_FORMAT = 2  # bump when a change makes cached pipeline results invalid (2: support selection, diagnosis)
+PIPELINE_FORMAT = 3  # bump when a change makes cached pipeline results invalid (2: support selection, diagnosis;
+#                     3: post-training on the engine, its batch draws)
 RULE_VERSION = "2"  # FedSCM selection: non-zero weights, Algorithm 1's projection (was: vertex rounding)
 METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea", "k3da", "comda", "fmda_ot")
 

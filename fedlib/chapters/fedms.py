@@ -20,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..config import RunConfig, make_config
-from .. import frames
 from . import run_options, unique_configs
+from .. import frames
+from .base import OURS_STORED, Chapter
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
@@ -136,11 +137,6 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 # ----------------------------------------------------------------------------- reading runs
 
 
-def accuracy_row(results: dict, per_method: dict[str, list[RunConfig]]) -> dict[str, tuple[float, float]]:
-    """Final test accuracy (%) mean and std over seeds, per method (NaN where not run)."""
-    return frames.seed_mean_std(results, per_method)
-
-
 def participation(result) -> dict[str, float]:
     """Participation rate (%) per role: the share of rounds in which a client of that role was
     aggregated with a positive weight (FedMS: in the coreset), averaged over the role's clients."""
@@ -187,23 +183,9 @@ def accuracy_curve(result) -> tuple[list[int], list[float]]:
     return [r + 1 for r in rounds], [100.0 * a for a in acc]
 
 
-def comparison(rows: list[tuple[str, dict, dict]], digits: int = 2):
-    """Paper-vs-ours frame (``fedlib.frames.comparison``): per setting a 'paper' line and one per source."""
-    return frames.comparison(rows, METHOD_LABELS, digits, index="setting")
-
-
 def best_method(values: dict[str, tuple[float, float]]) -> str | None:
     finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
     return max(finite, key=finite.get) if finite else None
-
-
-def paper_values(reference, table: str, row: str, methods, column_of=None) -> dict[str, tuple[float, float]]:
-    """A softmax variant is compared with its method's paper value."""
-    def column(m):
-        base = SOFTMAX_VARIANTS.get(m, (m,))[0]
-        return column_of(base) if column_of else METHOD_LABELS[base]
-
-    return frames.paper_values(reference, table, row, methods, column)
 
 
 def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dict[str, Any]]:
@@ -259,3 +241,181 @@ def queue_items(params: dict[str, Any]) -> list:
                             first_seed=seed == first)
                   for w in (True, False) for seed in seeds]
     return items
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+class FedMS(Chapter):
+    """The FedMS page: Table 1 (MNIST, CIFAR-10), the softmax verdict, Figs. 2-5 and Table 2."""
+
+    name = "fedms"
+    labels = METHOD_LABELS
+    index = "setting"
+    experiment_configs = staticmethod(experiment_configs)
+
+    def column_of(self, method: str) -> str:
+        """A softmax variant is compared with its method's paper value."""
+        return METHOD_LABELS[SOFTMAX_VARIANTS.get(method, (method,))[0]]
+
+    def table1_rows(self, cifar10: bool = False) -> list[tuple[str, dict, dict]]:
+        """(setting, paper, ours) per Dirichlet row of Table 1, MNIST or CIFAR-10."""
+        splits = self.params["cifar10_splits"] if cifar10 else self.params["splits"]
+        name = ("CIFAR-10 (JPEG copy)" if "JPEG" in self.cifar_note() else "CIFAR-10") if cifar10 else None
+        rows = []
+        for split in splits:
+            def make(p, split=split):
+                methods = p["cifar10_methods"] if cifar10 else table1_methods(p)
+                return {m: [run_config(p, split, m, s, cifar10=cifar10) for s in p["seeds"]] for m in methods}
+
+            methods = self.params["cifar10_methods"] if cifar10 else table1_methods(self.params)
+            paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
+            rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, self.sources(make)))
+        return rows
+
+    def cifar_note(self) -> str:
+        runs = [r for r in self.runs if r.config["dataset"] == "cifar10"]
+        return runs[0].meta["dataset_source"] if runs else ""
+
+    def table1(self):
+        """Table 1 (MNIST): the frame and the numbers the text quotes."""
+        rows = self.table1_rows()
+        ours = self.ours
+        gain = [o[ours]["fedms"][0] - o[ours]["fedavg"][0] for _, _, o in rows
+                if "fedms" in o[ours] and "fedavg" in o[ours]]
+        dir1 = next((o for label, _, o in rows if label.endswith("Dir(1)")), None)
+        values = {"t1_best_ours": sum(best_method(o[ours]) == "fedms" for _, _, o in rows),
+                  "t1_best_paper": sum(best_method(p) == "fedms" for _, p, _ in rows if "fedms" in p),
+                  "t1_rows": len(rows), "t1_gain": float(np.nanmean(gain)) if gain else float("nan"),
+                  "t1_dir1_fedms": dir1[ours].get("fedms", (float("nan"),))[0] if dir1 else float("nan")}
+        return self.comparison(rows), rows, values
+
+    def softmax_table(self, rows):
+        """Which softmax of Eq. 12 lands nearer the paper, for this build and the stored runs."""
+        import pandas as pd
+
+        sources = [self.ours] + ([OURS_STORED] if self.stored.results else [])
+        verdict = pd.DataFrame([{"source": src, **v} for src in sources for v in softmax_verdict(rows, src)])
+        if not len(verdict):
+            return None, {"t1_softmax_source": "—", "t1_softmax_verdict": "not run in this profile"}
+        shown = verdict.source.iloc[-1]  # the stored paper-profile runs when they include the variants
+        first = verdict[verdict.source == shown]
+        text = "; ".join(f"{r.method}: {r.nearer} (mean gap {r['gap, softmax(Ŝ) (Eq. 12)']:.2f} vs "
+                         f"{r['gap, softmax(100 Ŝ)']:.2f} points over {r.rows} setting(s))" for _, r in first.iterrows())
+        return verdict.set_index(["source", "method"]), {"t1_softmax_source": shown, "t1_softmax_verdict": text}
+
+    def table1_cifar10(self):
+        rows = self.table1_rows(cifar10=True) if self.has("cifar10") else []
+        values = {"t1c_best": sum(best_method(o[self.ours]) == "fedms" for _, _, o in rows), "t1c_n": len(rows)}
+        return (self.comparison(rows) if rows else None), values
+
+    def fig2(self):
+        """Fig. 2: FedAvg with and without the Maverick, and GTG vs MS-GTG rewards of each."""
+        import matplotlib.pyplot as plt
+
+        nan = float("nan")
+        if "fig2" not in self.params["experiments"]:
+            return None, {"f2_gap": nan, "f2_gtg": nan, "f2_ms": nan, "f2_wins": 0, "f2_rounds": 0,
+                          "f2_verdict": "not more"}
+        seed = self.params["seeds"][0]
+        with_mav = self.result(fig2_config(self.params, seed, True))
+        without = self.result(fig2_config(self.params, seed, False))
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+        for res, name in ((with_mav, "with all clients"), (without, "without the Maverick")):
+            ax1.plot(*accuracy_curve(res), label=name)
+        ax1.set(xlabel="round", ylabel="test accuracy (%)", title="(a) accuracy")
+        ax1.legend()
+        mav = int(np.flatnonzero(np.asarray(with_mav.meta["client_roles"]) == "maverick")[0])
+        gtg = np.array([h["diagnostics"]["rewards_gtg"] for h in with_mav.history])
+        ms = np.array([h["diagnostics"]["rewards_ms"] for h in with_mav.history])
+        others = np.arange(gtg.shape[1]) != mav
+        r = np.arange(1, len(gtg) + 1)
+        ax2.plot(r, gtg[:, mav], "C0-", label="Maverick, GTG")
+        ax2.plot(r, ms[:, mav], "C3-", label="Maverick, MS-GTG")
+        ax2.plot(r, gtg[:, others].mean(1), "C0:", label="others (mean), GTG")
+        ax2.plot(r, ms[:, others].mean(1), "C3:", label="others (mean), MS-GTG")
+        ax2.axhline(0, color="gray", lw=0.5)
+        ax2.set(xlabel="round", ylabel="Shapley reward", title="(b) Shapley rewards")
+        ax2.legend(fontsize=8)
+        _integer_rounds(ax1, ax2)
+        mav_gtg, mav_ms = float(gtg[:, mav].mean()), float(ms[:, mav].mean())
+        return fig, {"f2_gap": 100 * (with_mav.final["accuracy"] - without.final["accuracy"]), "f2_gtg": mav_gtg,
+                     "f2_ms": mav_ms, "f2_wins": int((ms[:, mav] > gtg[:, mav]).sum()), "f2_rounds": len(r),
+                     "f2_verdict": "more" if mav_ms > mav_gtg else "not more"}
+
+    def figs3_5(self):
+        """Figs. 3-5, one figure per Table 1 split: accuracy curves and cumulative rewards of the
+        Mavericks vs the others; the table of final cumulative rewards."""
+        import matplotlib.pyplot as plt
+        import pandas as pd
+
+        methods = self.params["methods"]
+        reward_methods = [m for m in REWARD_METHODS if m in methods]
+        seed = self.params["seeds"][0]
+        figures, ratios = [], {}
+        for split in (self.params["splits"] if "table1" in self.params["experiments"] else []):
+            fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+            for i, m in enumerate(methods):
+                ax1.plot(*accuracy_curve(self.result(run_config(self.params, split, m, seed))), color=f"C{i}",
+                         label=METHOD_LABELS[m])
+            ax1.set(xlabel="round", ylabel="test accuracy (%)", title=f"(a) accuracy, Mavericks + {split}")
+            ax1.legend(fontsize=7)
+            for m in reward_methods:
+                s = reward_series(self.result(run_config(self.params, split, m, seed)))
+                r = np.arange(1, len(s["cumulative_maverick"]) + 1)
+                color = f"C{methods.index(m)}"
+                ax2.plot(r, s["cumulative_maverick"], "-", color=color, label=f"{METHOD_LABELS[m]}: Mavericks")
+                ax2.plot(r, s["cumulative_other"], ":", color=color, label=f"{METHOD_LABELS[m]}: others")
+                ratios[(split, m)] = (s["cumulative_maverick"][-1], s["cumulative_other"][-1])
+            ax2.axhline(0, color="gray", lw=0.5)
+            ax2.set(xlabel="round", ylabel="cumulative reward per client", title="(b) Shapley rewards")
+            ax2.legend(fontsize=7)
+            _integer_rounds(ax1, ax2)
+            figures.append(fig)
+        frame = pd.DataFrame([{"setting": s, "method": METHOD_LABELS[m], "Mavericks": v[0], "others": v[1],
+                               "Mavericks above others": v[0] > v[1]} for (s, m), v in ratios.items()])
+        above = {m: int(sum(v[0] > v[1] for (_, mm), v in ratios.items() if mm == m)) for m in reward_methods}
+        values = {"f35_fedms": above.get("fedms", 0), "f35_sfedavg": above.get("s_fedavg", 0),
+                  "f35_greedy": above.get("greedyfed", 0), "f35_n": len(self.params["splits"]) if ratios else 0}
+        return figures, (frame.set_index(["setting", "method"]) if len(frame) else None), values
+
+    def table2(self):
+        """Table 2: participation rate (%) per client role, paper vs ours (mean over seeds)."""
+        import pandas as pd
+
+        nan = float("nan")
+        if "table2" not in self.params["experiments"]:
+            return None, {"t2_bad": nan, "t2_mav": nan, "t2_fedavg_mav": nan}
+        lines = []
+        for m in self.params["methods"]:
+            label = METHOD_LABELS[m]
+            paper = {c: v[0] for c, v in frames.paper_values(self.reference, "Table 2", label, ROLE_COLUMNS.values(),
+                                                              str).items()}
+            rates = [participation(self.result(adversarial_config(self.params, m, s))) for s in self.params["seeds"]]
+            mean = {ROLE_COLUMNS[k]: float(np.mean([r[k] for r in rates])) for k in ROLE_COLUMNS}
+            lines += [{"method": label, "source": "paper", **paper}, {"method": label, "source": self.ours, **mean}]
+        table = pd.DataFrame(lines).set_index(["method", "source"])
+        ours = table.xs(self.ours, level="source")
+        bad = ["Label-flipping", "Data-poisoned", "Update-poisoned", "Free-riding"]
+        has = lambda m: m in ours.index  # noqa: E731
+        values = {"t2_bad": float(ours.loc["FedMS", bad].mean()) if has("FedMS") else nan,
+                  "t2_mav": float(ours.loc["FedMS", "Mavericks"]) if has("FedMS") else nan,
+                  "t2_fedavg_mav": float(ours.loc["FedAvg", "Mavericks"]) if has("FedAvg") else nan}
+        return table, values
+
+    def headlines(self, rows1, t2_mav: float):
+        """The page's headline claims for the book's front page."""
+        out = [{"claim": f"FedMS accuracy, MNIST {label} (Table 1)", "paper": paper["fedms"][0],
+                "ours": round(src[self.ours]["fedms"][0], 2), "unit": "%"}
+               for label, paper, src in rows1 if "fedms" in src[self.ours] and np.isfinite(paper.get("fedms", (np.nan,))[0])]
+        if "table2" in self.params["experiments"]:
+            out.append({"claim": "FedMS Maverick participation, MNIST Dir(0.1) (Table 2)", "paper": 54.0,
+                        "ours": round(t2_mav, 1), "unit": "%"})
+        return self.record_headlines(out)
+
+
+def _integer_rounds(*axes) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))

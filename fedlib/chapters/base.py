@@ -1,0 +1,145 @@
+"""The base of every paper chapter: what a chapter notebook does besides its own tables.
+
+A notebook is its parameters cell and calls::
+
+    ch = chapter.Chapter.from_notebook(globals())   # the profile's parameters, the paper's values
+    ch.header()                                     # this build's parameters vs the paper's
+    ch.run()                                        # this build's runs, then the stored paper-profile runs
+    frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
+    ch.glue(values)
+
+A subclass names its chapter (``name``), its method labels and its ``experiment_configs``, and
+adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
+over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import frames
+from . import unique_configs
+
+OURS_STORED = "stored paper profile"
+
+
+class Chapter:
+    name = ""
+    labels: dict[str, str] = {}  # method -> column name
+    index = "row"  # the comparison frames' first index level
+    experiment_configs: Callable[[dict, str], list] = staticmethod(lambda params, experiment: [])
+
+    def __init__(self, profile: str, params: dict[str, Any]):
+        from .. import book
+
+        self.profile, self.params = profile, params
+        self.paper_params = book.load_profile(self.name, "paper")
+        self.reference = book.load_reference(self.name)
+        self.ours = f"ours ({profile})"
+        self.results: dict[str, Any] = {}  # this build's runs by key
+        self.runs: list = []
+        self.stored = None  # book.Stored: the stored paper-profile runs
+
+    @classmethod
+    def parameter_names(cls) -> list[str]:
+        """Every parameter a profile of this chapter may set (the keys of its YAML files)."""
+        from .. import book
+
+        names: dict[str, None] = {}
+        for profile in book.PROFILES:
+            try:
+                names.update(dict.fromkeys(book.load_profile(cls.name, profile)))
+            except FileNotFoundError:
+                continue
+        return [n for n in names if n not in ("profile", "notes")]
+
+    @classmethod
+    def from_notebook(cls, namespace: dict[str, Any]) -> "Chapter":
+        """The chapter as the notebook's parameters cell (papermill's injected values) sets it."""
+        params = {n: namespace[n] for n in cls.parameter_names() if n in namespace}
+        return cls(namespace.get("profile", "quick"), params)
+
+    # -- the runs ------------------------------------------------------------------------
+    def configs(self, params: dict[str, Any] | None = None, experiments=None) -> list:
+        params = self.params if params is None else params
+        return unique_configs(type(self).experiment_configs, params, experiments)
+
+    def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
+        """This build's runs (the cache answers what ran before; a dataset that is not under the
+        data root is skipped with one line), then the stored paper-profile runs; prints a summary."""
+        import fedlib
+        from ..data import DataNotFoundError
+
+        configs = self.configs() if configs is None else configs
+        by_dataset: dict[str, list] = {}
+        for c in configs:
+            by_dataset.setdefault(c.dataset, []).append(c)
+        for dataset, group in by_dataset.items():
+            try:
+                runs = fedlib.run_many(group, progress=False)
+            except DataNotFoundError as err:
+                print(f"{dataset} runs skipped: {err}")
+                continue
+            self.runs += runs
+            self.results.update({c.key(): r for c, r in zip(group, runs)})
+        self.stored = self.stored_runs(stored_configs)
+        if not quiet and self.runs:
+            wall = sum(r.meta["wall_time"] for r in self.runs)
+            print(f"{len(self.runs)} runs; {wall:.0f} s of compute when first computed; "
+                  f"device {self.runs[0].meta['device']}")
+            print(self.stored.describe())
+        return self.runs
+
+    def stored_runs(self, configs=None):
+        from .. import book
+
+        return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
+
+    def result(self, config):
+        """This build's run of ``config`` (None when it was not run, e.g. no data)."""
+        return self.results.get(config.key())
+
+    def has(self, dataset: str) -> bool:
+        return any(r.config["dataset"] == dataset for r in self.runs)
+
+    # -- paper vs ours -------------------------------------------------------------------
+    def column_of(self, method: str) -> str:
+        return self.labels[method]
+
+    def paper_values(self, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
+        return frames.paper_values(self.reference, table, row, methods, self.column_of)
+
+    def sources(self, make_configs: Callable[[dict], dict[str, list]], value=None) -> dict[str, dict]:
+        """{source: {method: (mean, std)}} for this build's runs and the stored paper-profile runs;
+        ``make_configs(params)`` gives each method's seeds' configs, ``value`` a run's number
+        (default: final accuracy in %)."""
+        out = {self.ours: frames.seed_mean_std(self.results, make_configs(self.params), value)}
+        if self.stored is not None and self.stored.results:
+            out[OURS_STORED] = frames.seed_mean_std(self.stored.results, make_configs(self.paper_params), value)
+        return out
+
+    def comparison(self, rows: list[tuple[str, dict, dict]], digits: int = 2):
+        """The paper-vs-ours frame: per row a 'paper' line and one per source, a column per method."""
+        return frames.comparison(rows, self.labels, digits, index=self.index)
+
+    # -- the page --------------------------------------------------------------------------
+    def header(self):
+        from .. import book
+
+        return book.chapter_header(self.name, self.profile, self.params)
+
+    @staticmethod
+    def glue(values: dict[str, Any]) -> None:
+        """Every number a page's text quotes, glued under its name (myst-nb)."""
+        from myst_nb import glue
+
+        for name, value in values.items():
+            glue(name, value, display=False)
+
+    def record_headlines(self, rows: list[dict[str, Any]]):
+        from .. import book
+
+        book.record_headlines(self.name, self.profile, rows)
+        import pandas as pd
+
+        return pd.DataFrame(rows)

@@ -242,3 +242,32 @@ def test_chapter_runs_both_softmax_variants_in_every_profile():
     verdict = {v["method"]: v for v in chapter.softmax_verdict(rows, "ours")}
     assert verdict["FedMS"]["nearer"] == "×100" and verdict["FedMS"]["gap, softmax(Ŝ) (Eq. 12)"] == 2.0
     assert verdict["S-FedAvg"]["nearer"] == "Eq. 12 as printed" and verdict["S-FedAvg"]["gap, softmax(100 Ŝ)"] == 10.0
+
+
+def _history_run(maverick_rounds: int, class2_acc: float, accuracies, method=None):
+    """3 clients (client 2, a Maverick, alone holds class 2), 5 rounds, 2 aggregated per round."""
+    from fedlib.results import RunResult
+
+    history = [{"round": t, "aggregated": [0, 2] if t < maverick_rounds else [0, 1], "weights": [0.5, 0.5],
+                "accuracy": a} for t, a in enumerate(accuracies)]
+    meta = {"client_sizes": [10, 10, 10], "client_roles": ["benign", "benign", "maverick"],
+            "client_class_counts": [[5, 5, 0], [5, 5, 0], [0, 0, 10]]}
+    final = {"accuracy": accuracies[-1], "per_class_accuracy": [0.9, 0.9, class2_acc]}
+    return RunResult({"method": method or {"name": "fedavg"}}, history, final, meta)
+
+
+def test_a_shortfall_is_read_from_the_runs_history():
+    """Hand-built histories: the Maverick aggregated in 1 of 5 rounds (FedAvg: 4), its class at 10 %
+    (FedAvg 80 %); accuracy still rising by 20 points in the last round (FedAvg: 1 point)."""
+    fedavg = _history_run(4, 0.8, [0.5, 0.6, 0.7, 0.8, 0.81])
+    starved = chapter.diagnose_shortfall(_history_run(1, 0.1, [0.1, 0.2, 0.3, 0.4, 0.6]), fedavg)
+    assert chapter.aggregated_rounds(fedavg).tolist() == [5, 1, 4]
+    assert starved["Mavericks aggregated (rounds)"] == "1" and starved["Maverick classes' accuracy (%)"] == "10"
+    assert starved["gain, last fifth (points)"] == pytest.approx(20.0)
+    why = starved["why (from the run's history)"]
+    assert "aggregated in 1 of 5 rounds (FedAvg: 4)" in why and "end at 10 % (FedAvg: 80 %)" in why
+    assert "still learning: +20.0 points" in why and "(FedAvg +1.0)" in why
+    slowed = chapter.diagnose_shortfall(_history_run(4, 0.2, [0.5, 0.6, 0.7, 0.8, 0.8],
+                                                     {"name": "fedprox", "mu": 1.0}), fedavg)
+    assert "took part as often as under FedAvg" in slowed["why (from the run's history)"]
+    assert "μ = 1" in slowed["why (from the run's history)"]

@@ -243,6 +243,56 @@ def queue_items(params: dict[str, Any]) -> list:
     return items
 
 
+# ----------------------------------------------------------------------------- why a baseline falls short
+
+
+def aggregated_rounds(result) -> np.ndarray:
+    """Per client, the rounds in which it was aggregated with a positive weight."""
+    n = len(result.meta["client_sizes"])
+    used = [np.asarray(h["aggregated"], dtype=np.int64)[np.asarray(h["weights"]) > 0] for h in result.history]
+    return np.bincount(np.concatenate(used + [np.zeros(0, dtype=np.int64)]), minlength=n)
+
+
+def late_gain(result, share: float = 0.2) -> float:
+    """Accuracy points gained over the last ``share`` of the rounds (a run still learning gains)."""
+    _, acc = accuracy_curve(result)
+    back = max(1, int(len(acc) * share))
+    return float(acc[-1] - acc[-1 - back]) if len(acc) > back else float("nan")
+
+
+def diagnose_shortfall(result, fedavg) -> dict[str, Any]:
+    """Why a run ends far below FedAvg on the same federation, from both runs' histories: how often
+    the Mavericks (the only holders of their classes) were aggregated, their classes' final
+    accuracy, and whether the run was still learning at the end."""
+    counts = np.asarray(result.meta["client_class_counts"])
+    mavericks = np.asarray(result.meta["client_roles"]) == "maverick"
+    classes = np.flatnonzero((counts[mavericks].sum(0) > 0) & (counts[~mavericks].sum(0) == 0))
+    taken, taken_avg = aggregated_rounds(result)[mavericks], aggregated_rounds(fedavg)[mavericks]
+    acc = 100 * np.asarray(result.final["per_class_accuracy"])[classes]
+    acc_avg = 100 * np.asarray(fedavg.final["per_class_accuracy"])[classes]
+    gain, gain_avg = late_gain(result), late_gain(fedavg)
+    rounds = len(result.history)
+    why = []
+    if taken.mean() < 0.5 * taken_avg.mean():
+        why.append(f"the Mavericks (sole holders of classes {', '.join(map(str, classes))}) were aggregated in "
+                   f"{', '.join(map(str, taken))} of {rounds} rounds (FedAvg: {', '.join(map(str, taken_avg))}), so "
+                   f"their classes end at {', '.join(f'{a:.0f}' for a in acc)} % (FedAvg: "
+                   f"{', '.join(f'{a:.0f}' for a in acc_avg)} %)")
+    elif (acc < acc_avg - 30).any():
+        mu = result.config["method"].get("mu")
+        why.append(f"the Mavericks took part as often as under FedAvg, yet their classes end at "
+                   f"{', '.join(f'{a:.0f}' for a in acc)} % (FedAvg: {', '.join(f'{a:.0f}' for a in acc_avg)} %): "
+                   f"their rounds moved the global model less"
+                   + (f" (the proximal term, μ = {mu:g}, holds each local model near the global one)" if mu else ""))
+    if gain > max(2.0, 1.5 * gain_avg):
+        why.append(f"it was still learning: +{gain:.1f} points over the last fifth of the rounds (FedAvg "
+                   f"{gain_avg:+.1f}), so it converges more slowly within the {rounds} rounds")
+    return {"Mavericks aggregated (rounds)": ", ".join(map(str, taken)),
+            "Maverick classes' accuracy (%)": ", ".join(f"{a:.0f}" for a in acc),
+            "gain, last fifth (points)": round(gain, 2),
+            "why (from the run's history)": "; ".join(why) or "neither Maverick starvation nor slow convergence"}
+
+
 # ----------------------------------------------------------------------------- the page
 
 
@@ -402,6 +452,28 @@ class FedMS(Chapter):
                   "t2_mav": float(ours.loc["FedMS", "Mavericks"]) if has("FedMS") else nan,
                   "t2_fedavg_mav": float(ours.loc["FedAvg", "Mavericks"]) if has("FedAvg") else nan}
         return table, values
+
+    def shortfalls(self, threshold: float = 10.0):
+        """Table 1 runs (this build's and the stored paper-profile ones) ending more than ``threshold``
+        points below FedAvg on the same federation, each with its reading of the history."""
+        import pandas as pd
+
+        lines = []
+        sources = [(self.ours, self.results, self.params)]
+        if self.stored is not None and self.stored.results:
+            sources.append((OURS_STORED, self.stored.results, self.paper_params))
+        for source, results, params in sources:
+            for split in (params["splits"] if "table1" in params["experiments"] else []):
+                for seed in params["seeds"]:
+                    fedavg = results.get(run_config(params, split, "fedavg", seed).key())
+                    for m in table1_methods(params) if fedavg is not None else []:
+                        run = results.get(run_config(params, split, m, seed).key())
+                        gap = 100 * (fedavg.final["accuracy"] - run.final["accuracy"]) if run else 0.0
+                        if gap > threshold:
+                            lines.append({"source": source, "setting": f"Mavericks + {split}", "seed": seed,
+                                          "method": METHOD_LABELS[m], "gap to FedAvg (points)": round(gap, 2),
+                                          **diagnose_shortfall(run, fedavg)})
+        return pd.DataFrame(lines).set_index(["source", "setting", "seed", "method"]) if lines else None
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""

@@ -102,11 +102,8 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 
 def maverick_classes(result) -> list[int]:
     """Classes held only by Maverick clients (from the run's client x class counts)."""
-    counts = np.asarray(result.meta["client_class_counts"])
-    roles = np.asarray(result.meta["client_roles"])
-    holders = counts > 0
-    mav = roles == "maverick"
-    return [c for c in range(counts.shape[1]) if holders[mav, c].any() and not holders[~mav, c].any()]
+    return _only_held_by(np.asarray(result.meta["client_class_counts"]),
+                         np.asarray(result.meta["client_roles"]) == "maverick")
 
 
 def rare_class_accuracy(result) -> float:
@@ -135,14 +132,10 @@ def fidelity(result) -> dict[str, float]:
     Keys "JSD Uniform", "EMD CELM", ... (NaN for CELM when the run has no evidence)."""
     from ..metrics import joint_distances
 
-    true = np.asarray(result.meta["client_class_counts"], dtype=float)
-    q = last_evidence(result)
-    out = {f"{k} Uniform": v for k, v in joint_distances(true, np.ones_like(true)).items()}
-    if q is not None and q.sum() > 0:
-        out.update({f"{k} CELM": v for k, v in joint_distances(true, q).items()})
-    else:
-        out.update({f"{k} CELM": float("nan") for k in ("JSD", "EMD", "Hellinger")})
-    return {f"{m} {s}": out[f"{m} {s}"] for m in ("JSD", "EMD", "Hellinger") for s in ("Uniform", "CELM")}
+    true, q = np.asarray(result.meta["client_class_counts"], dtype=float), last_evidence(result)
+    uniform = joint_distances(true, np.ones_like(true))
+    celm = joint_distances(true, q) if q is not None and q.sum() > 0 else dict.fromkeys(uniform, float("nan"))
+    return {f"{m} {s}": d[m] for m in uniform for s, d in (("Uniform", uniform), ("CELM", celm))}
 
 
 # ----------------------------------------------------------------------------- Table 4, Uniform column
@@ -165,28 +158,6 @@ def split_counts(spec: dict[str, Any], class_size: int, n_clients: int = 5, n_cl
     labels = np.repeat(np.arange(n_classes), class_size)
     params = {k: v for k, v in spec.items() if k != "name"}
     return getattr(partition, spec["name"])(labels, n_clients=n_clients, seed=seed, **params).counts
-
-
-def uniform_column(seeds=(0, 1, 2), n_clients: int = 5) -> list[dict[str, Any]]:
-    """Our Uniform column of Table 4 under ``metrics.joint_distances``, per paper row and seed
-    (mean over the seeds in the chapter), with the earlier definitions (JSD in bits, EMD as the
-    1-D Wasserstein distance between the two sets of cell probabilities) for comparison."""
-    from scipy.stats import wasserstein_distance
-
-    from ..metrics import hellinger, joint_distances, jsd
-
-    rows = []
-    for dataset, paper_row, split in TABLE4_ROWS:
-        for seed in seeds:
-            counts = split_counts(SPLITS[split][0], CLASS_SIZES[dataset], n_clients, seed=seed)
-            joint = (counts / counts.sum()).ravel()
-            uniform = np.full_like(joint, 1.0 / joint.size)
-            rows.append({"row": f"{dataset} {paper_row}", "seed": seed, "definitions": "ours (Table 4)",
-                         **joint_distances(counts, np.ones_like(counts, dtype=float))})
-            rows.append({"row": f"{dataset} {paper_row}", "seed": seed, "definitions": "earlier",
-                         "JSD": float(jsd(joint, uniform)), "EMD": float(wasserstein_distance(joint, uniform)),
-                         "Hellinger": float(hellinger(joint, uniform))})
-    return rows
 
 
 def _even_counts(classes_per_client, sizes) -> np.ndarray:
@@ -218,45 +189,6 @@ def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clien
     return [tuple(int(v) for v in k) for k in ks[hits]]
 
 
-def definition_search(counts: np.ndarray) -> list[dict[str, Any]]:
-    """The candidate definitions tried for Table 4's Uniform column on one split: JSD (bits or
-    nats; divergence or its square root, the JS distance), Hellinger and EMD variants, each over
-    the joint client x class cells, the client rows (mean over clients) or the class columns."""
-    from scipy.stats import wasserstein_distance
-
-    from ..metrics import emd_1d, hellinger, js_distance, jsd, kl
-
-    c = np.asarray(counts, dtype=float)
-    n, k = c.shape
-    views = {"joint cells": ((c / c.sum()).ravel()[None], np.full((1, n * k), 1.0 / (n * k))),
-             "client rows (mean)": (c / c.sum(1, keepdims=True), np.full((n, k), 1.0 / k)),
-             "class columns (mean)": ((c / c.sum(0, keepdims=True)).T, np.full((k, n), 1.0 / n))}
-
-    def js_div_nats(p, q):
-        m = 0.5 * (p + q)
-        return 0.5 * (np.atleast_1d(kl(p, m)) + np.atleast_1d(kl(q, m)))
-
-    candidates = {
-        "JSD: divergence, bits": lambda p, q: jsd(p, q),
-        "JSD: divergence, nats": js_div_nats,
-        "JSD: distance (sqrt), bits": lambda p, q: js_distance(p, q, base=2),
-        "JSD: distance (sqrt), nats": lambda p, q: js_distance(p, q),
-        "Hellinger (1/√2 scale)": hellinger,
-        "Hellinger without 1/√2": lambda p, q: np.sqrt(2.0) * np.asarray(hellinger(p, q)),
-        "EMD: class bins |i-j|": lambda p, q: emd_1d(p, q),
-        "EMD: class bins |i-j|/(C-1)": lambda p, q: np.asarray(emd_1d(p, q)) / (p.shape[-1] - 1),
-        "EMD: scipy on the probability values": lambda p, q: np.array(
-            [wasserstein_distance(a, b) for a, b in zip(p, q)]),
-    }
-    rows = []
-    for name, f in candidates.items():
-        row = {"candidate": name}
-        for view, (p, q) in views.items():
-            row[view] = float(np.mean(np.atleast_1d(f(p, q))))
-        rows.append(row)
-    return rows
-
-
 # ----------------------------------------------------------------------------- tables
 
 
@@ -270,18 +202,14 @@ def comparison(rows: list[tuple[str, dict, dict]], profile: str, digits: int = 2
     return frames.comparison(rows, METHOD_LABELS, digits, index="row")
 
 
-def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm",
-                higher_is_better: bool = True) -> tuple[int, int, int]:
+def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm") -> tuple[int, int, int]:
     """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
     def is_best(values):
         finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-        if method not in finite:
-            return False
-        pick = max if higher_is_better else min
-        return finite[method] == pick(finite.values())
+        return method in finite and finite[method] == max(finite.values())
 
     compared = [(paper, ours[source]) for _, paper, ours in rows if source in ours]
-    return (sum(is_best(o) for _, o in compared), sum(is_best(p) for p, _ in compared), len(compared))
+    return sum(is_best(o) for _, o in compared), sum(is_best(p) for p, _ in compared), len(compared)
 
 
 def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
@@ -455,10 +383,6 @@ class CELM(Chapter):
         """The dataset's name in the paper's table rows."""
         return DATASET_PREFIX.get(self.params["dataset"], self.params["dataset"])
 
-    def cifar_note(self) -> str:
-        runs = [r for r in self.runs if r.config["dataset"] == "cifar10"]
-        return runs[0].meta["dataset_source"] if runs else ""
-
     def split_rows(self, table: str, splits, prefix: str | None = None, label: str = "{split}", **options):
         """(label, paper, ours) per split of a paper-vs-ours accuracy table (``options``: ``method_configs``')."""
         methods = self.params["methods"]
@@ -482,8 +406,7 @@ class CELM(Chapter):
                                          "t1_gain": float(np.nanmean(gain))}
 
     def shortfalls(self, threshold: float = 10.0) -> list:
-        """Per baseline run more than ``threshold`` points below uniform FedAvg (same split and seed) a
-        paragraph and a per-client table from ``diagnose_baseline``; the stored paper-profile runs first."""
+        """A paragraph and a table (``diagnose_baseline``) per baseline run ``threshold`` points below FedAvg."""
         from IPython.display import Markdown
 
         results, params, source = ((self.stored.results, self.paper_params, OURS_STORED) if self.stored.results
@@ -507,17 +430,17 @@ class CELM(Chapter):
 
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows when this build ran them: the styled frame (or None), a note, the numbers."""
-        if not self.has("cifar10"):
+        source = next((r.meta["dataset_source"] for r in self.runs if r.config["dataset"] == "cifar10"), None)
+        if source is None:
             return (None, "No CIFAR-10 data under the data root: these rows were not run.",
                     {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0})
-        name = "CIFAR-10 (JPEG copy)" if "JPEG" in self.cifar_note() else "CIFAR-10"
+        name = "CIFAR-10 (JPEG copy)" if "JPEG" in source else "CIFAR-10"
         rows = self.split_rows("Table 1", self.params["splits"], "CIFAR-10", name + " {split}", cifar10=True)
         best, paper, n = best_counts(rows, self.ours)
-        return self.styled(rows), f"data: {self.cifar_note()}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
+        return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
 
     def table2(self):
-        """Table 2 (Maverick split), balanced and rare-class accuracy: the styled frame, the Maverick's
-        classes, the numbers."""
+        """Table 2, balanced and rare-class accuracy: the styled frame, the Maverick's classes, the numbers."""
         methods = self.params["methods"]
         make = method_configs(MAVERICK, methods)
         rows = [(row, self.paper_values("Table 2", f"{self.prefix} {row}", methods), self.sources(make, value))
@@ -529,8 +452,7 @@ class CELM(Chapter):
             "t2_rare_paper_celm": paper["celm"][0]}
 
     def table3(self):
-        """Table 3 and Fig. 4, free-rider detection by z-score: AUROC and FPR per method (mean over
-        seeds), paper vs ours, and the FPR over the thresholds."""
+        """Table 3 and Fig. 4, free-rider detection: AUROC and FPR per method, the FPR curves, the numbers."""
         import matplotlib.pyplot as plt
         import pandas as pd
         from IPython.display import Markdown
@@ -566,8 +488,7 @@ class CELM(Chapter):
             "t3_best_frm": Markdown(max(frm, key=lambda r: r[self.ours])["method"])}
 
     def table4(self):
-        """Table 4 and Fig. 5: the distances of CELM's evidence and of the uniform matrix to the true
-        client x class counts, paper vs ours; the matrices and their marginals for one run."""
+        """Table 4 and Fig. 5: how far CELM's evidence and the uniform matrix are from the true counts."""
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -605,39 +526,45 @@ class CELM(Chapter):
         return table.style.format("{:.3f}"), fig, values
 
     def table4_uniform(self, seeds=(0, 1, 2)):
-        """Table 4's Uniform column from the splits alone (no training): per paper row the paper's values,
-        ours (mean ± std over ``seeds``) under the Table 4 and the earlier definitions, and for PLS the
-        equal-size splits of ``PLS_MATCHES``; a note on the PLS search; the numbers the text quotes (a
-        paper value counts as reproduced within our seed range widened by its rounding, ± 0.0005)."""
+        """Table 4's Uniform column from the splits alone, paper vs ours under the Table 4 and the earlier
+        definitions (JSD in bits, EMD between cell probabilities) and on the PLS splits of ``PLS_MATCHES``;
+        a paper value counts as reproduced within our seed range ± its rounding (0.0005)."""
         import pandas as pd
+        from scipy.stats import wasserstein_distance
 
         from ..book import reference_value
-        from ..metrics import joint_distances
+        from ..metrics import hellinger, joint_distances, jsd
 
         names = ("JSD", "EMD", "Hellinger")
-        runs = pd.DataFrame(uniform_column(seeds))
+
+        def uniform(counts):  # the Table 4 definitions
+            return joint_distances(counts, np.ones_like(counts, dtype=float))
+
+        def earlier(counts):
+            joint = (counts / counts.sum()).ravel()
+            flat = np.full_like(joint, 1.0 / joint.size)
+            return {"JSD": float(jsd(joint, flat)), "EMD": float(wasserstein_distance(joint, flat)),
+                    "Hellinger": float(hellinger(joint, flat))}
 
         def spread(part, source):
             return {"source": f"{source}, seeds {list(seeds)}",
                     **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in names}}
 
         lines, inside, means, papers = [], dict.fromkeys(names, 0), {}, {}
-        for dataset, paper_row, _ in TABLE4_ROWS:
+        for dataset, paper_row, split in TABLE4_ROWS:
             row = f"{dataset} {paper_row}"
             paper = papers[row] = {m: reference_value(self.reference, "Table 4", row, f"{m} Uniform")[0] for m in names}
-            ours = runs[(runs.row == row) & (runs.definitions == "ours (Table 4)")]
-            earlier = runs[(runs.row == row) & (runs.definitions == "earlier")]
+            counts = [split_counts(SPLITS[split][0], CLASS_SIZES[dataset], seed=s) for s in seeds]
+            ours = pd.DataFrame([uniform(c) for c in counts])
             lines += [{"row": row, "source": "paper", **{m: f"{paper[m]:.3f}" for m in names}},
                       {"row": row, **spread(ours, "ours (Table 4) definitions")},
-                      {"row": row, **spread(earlier, "earlier definitions")}]
+                      {"row": row, **spread(pd.DataFrame([earlier(c) for c in counts]), "earlier definitions")}]
             inside = {m: inside[m] + int(ours[m].min() - 5e-4 <= paper[m] <= ours[m].max() + 5e-4) for m in names}
             means[row] = {m: float(ours[m].mean()) for m in names}
-            if paper_row == "PLS":
-                for ks in PLS_MATCHES:
-                    counts = [split_counts({"name": "pls", "classes_per_client": list(ks)}, CLASS_SIZES[dataset],
-                                           seed=s) for s in seeds]
-                    values = pd.DataFrame([joint_distances(c, np.ones_like(c, dtype=float)) for c in counts])
-                    lines.append({"row": row, **spread(values, f"our PLS rule with k = {ks}")})
+            for ks in PLS_MATCHES if paper_row == "PLS" else ():
+                spec = {"name": "pls", "classes_per_client": list(ks)}
+                part = pd.DataFrame([uniform(split_counts(spec, CLASS_SIZES[dataset], seed=s)) for s in seeds])
+                lines.append({"row": row, **spread(part, f"our PLS rule with k = {ks}")})
         found = pls_class_count_search()
         pls, sls = means["F.MNIST PLS"], "CIFAR-10 SLS"
         values = {"t4u_rows": len(TABLE4_ROWS), **{f"t4u_{m}": inside[m] for m in names},
@@ -649,11 +576,38 @@ class CELM(Chapter):
 
     @staticmethod
     def definitions():
-        """The candidate definitions of Table 4's distances on our PLS split (F.MNIST, seed 0), styled."""
+        """The JSD, Hellinger and EMD variants tried for Table 4's Uniform column on our PLS split (seed 0), over
+        the joint client x class cells, the client rows or the class columns (means)."""
         import pandas as pd
+        from scipy.stats import wasserstein_distance
 
-        counts = split_counts(SPLITS["PLS"][0], CLASS_SIZES["F.MNIST"])
-        return pd.DataFrame(definition_search(counts)).set_index("candidate").style.format("{:.4f}")
+        from ..metrics import emd_1d, hellinger, js_distance, jsd, kl
+
+        c = split_counts(SPLITS["PLS"][0], CLASS_SIZES["F.MNIST"]).astype(float)
+        n, k = c.shape
+        views = {"joint cells": ((c / c.sum()).ravel()[None], np.full((1, n * k), 1.0 / (n * k))),
+                 "client rows (mean)": (c / c.sum(1, keepdims=True), np.full((n, k), 1.0 / k)),
+                 "class columns (mean)": ((c / c.sum(0, keepdims=True)).T, np.full((k, n), 1.0 / n))}
+
+        def js_div_nats(p, q):
+            m = 0.5 * (p + q)
+            return 0.5 * (np.atleast_1d(kl(p, m)) + np.atleast_1d(kl(q, m)))
+
+        candidates = {
+            "JSD: divergence, bits": lambda p, q: jsd(p, q),
+            "JSD: divergence, nats": js_div_nats,
+            "JSD: distance (sqrt), bits": lambda p, q: js_distance(p, q, base=2),
+            "JSD: distance (sqrt), nats": lambda p, q: js_distance(p, q),
+            "Hellinger (1/√2 scale)": hellinger,
+            "Hellinger without 1/√2": lambda p, q: np.sqrt(2.0) * np.asarray(hellinger(p, q)),
+            "EMD: class bins |i-j|": lambda p, q: emd_1d(p, q),
+            "EMD: class bins |i-j|/(C-1)": lambda p, q: np.asarray(emd_1d(p, q)) / (p.shape[-1] - 1),
+            "EMD: scipy on the probability values": lambda p, q: np.array(
+                [wasserstein_distance(a, b) for a, b in zip(p, q)]),
+        }
+        rows = [{"candidate": name, **{view: float(np.mean(np.atleast_1d(f(p, q)))) for view, (p, q) in views.items()}}
+                for name, f in candidates.items()]
+        return pd.DataFrame(rows).set_index("candidate").style.format("{:.4f}")
 
     def tables5_6(self):
         """Table 5 (IID) and Table 6 (many clients): the styled frame and Table 6's numbers."""
@@ -695,8 +649,7 @@ class CELM(Chapter):
         return fig, {"f6_spread": float(grid.max() - grid.min())}
 
     def fig7(self):
-        """Fig. 7: the final probe images, rows clients (row 0 the global model), columns target classes;
-        red outlines mark the classes a client holds."""
+        """Fig. 7: the final probe images per model (row 0 global) and class; red: classes the client holds."""
         import matplotlib.pyplot as plt
 
         run = self.result(run_config(self.params, SPLITS["PLS"][0], "celm", self.params["seeds"][0],
@@ -710,8 +663,7 @@ class CELM(Chapter):
             img = images[i, c]
             img = img[0] if img.shape[0] == 1 else np.moveaxis(img, 0, -1)
             ax.imshow((img - img.min()) / max(img.max() - img.min(), 1e-12), cmap="gray")
-            ax.set_xticks([])
-            ax.set_yticks([])
+            ax.set(xticks=[], yticks=[])
             held = i > 0 and counts[i - 1, c] > 0
             for side in ax.spines.values():
                 side.set(color="red" if held else "lightgray", linewidth=2.5 if held else 0.5)

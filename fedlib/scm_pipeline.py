@@ -280,7 +280,7 @@ def client_probabilities(model, flat, buffers, x, model_chunk=None, batch_size=1
 
 
 def post_training_config(config: ScmConfig, weights: np.ndarray | None, prox_mu: float,
-                         per_round: int | None = None) -> "RunConfig":
+                         per_round: int | None = None):
     """Algorithm 2, steps 4-5 as an ordinary run's config: the cohort's clients (one per weight)
     run FedProx (μ) from the global model each round, all of them or ``per_round`` drawn at random
     (FedAvg's partial participation), and the server aggregates with λ (``weights``; None: the

@@ -68,6 +68,7 @@ class Chapter:
         """This build's runs (the cache answers what ran before; a dataset that is not under the
         data root is skipped with one line), then the stored paper-profile runs; prints a summary."""
         import fedlib
+
         from ..data import DataNotFoundError
 
         configs = self.configs() if configs is None else configs

@@ -192,16 +192,6 @@ def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clien
 # ----------------------------------------------------------------------------- tables
 
 
-def method_row(results: dict, per_method: dict[str, list[RunConfig]], value=None) -> dict[str, tuple[float, float]]:
-    """Mean and std (over seeds) of a per-run value for each method; default final accuracy %."""
-    return frames.seed_mean_std(results, per_method, value)
-
-
-def comparison(rows: list[tuple[str, dict, dict]], profile: str, digits: int = 2):
-    """A paper-vs-ours frame (``fedlib.frames.comparison``), columns named by ``METHOD_LABELS``."""
-    return frames.comparison(rows, METHOD_LABELS, digits, index="row")
-
-
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm") -> tuple[int, int, int]:
     """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
     def is_best(values):
@@ -210,10 +200,6 @@ def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "
 
     compared = [(paper, ours[source]) for _, paper, ours in rows if source in ours]
     return sum(is_best(o) for _, o in compared), sum(is_best(p) for p, _ in compared), len(compared)
-
-
-def paper_values(reference, table: str, row: str, methods) -> dict[str, tuple[float, float]]:
-    return frames.paper_values(reference, table, row, methods, METHOD_LABELS.__getitem__)
 
 
 # ----------------------------------------------------------------------------- why a baseline falls short

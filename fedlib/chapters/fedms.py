@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import frames
 from ..config import RunConfig, make_config
 from . import run_options, unique_configs
-from .. import frames
 from .base import OURS_STORED, Chapter
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
@@ -351,7 +351,8 @@ class FedMS(Chapter):
         shown = verdict.source.iloc[-1]  # the stored paper-profile runs when they include the variants
         first = verdict[verdict.source == shown]
         text = "; ".join(f"{r.method}: {r.nearer} (mean gap {r['gap, softmax(Ŝ) (Eq. 12)']:.2f} vs "
-                         f"{r['gap, softmax(100 Ŝ)']:.2f} points over {r.rows} setting(s))" for _, r in first.iterrows())
+                         f"{r['gap, softmax(100 Ŝ)']:.2f} points over {r.rows} setting(s))"
+                         for _, r in first.iterrows())
         return verdict.set_index(["source", "method"]), {"t1_softmax_source": shown, "t1_softmax_verdict": text}
 
     def table1_cifar10(self):
@@ -479,7 +480,8 @@ class FedMS(Chapter):
         """The page's headline claims for the book's front page."""
         out = [{"claim": f"FedMS accuracy, MNIST {label} (Table 1)", "paper": paper["fedms"][0],
                 "ours": round(src[self.ours]["fedms"][0], 2), "unit": "%"}
-               for label, paper, src in rows1 if "fedms" in src[self.ours] and np.isfinite(paper.get("fedms", (np.nan,))[0])]
+               for label, paper, src in rows1
+               if "fedms" in src[self.ours] and np.isfinite(paper.get("fedms", (np.nan,))[0])]
         if "table2" in self.params["experiments"]:
             out.append({"claim": "FedMS Maverick participation, MNIST Dir(0.1) (Table 2)", "paper": 54.0,
                         "ours": round(t2_mav, 1), "unit": "%"})

@@ -204,12 +204,6 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
-def stored_path(item: QueueItem) -> Path:
-    from .results import runs_dir
-
-    return runs_dir(results_root()) / f"{item.key}.json"
-
-
 def stored_in(key: str) -> Path | None:
     """The stored run with ``key``: where the queue writes, or already in the repository."""
     from .results import runs_dir

@@ -81,12 +81,6 @@ def knowledge_vote(probs: torch.Tensor, gate: float) -> tuple[torch.Tensor, torc
     return top, label, any_passed
 
 
-def consensus_quality(votes: torch.Tensor) -> torch.Tensor:
-    """Q(S) = Σ_X max_c Σ_{k∈S} vote_k(X)_c for the sources of ``votes [..., |S|, n, C]``
-    (masked samples contribute 0: with no vote above the gate the sum is 0)."""
-    return votes.sum(-3).max(-1).values.sum(-1)
-
-
 def consensus_focus(probs: torch.Tensor, gate: float, permutations: int = 32, seed: int = 0,
                     chunk: int = 256) -> torch.Tensor:
     """Shapley value of each source in the game Q (KD3A ``calculate_consensus_focus``), ``[K]``.

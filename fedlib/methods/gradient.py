@@ -26,15 +26,6 @@ from ..population import ParamLayout
 from .base import ClientState, ClientUpdates, Federation, Method, RoundState, global_model_on_clients, register
 
 
-def simplex(values: torch.Tensor) -> torch.Tensor:
-    """``max(v, 0) / sum max(v, 0)``; uniform when no entry is positive (e.g. all similarities <= 0)."""
-    positive = values.clamp(min=0)
-    total = positive.sum()
-    if not total > 0:
-        return torch.full_like(values, 1.0 / len(values))
-    return positive / total
-
-
 def sum_normalised(values: torch.Tensor) -> torch.Tensor:
     """``v / Σ v`` as the authors normalise (signs kept); uniform when ``Σ v <= 0``."""
     total = values.sum()

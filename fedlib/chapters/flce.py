@@ -211,11 +211,6 @@ TABLE4_FORMAT = {"Prototype": "{:,}", "Prototype (paper)": "{:,.0f}", "Model": "
                  "Ratio": "{:.6f}", "Ratio (paper)": "{:.6f}"}
 
 
-def paper_dataset(dataset: str) -> str:
-    """The paper's dataset shown next to ours (CIFAR-10 beside the Fashion-MNIST stand-in)."""
-    return DATASET_LABELS[dataset] if dataset in ("cifar10", "cifar100", "eurosat") else "CIFAR-10"
-
-
 class FLCE(Chapter):
     """The FLCE page: Tables 2-4, Figs. 2-9 and the closing note (figures on the first dataset run)."""
 
@@ -233,7 +228,6 @@ class FLCE(Chapter):
             print("\n".join(f"data {d}: {source}" for d, source in self.sources.items()))
         return runs
 
-    # -- reading this build's runs ---------------------------------------------------------
     def label(self, dataset: str) -> str:
         name = DATASET_LABELS.get(dataset, dataset)
         if dataset == "cifar10" and "JPEG" in self.sources.get(dataset, ""):
@@ -259,10 +253,13 @@ class FLCE(Chapter):
     def f1(self, result) -> float:
         return last_rounds_mean(result, "f1", self.params["last_rounds"])
 
-    def paper(self, table: str, dataset: str, split: str, column: str) -> float:
-        return book.reference_value(self.reference, table, f"{paper_dataset(dataset)} {split}", column)[0]
+    @staticmethod
+    def paper_row(dataset: str, split: str) -> str:  # the paper's CIFAR-10 beside the Fashion-MNIST stand-in
+        return f"{DATASET_LABELS[dataset] if dataset in ('cifar10', 'cifar100', 'eurosat') else 'CIFAR-10'} {split}"
 
-    # -- tables and figures ----------------------------------------------------------------
+    def paper(self, table: str, dataset: str, split: str, column: str) -> float:
+        return book.reference_value(self.reference, table, self.paper_row(dataset, split), column)[0]
+
     def table2(self):
         """Table 2: accuracy and macro-F1 (%, last rounds, mean ± std over seeds) beside the paper's; FLCE's rank."""
         import pandas as pd
@@ -318,7 +315,7 @@ class FLCE(Chapter):
         for d in self.datasets_run:
             for split in SPLITS:
                 row = {"data": self.label(d), "split": split}
-                paper = frames.paper_values(self.reference, "Table 3", f"{paper_dataset(d)} {split}", variants, str)
+                paper = frames.paper_values(self.reference, "Table 3", self.paper_row(d, split), variants, str)
                 kl.update({(d, split, v): self.mean(partial(kl_to, contribute=readers[v]), d, split, "flce",
                                                     **VARIANTS[variant_run(v)]) for v in variants})
                 lines += [{**row, "source": "paper", **{v: book.pm(p[0], float("nan"), 4) for v, p in paper.items()}},
@@ -365,8 +362,7 @@ class FLCE(Chapter):
         return fig, {"f4_rank": ranked.index("flce") + 1, "f4_closest": METHOD_LABELS[ranked[0]]}
 
     def fig5(self):
-        """Fig. 5: FLCE's class profiles (a client's summed momentum Σ_t Q[k, c] over classes; Σ_k CE_k profile_k
-        globally) against the ground truth (the clients' and the federation's class shares)."""
+        """Fig. 5: FLCE's class profiles (Σ_t Q[k, c] per client, CE-weighted globally) against the true shares."""
         import matplotlib.pyplot as plt
 
         run = self.run_of(self.datasets_run[0], "Non-IID", "flce")

@@ -272,7 +272,7 @@ class FLCE(Chapter):
                     for metric, value in (("Acc", self.accuracy), ("F1", self.f1)):
                         ours = book.mean_std(value(self.run_of(d, split, m, s)) for s in seeds)
                         paper = self.paper("Table 2", d, split, f"{METHOD_LABELS[m]} {metric}")
-                        line.update({f"{metric} ours": book.pm(*ours), f"{metric} paper": f"{paper:.2f}"})
+                        line.update({f"{metric} ours": book.pm(*ours), f"{metric} paper": book.pm(paper, float("nan"))})
                     lines.append(line)
         d0 = self.datasets_run[0]
         rank = {s: sorted(methods, key=lambda m: -self.mean(self.accuracy, d0, s, m)).index("flce") + 1 for s in SPLITS}
@@ -319,7 +319,8 @@ class FLCE(Chapter):
                 kl.update({(d, split, v): self.mean(partial(kl_to, contribute=readers[v]), d, split, "flce",
                                                     **VARIANTS[variant_run(v)]) for v in variants})
                 lines += [{**row, "source": "paper", **{v: book.pm(p[0], float("nan"), 4) for v, p in paper.items()}},
-                          {**row, "source": self.ours, **{v: f"{kl[(d, split, v)]:.4f}" for v in variants}}]
+                          {**row, "source": self.ours,
+                           **{v: book.pm(kl[(d, split, v)], float("nan"), 4) for v in variants}}]
         flce = lambda key: kl[(*key[:2], "FLCE")]  # noqa: E731
         ablated = [(k, v) for k, v in kl.items() if k[2] != "FLCE" and k[2] not in simplifications]
         effects = []

@@ -71,6 +71,10 @@ class Chapter:
 
         from ..data import DataNotFoundError
 
+        if self.params.get("threads"):  # the profile's torch CPU threads (small models run faster on few)
+            import torch
+
+            torch.set_num_threads(self.params["threads"])
         configs = self.configs() if configs is None else configs
         by_dataset: dict[str, list] = {}
         for c in configs:

@@ -15,23 +15,27 @@ public set held out (``fedavg_config``).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
 
+from .. import frames
+from ..book import bold_best, git_commit, load_profile, mean_std, pm, results_dir, stored_results
 from ..config import RunConfig, make_config
 from ..methods import METHODS
-from ..methods.logit import LogitFL
+from ..methods.logit import LogitFL as LogitMethod
 from . import unique_configs
+from .base import OURS_STORED, Chapter
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
 # the protocol settings every aggregator takes, and those only one takes (the methods' own fields)
-SHARED = tuple(LogitFL.hyperparameters())
+SHARED = tuple(LogitMethod.hyperparameters())
 METHOD_ONLY = {name.removeprefix("logit_"): tuple(f for f in cls.hyperparameters() if f not in SHARED)
-               for name, cls in METHODS.items() if issubclass(cls, LogitFL)}
+               for name, cls in METHODS.items() if issubclass(cls, LogitMethod)}
 # the protocol's federation in its own terms, with the defaults of our reading of the paper
 PROTOCOL_DEFAULTS = dict(dataset="mnist", data_root=None, fraction=1.0, test_samples=None, model="lenet5",
                          n_clients=10, k=2, public_size=5000, rounds=10, local_epochs=1, batch_size=64, lr=0.05,
@@ -61,11 +65,8 @@ def logit_config(params: dict[str, Any], aggregator: str, k: int, seed: int, cif
                  **overrides) -> RunConfig:
     """One logit run of the chapter's protocol (``cifar10``: the CIFAR-10 variant); ``overrides``:
     ``public_size`` or any protocol setting (``dropout``, ``uwa_tau``, ...)."""
-    data = dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
-                public_size=params["public_size"], rounds=params["rounds"])
-    if cifar10:
-        data = dict(dataset="cifar10", model=params["cifar10_model"], fraction=params["cifar10_fraction"],
-                    public_size=params["cifar10_public_size"], rounds=params["cifar10_rounds"])
+    data = {f: params[f"cifar10_{f}" if cifar10 else f] for f in ("model", "fraction", "public_size", "rounds")}
+    data["dataset"] = "cifar10" if cifar10 else params["dataset"]
     return protocol_config(aggregator, **{
         **data, "n_clients": params["n_clients"], "k": k, "seed": seed, "test_samples": params["test_samples"],
         "meta_labeled": params["meta_labeled"], "local_epochs": params["local_epochs"],
@@ -77,23 +78,18 @@ def logit_config(params: dict[str, Any], aggregator: str, k: int, seed: int, cif
 def fedavg_config(logit: RunConfig) -> RunConfig:
     """FedAvg on the same data, split and local training as ``logit`` (the public set held out:
     ``server_val``), with the engine's default update clipping, as the chapter has always run it."""
-    data = logit.to_dict()
-    data.pop("update_clip")
-    return make_config({**data, "method": {"name": "fedavg"}})
+    return make_config({**{f: v for f, v in logit.to_dict().items() if f != "update_clip"},
+                        "method": {"name": "fedavg"}})
 
 
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
     """The runs of one experiment: logit configs, then the FedAvg baselines where it has them."""
-    seeds, aggregators = params["seeds"], params["aggregators"]
-    k0 = params["ks"][0]
-    if experiment == "k_sweep":
-        runs = [logit_config(params, a, k, s) for k in params["ks"] for a in aggregators for s in seeds]
-        return runs + [fedavg_config(logit_config(params, "simple", k, s)) for k in params["ks"] for s in seeds]
-    if experiment == "cifar10":
-        runs = [logit_config(params, a, k, s, cifar10=True) for k in params["cifar10_ks"] for a in aggregators
-                for s in seeds]
-        return runs + [fedavg_config(logit_config(params, "simple", k, s, cifar10=True))
-                       for k in params["cifar10_ks"] for s in seeds]
+    seeds, aggregators, k0 = params["seeds"], params["aggregators"], params["ks"][0]
+    if experiment in ("k_sweep", "cifar10"):
+        cifar10 = experiment == "cifar10"
+        ks = params["cifar10_ks" if cifar10 else "ks"]
+        runs = [logit_config(params, a, k, s, cifar10) for k in ks for a in aggregators for s in seeds]
+        return runs + [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for k in ks for s in seeds]
     if experiment == "public_size":
         return [logit_config(params, a, k0, s, public_size=n) for n in params["public_sizes_ablation"]
                 for a in aggregators for s in seeds]
@@ -110,46 +106,30 @@ def configs(params: dict[str, Any], experiments=None) -> list[RunConfig]:
     return unique_configs(experiment_configs, params, experiments)
 
 
-def run_all(configs_: list, progress: bool = False) -> dict[str, Any]:
-    """Run (or fetch from the cache) the chapter's configs: {config key: RunResult}."""
-    from ..run import run
-
-    return {c.key(): run(c, progress=progress) for c in configs_}
-
-
 # ----------------------------------------------------------------------------- reading runs
 
 
-def accuracies(results: dict, configs_: list, metric: str = "accuracy") -> list[float]:
-    """Final ``metric`` (in %) of the runs present, over seeds."""
-    return [100.0 * results[c.key()].final[metric] for c in configs_
-            if c.key() in results and results[c.key()].final.get(metric) is not None]
+def row_configs(params: dict[str, Any], k: int, cifar10: bool = False, with_fedavg: bool = True,
+                **overrides) -> dict[str, list[RunConfig]]:
+    """{aggregator (and fedavg): its configs over the seeds} for one setting."""
+    seeds = params["seeds"]
+    out = {a: [logit_config(params, a, k, s, cifar10, **overrides) for s in seeds] for a in params["aggregators"]}
+    if with_fedavg:
+        out["fedavg"] = [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds]
+    return out
 
 
 def row(params: dict[str, Any], results: dict, k: int, cifar10: bool = False, with_fedavg: bool = True,
         **overrides) -> dict[str, tuple[float, float]]:
     """{aggregator (and fedavg): (mean, std) of the final accuracy %} for one setting."""
-    from ..book import mean_std
-
-    out = {a: mean_std(accuracies(results, [logit_config(params, a, k, s, cifar10, **overrides)
-                                            for s in params["seeds"]])) for a in params["aggregators"]}
-    if with_fedavg:
-        out["fedavg"] = mean_std(accuracies(results, [fedavg_config(logit_config(params, "simple", k, s, cifar10))
-                                                      for s in params["seeds"]]))
-    return out
+    return frames.seed_mean_std(results, row_configs(params, k, cifar10, with_fedavg, **overrides))
 
 
-def per_round(result, key: str) -> list:
-    """One logit-protocol quantity per round (the method's diagnostics in the run's history)."""
-    return [h["diagnostics"][key] for h in result.history]
-
-
-def communication(result, fedavg_result=None) -> dict[str, float]:
+def communication(result) -> dict[str, float]:
     """Floats sent per round (mean over rounds) by the logit protocol and, for comparison,
     by FedAvg with the same clients (2 x clients x parameters: model down and up)."""
-    up = float(np.mean(per_round(result, "floats_up")))
-    down = float(np.mean(per_round(result, "floats_down")))
-    fedavg = float(np.mean(per_round(result, "fedavg_floats")))
+    up, down, fedavg = (float(np.mean([h["diagnostics"][key] for h in result.history]))
+                        for key in ("floats_up", "floats_down", "fedavg_floats"))
     return {"up": up, "down": down, "total": up + down, "fedavg": fedavg, "ratio": fedavg / (up + down)}
 
 
@@ -163,10 +143,7 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
 
 
 def stored(params: dict[str, Any]) -> tuple[dict, dict]:
-    """The current stored runs (``results/runs/``) of ``params``' configs: ({config key: RunResult},
-    {config key: provenance}); stale ones (another variant) are left out (``fedlib.book.stored_results``)."""
-    from ..book import stored_results
-
+    """The current stored runs of ``params``' configs, stale ones left out: ({key: RunResult}, {key: provenance})."""
     found = stored_results("logitfl", configs(params))
     return found.results, found.provenance
 
@@ -195,17 +172,13 @@ def queue_items(params: dict[str, Any]) -> list:
         return QueueItem("logitfl", table, row, LABELS["fedavg"], seed, c, run_round, headline=headline,
                          first_seed=seed == first)
 
-    if "k_sweep" in experiments:
-        for k in params["ks"]:
-            row = f"{data} k={k}"
-            items += [logit("k sweep", row, a, k, s, headline=k == 2) for a in params["aggregators"] for s in seeds]
-            items += [fedavg("k sweep", row, k, s, headline=k == 2) for s in seeds]
-    if "cifar10" in experiments:
-        for k in params["cifar10_ks"]:
-            row = f"CIFAR-10 k={k}"
-            items += [logit("CIFAR-10", row, a, k, s, cifar10=True, headline=k == 2) for a in params["aggregators"]
-                      for s in seeds]
-            items += [fedavg("CIFAR-10", row, k, s, cifar10=True, headline=k == 2) for s in seeds]
+    sweeps = (("k_sweep", "k sweep", data, params["ks"]), ("cifar10", "CIFAR-10", "CIFAR-10", params["cifar10_ks"]))
+    for experiment, table, name, ks in (sweep for sweep in sweeps if sweep[0] in experiments):
+        cifar10 = experiment == "cifar10"
+        for k in ks:
+            items += [logit(table, f"{name} k={k}", a, k, s, cifar10=cifar10, headline=k == 2)
+                      for a in params["aggregators"] for s in seeds]
+            items += [fedavg(table, f"{name} k={k}", k, s, cifar10=cifar10, headline=k == 2) for s in seeds]
     if "public_size" in experiments:
         items += [logit("Ablation: public set", f"{data} k={k0} n={n}", a, k0, s, 1, public_size=n)
                   for n in params["public_sizes_ablation"] for a in params["aggregators"] for s in seeds]
@@ -279,19 +252,13 @@ def _stage_points(stage: str, done: list[dict[str, Any]], top: int) -> list[dict
 
 
 def calibration_path():
-    from ..book import results_dir
-
     return results_dir().parent / "logitfl-calibration.json"  # not a run: beside the store of runs
 
 
 def load_calibration(path=None) -> dict[str, Any]:
     """The stored calibration record ({"points": [], ...} when there is none)."""
-    import json
-
     path = path or calibration_path()
-    if not path.is_file():
-        return {"points": []}
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()) if path.is_file() else {"points": []}
 
 
 def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 3, shard: int = 0,
@@ -311,15 +278,13 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
     import datetime as dt
     import fcntl
     import hashlib
-    import json
-    import tempfile
-    from pathlib import Path
     import platform
+    import tempfile
     import time
+    from pathlib import Path
 
     import torch
 
-    from ..book import git_commit, load_profile
     from ..cache import atomic_write_text
     from ..run import run
 
@@ -378,6 +343,263 @@ def calibrated_choice(record: dict[str, Any]) -> dict[str, Any] | None:
     confirmed = [r for r in record["points"] if r["stage"] == "confirm"]
     pool = confirmed or record["points"]
     return max(pool, key=lambda r: r["accuracy"])["choice"] if pool else None
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+class LogitFL(Chapter):
+    """The logit-FL page: calibration, headline, k sweep, CIFAR-10, communication, UWA weights, ablations."""
+
+    name = "logitfl"
+    labels = LABELS
+    experiment_configs = staticmethod(experiment_configs)
+
+    k0 = property(lambda self: self.params["ks"][0])  # the first k: the headline's and the ablations'
+
+    @staticmethod
+    def glue(values: dict[str, Any]) -> None:
+        """Every number the text quotes; a text is glued as Markdown (``{glue:md}``)."""
+        from IPython.display import Markdown
+
+        Chapter.glue({n: Markdown(v) if isinstance(v, str) else v for n, v in values.items()})
+
+    def first_seed_run(self, aggregator: str, **overrides):
+        return self.result(logit_config(self.params, aggregator, self.k0, self.params["seeds"][0], **overrides))
+
+    def calibration_search(self):
+        """The calibration record's notes, its points as a table and a figure (None, None: no points)."""
+        import matplotlib.pyplot as plt
+
+        record = load_calibration()
+        points = record["points"]
+        if not points:
+            return "No calibration recorded yet (run fedlib.chapters.logitfl.calibrate()).", None, None
+        fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
+        for stage, color in {"pilot": "gray", "structure": "C0", "tuning": "C1", "edge": "C2", "confirm": "C3"}.items():
+            at = [i for i, r in enumerate(points) if r["stage"] == stage]
+            ax.scatter([i + 1 for i in at], [100 * points[i]["accuracy"] for i in at], color=color, label=stage,
+                       zorder=3)
+        ax.axhspan(PAPER_SIMPLE - 3, PAPER_SIMPLE + 3, color="green", alpha=0.12, label="paper ± 3 points")
+        ax.axhline(PAPER_SIMPLE, color="green", linestyle="--")
+        ax.set(xlabel="search point (order run)", ylabel="simple averaging, test accuracy (%)",
+               title="Calibration on simple averaging (MNIST, k = 2, seed 0)", xticks=range(1, len(points) + 1))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        notes = "\n".join(record[n] for n in ("note", "note_confirm") if record.get(n))
+        return notes, calibration_table(record), fig
+
+    def calibration_verdict(self):
+        """The first protocol's stored runs (or None), the calibrated choice vs this profile's, ``cal_text``."""
+        import pandas as pd
+
+        points = load_calibration()["points"]
+        first_frame, choice = None, ""
+        if points:
+            first_params = {**self.paper_params, **FIRST}
+            first, _ = stored(first_params)
+            if first:
+                line = {LABELS[a]: pm(*v) for a, v in row(first_params, first, self.k0, with_fedavg=False).items()}
+                first_frame = pd.DataFrame([line], index=pd.Index(
+                    ["first (uncalibrated), stored paper profile, k = 2"], name="protocol"))
+            chosen = calibrated_choice({"points": points})
+            in_force = {f: self.params.get(f) for f in chosen}
+            choice = (f"calibrated choice: {chosen}\nthis profile uses: {in_force} "
+                      + ("" if in_force == chosen else "(differs: a reduced profile or a stale search)"))
+        confirmed = [r for r in points if r["stage"] == "confirm"]
+        text = "No point has been confirmed at the paper protocol yet."
+        if confirmed:
+            best = max(confirmed, key=lambda r: r["accuracy"])
+            gap = PAPER_SIMPLE - 100 * best["accuracy"]
+            text = ("At the paper protocol (LeNet-5, seed 0) simple averaging reaches "
+                    + ", ".join(f"{100 * r['accuracy']:.2f} % (lr {r['choice']['lr']:g}, {r['choice']['local_epochs']} "
+                                f"local, {r['choice']['distill_epochs']} distillation epoch(s), "
+                                f"T = {r['choice']['temperature']:g})" for r in confirmed)
+                    + f"; the best, the calibrated protocol, is {100 * best['accuracy']:.2f} % against the paper's "
+                    f"{PAPER_SIMPLE:.2f} %: " + ("within 3 points." if abs(gap) <= 3 else f"{gap:.2f} points short."))
+        screened = [r for r in points if r["protocol"] == "screen" and r["config"]["model"] == "mlp"]
+        if screened:
+            top = max(screened, key=lambda r: r["accuracy"])
+            clients = [100 * r["mean_client_accuracy"] for r in points]
+            text += (f" {'A' if abs(100 * top['accuracy'] - PAPER_SIMPLE) <= 3 else 'No'} screened point comes "
+                     f"within 3 points of the paper: the best reaches {100 * top['accuracy']:.2f} % ({top['stage']} "
+                     "stage, MLP screen).")
+            if max(clients) <= 25:
+                text += (f" In every point the clients' own test accuracy after private training is "
+                         f"{min(clients):.1f}–{max(clients):.1f} % (a perfect 2-class expert scores about 20 %): "
+                         "private training undoes what the refinement taught, so simple averaging averages the "
+                         "logits of 2-class experts on classes most of them never saw, and the protocol choices "
+                         "move it only within that regime.")
+        simple = [100 * r.final["accuracy"] for c in row_configs(self.paper_params, self.k0)["simple"]
+                  if (r := self.stored.results.get(c.key()))]
+        if simple:
+            mean, std = mean_std(simple)
+            text += (f" Stored paper-profile runs at the profile's protocol: simple averaging "
+                     f"{pm(mean, std) if len(simple) > 1 else f'{mean:.2f}'} % over {len(simple)} seed(s) ("
+                     + ("" if abs(mean - PAPER_SIMPLE) <= 3 else "not ") + "within 3 points of the paper).")
+        return first_frame, choice, {"cal_text": text}
+
+    def headline(self):
+        """MNIST, k = ks[0]: paper, ours and stored per method (bold: the best), and the gains over simple averaging."""
+        import pandas as pd
+
+        aggregators = self.params["aggregators"]
+        paper = {m: 100 * v[0] for m, v in self.paper_values("Headline", "MNIST k=2", LABELS).items()}  # FedAvg: NaN
+        sources = self.sources(lambda p: row_configs(p, self.k0))
+        head, stored_head = sources[self.ours], sources.get(OURS_STORED, {})
+        lines = {"paper (LeNet, full protocol)": {m: pm(paper[m], float("nan")) for m in head},
+                 self.ours: {m: pm(*v) for m, v in head.items()}}
+        if any(v[0] == v[0] for v in stored_head.values()):
+            seeds = sorted({r.config["seed"] for r in self.stored.results.values()})
+            lines[f"{OURS_STORED} (seeds {seeds})"] = {m: pm(*v) for m, v in stored_head.items()}
+        frame = pd.DataFrame.from_dict(lines, orient="index").rename(columns=LABELS).rename_axis("source")
+        return bold_best(frame, list(frame.columns)), {
+            "head_k": self.k0, "head_best": LABELS[max(aggregators, key=lambda a: head[a][0])],
+            "head_uwa_gain": head["uwa"][0] - head["simple"][0], "head_meta_gain": head["meta"][0] - head["simple"][0],
+            "paper_uwa_gain": paper["uwa"] - paper["simple"], "paper_meta_gain": paper["meta"] - paper["simple"],
+            "head_fedavg": head["fedavg"][0]}
+
+    def accuracy_table(self, settings: dict, index: str, **row_args):
+        """Final accuracy (bold: the best) per setting {label: row() arguments}, and the rows."""
+        import pandas as pd
+
+        rows = {label: row(self.params, self.results, **row_args, **args) for label, args in settings.items()}
+        frame = pd.DataFrame.from_dict({label: {m: pm(*v) for m, v in r.items()} for label, r in rows.items()},
+                                       orient="index").rename(columns=LABELS).rename_axis(index)
+        return bold_best(frame, list(frame.columns)), rows
+
+    def k_sweep(self):
+        """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""
+        import matplotlib.pyplot as plt
+
+        ks, seed, methods = self.params["ks"], self.params["seeds"][0], [*self.params["aggregators"], "fedavg"]
+        table, by_k = self.accuracy_table({k: {"k": k} for k in ks}, "k")
+        fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
+        for m in methods:
+            axes[0].plot(ks, [by_k[k][m][0] for k in ks], marker="o", label=LABELS[m])
+        axes[0].set(xlabel="classes per client k", ylabel="test accuracy (%)", title="(a) final accuracy vs k",
+                    xticks=ks)
+        first_seed = row_configs(self.params, self.k0)
+        for m in methods:
+            x, y = curve(self.result(first_seed[m][0]))
+            axes[1].plot(x, y, marker=".", label=LABELS[m], **({"color": "gray"} if m == "fedavg" else {}))
+        axes[1].set(xlabel="round", ylabel="test accuracy (%)",
+                    title=f"(b) accuracy per round, k = {self.k0}, seed {seed}", xticks=x)
+        for ax in axes:
+            ax.grid(alpha=0.3)
+            ax.legend()
+        return table, fig, {"k_meta_best": sum(max(methods, key=lambda m: by_k[k][m][0]) == "meta" for k in ks),
+                            "k_uwa_wins": sum(by_k[k]["uwa"][0] > by_k[k]["simple"][0] for k in ks), "k_n": len(ks)}
+
+    def cifar10(self):
+        """The CIFAR-10 rows (None: not run), a line on the data, and the best method."""
+        note = next((r.meta["dataset_source"] for r in self.runs if r.config["dataset"] == "cifar10"), None)
+        if note is None:
+            return (None, "No CIFAR-10 under the data root (or not in this profile): these rows were not run.",
+                    {"c_best": "not run"})
+        label, ks = "CIFAR-10 (JPEG copy)" if "JPEG" in note else "CIFAR-10", self.params["cifar10_ks"]
+        table, rows = self.accuracy_table({f"{label}, k = {k}": {"k": k} for k in ks}, "data", cifar10=True)
+        first = rows[f"{label}, k = {ks[0]}"]
+        return table, f"data: {note}", {"c_best": LABELS[max(first, key=lambda m: first[m][0])]}
+
+    def communication_table(self):
+        """Floats per round of each aggregator against FedAvg's (k = ks[0], first seed), a line on the model."""
+        import pandas as pd
+
+        lines = {}
+        for a in self.params["aggregators"]:
+            c = communication(self.first_seed_run(a))
+            lines[LABELS[a]] = {"up (floats)": f"{c['up']:,.0f}", "down (floats)": f"{c['down']:,.0f}",
+                                "total": f"{c['total']:,.0f}", "FedAvg (floats)": f"{c['fedavg']:,.0f}",
+                                "FedAvg / logit": f"{c['ratio']:.2f}x"}
+        simple = self.first_seed_run("simple")
+        note = (f"model: {self.params['model']}, {simple.meta['model_parameters']:,} parameters; "
+                f"public set: {simple.config['server_val']:,} samples")
+        return (pd.DataFrame.from_dict(lines, orient="index").rename_axis("aggregator"), note,
+                {"comm_ratio": communication(simple)["ratio"]})
+
+    def uwa_weights(self):
+        """The last round's UWA weights (k = ks[0], first seed): by class, largest weight, entropy."""
+        import matplotlib.pyplot as plt
+
+        uwa = self.first_seed_run("uwa")
+        info = uwa.final["uwa_weights"]
+        class_weight = np.asarray(info["class_weight"])
+        held = np.asarray(uwa.meta["client_class_counts"]) > 0
+        edges = np.asarray(info["hist_edges"])
+        fig, axes = plt.subplots(1, 3, figsize=(14, 3.6), layout="constrained")
+        im = axes[0].imshow(class_weight, cmap="viridis", aspect="auto", vmin=0)
+        for i, c in zip(*np.nonzero(held)):
+            axes[0].add_patch(plt.Rectangle((c - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=1.5))
+        axes[0].set(xlabel="class of the public sample", ylabel="client", title="(a) mean weight by class")
+        fig.colorbar(im, ax=axes[0], shrink=0.8)
+        axes[1].bar(edges[:-1], info["max_weight_hist"], width=edges[1] - edges[0], align="edge")
+        axes[1].axvline(info["uniform_weight"], color="red", linestyle="--", label="uniform 1/N")
+        axes[1].set(xlabel="largest client weight", ylabel="public samples", title="(b) largest weight per sample")
+        axes[1].legend()
+        axes[2].bar(edges[:-1], info["entropy_hist"], width=edges[1] - edges[0], align="edge")
+        axes[2].set(xlabel="normalised entropy of the weights", ylabel="public samples", title="(c) weight entropy")
+        return fig, {"w_max": info["mean_max_weight"], "w_uniform": info["uniform_weight"],
+                     "w_entropy": info["mean_entropy"], "w_holder": float((class_weight * held).sum(0).mean()),
+                     "w_random": float(held.sum(0).mean() / held.shape[0])}
+
+    def public_size(self):
+        """Final accuracy per public-set size (bold: the best) and what the smallest costs."""
+        sizes = [self.params["public_size"], *self.params["public_sizes_ablation"]]
+        big, small = sizes[0], sizes[-1]
+        table, rows = self.accuracy_table({n: {"public_size": n} if n != big else {} for n in sizes}, "public samples",
+                                          k=self.k0, with_fedavg=False)
+        drop = ", ".join(f"{LABELS[a]} {rows[big][a][0] - rows[small][a][0]:+.2f}" for a in self.params["aggregators"])
+        return table, {"p_small": small, "p_big": big, "p_drop": drop}
+
+    def dropout(self):
+        """Final accuracy per dropout rate, the meta-model's clients per round at the largest, the change."""
+        rates = [0.0, *self.params["dropouts"]]
+        table, rows = self.accuracy_table({f"{p:g}": {"dropout": p} if p else {} for p in rates}, "dropout p",
+                                          k=self.k0, with_fedavg=False)
+        last, meta = rates[-1], self.first_seed_run("meta", dropout=rates[-1])
+        present = np.asarray([h["diagnostics"]["present"] for h in meta.history])
+        delta = ", ".join(f"{LABELS[a]} {rows[f'{last:g}'][a][0] - rows['0'][a][0]:+.2f}"
+                          for a in self.params["aggregators"])
+        return table, f"meta-model, p = {last}: clients present per round: {present.sum(1).tolist()}", {
+            "d_p": last, "d_delta": delta,
+            "d_meta_ok": "completed every round" if len(meta.history) == meta.config["rounds"] else "failed"}
+
+    def uwa_tau(self):
+        """UWA's final accuracy per τ (1: the paper's rule, ∞: simple averaging), ours and stored."""
+        import pandas as pd
+
+        def column(aggregator, **overrides):  # the other aggregators ignore uwa_tau
+            sources = self.sources(lambda p: row_configs(p, self.k0, with_fedavg=False, **overrides))
+            return {source: pm(*values[aggregator]) for source, values in sources.items()}
+
+        taus = {f"{tau:g}" + (" (paper)" if tau == 1.0 else ""): {} if tau == 1.0 else {"uwa_tau": tau}
+                for tau in [1.0, *self.params["uwa_taus"]]}
+        lines = {label: column("uwa", **overrides) for label, overrides in taus.items()}
+        lines["∞ (simple averaging)"] = column("simple")
+        return pd.DataFrame.from_dict(lines, orient="index").rename_axis("UWA τ")
+
+    def closing(self):
+        """Paper, ours and stored per k and aggregator, the stored UWA runs per round; records the headlines."""
+        import pandas as pd
+
+        aggregators, lines, headlines = self.params["aggregators"], [], []
+        paper = {a: 100 * v[0] for a, v in self.paper_values("Headline", "MNIST k=2", aggregators).items()}
+        for k in self.params["ks"]:
+            sources = self.sources(lambda p: row_configs(p, k, with_fedavg=False))
+            for a in aggregators:
+                lines.append({"k": k, "aggregator": LABELS[a], "paper": f"{paper[a]:.2f}" if k == 2 else "—",
+                              **{source: pm(*values[a]) for source, values in sources.items()}})
+                if k == 2:
+                    headlines.append({"claim": f"{LABELS[a]} accuracy, MNIST k = 2", "paper": round(paper[a], 2),
+                                      "ours": round(sources[self.ours][a][0], 2), "unit": "%"})
+        self.record_headlines(headlines)
+        notes = [f"stored paper-profile UWA, k = 2, seed {s}: accuracy per round (%) "
+                 f"{[round(100 * h['accuracy'], 1) for h in run.history]}; mean largest client weight per round "
+                 f"{[round(h['diagnostics']['mean_max_weight'], 2) for h in run.history]}"
+                 for s in sorted({r.config["seed"] for r in self.stored.results.values()})
+                 if (run := self.stored.results.get(logit_config(self.paper_params, "uwa", 2, s).key()))]
+        return pd.DataFrame(lines).set_index(["k", "aggregator"]), "\n".join(notes)
 
 
 if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--shard i/n]

@@ -81,7 +81,7 @@ class FedAvg(Chapter):
         return runs
 
     def _grid(self, height: float, **kwargs):
-        """A figure with one axis per split, three to a row; yields (axis, split, the split's first seed)."""
+        """A figure with one axis per split, three to a row, and its (axis, split) pairs."""
         import matplotlib.pyplot as plt
 
         p = self.params

@@ -21,6 +21,7 @@ per-client weight to the data-size share.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -210,18 +211,11 @@ def table(results: dict, params: dict[str, Any], datasets: list[str]) -> "pd.Dat
     import pandas as pd
 
     rows = []
-    for d in datasets:
-        for s in params["splits"]:
-            for seed in params["seeds"]:
-                base = results.get(run_config(params, d, s, BASELINE, seed).key())
-                for m in params["methods"]:
-                    r = results.get(run_config(params, d, s, m, seed).key())
-                    if r is None:
-                        continue
-                    row = {"dataset": d, "split": s, "seed": seed, "method": label(m), "key": m,
-                           **run_metrics(r, m)}
-                    row["server_ratio"] = row["server_s"] / server_time(base) if base is not None else np.nan
-                    rows.append(row)
+    for d, s, seed, m in itertools.product(datasets, params["splits"], params["seeds"], params["methods"]):
+        r, base = (results.get(run_config(params, d, s, key, seed).key()) for key in (m, BASELINE))
+        if r is not None:
+            rows.append({"dataset": d, "split": s, "seed": seed, "method": label(m), "key": m, **run_metrics(r, m),
+                         "server_ratio": server_time(r) / server_time(base) if base is not None else np.nan})
     return pd.DataFrame(rows)
 
 
@@ -256,7 +250,8 @@ def queue_items(params: dict[str, Any]) -> list:
     first = params["seeds"][0]
     items = [QueueItem("leaderboard", "Leaderboard", f"{d} {s}", label(m), seed, run_config(params, d, s, m, seed),
                        run_round, headline=s == "Maverick", table_rank=2, first_seed=seed == first)
-             for d in params["datasets"] for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
+             for d, s, m, seed in itertools.product(params["datasets"], params["splits"], params["methods"],
+                                                    params["seeds"])]
     for d in params["datasets"]:
         items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c),
                             c.seed, c, run_round,
@@ -295,6 +290,7 @@ class Leaderboard(Chapter):
         return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)]
 
     def stored_runs(self, configs=None):
+        """None: the page shows this build's runs only."""
         return None
 
     def run(self) -> list:

@@ -379,14 +379,14 @@ class Leaderboard(Chapter):
         methods = mav.copy()
         ref_runs = [self.result(run_config(p, d, "Maverick", BASELINE, s)) for d in self.datasets for s in p["seeds"]
                     ] if "Maverick" in p["splits"] and BASELINE in p["methods"] else []
-        ranks = pd.DataFrame([reference_ranks(r) for r in ref_runs]).mean() if ref_runs else {}
+        ranks = pd.Series(np.nan, index=list(REFERENCE_NAMES))
         if ref_runs:
+            ranks = pd.DataFrame([reference_ranks(r) for r in ref_runs]).mean()
             for name, text in REFERENCE_NAMES.items():
                 mav.loc[f"reference: {text}", "Maverick rank"] = ranks[name]
         values = {"lb_mav_best": best(methods, "Maverick rank", higher_is_better=False, empty="none"),
                   "lb_mav_best_rank": float(methods["Maverick rank"].min()),
-                  "lb_mav_shapley": float(ranks["shapley"]) if ref_runs else float("nan"),
-                  "lb_mav_size": float(ranks["size"]) if ref_runs else float("nan"),
+                  "lb_mav_shapley": float(ranks["shapley"]), "lb_mav_size": float(ranks["size"]),
                   "lb_mav_rare_best": best(methods, "rare-class acc. %", empty="none"), "lb_n": p["n_clients"]}
         return (mav.style.format("{:.2f}", na_rep="—").background_gradient(cmap="Greens_r", subset=["Maverick rank"]),
                 values)

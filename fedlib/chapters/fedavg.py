@@ -14,6 +14,7 @@ import numpy as np
 
 from ..config import RunConfig, make_config
 from . import run_options
+from .base import Chapter
 
 # split label -> (split spec, CELM Table 1 row)
 SPLITS: dict[str, tuple[dict[str, Any], str]] = {
@@ -25,6 +26,7 @@ SPLITS: dict[str, tuple[dict[str, Any], str]] = {
 }
 METHOD_LABELS = {"fedavg_uniform": "FedAvg (uniform)", "fedavg": "FedAvg (sample count)"}
 PAPER_METHOD = "fedavg_uniform"  # CELM's FedAvg column uses uniform weights
+GAP_TOLERANCE = 2.0  # percentage points: ours "within" the paper's value
 
 
 def config(params: dict[str, Any], split: str, method: str, seed: int) -> RunConfig:
@@ -44,29 +46,6 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
             for seed in params["seeds"]]
 
 
-def final_accuracy(results: dict[str, Any], params, split: str, method: str) -> list[float]:
-    """Final test accuracies (%) over seeds, for the runs present in ``results`` (key -> RunResult)."""
-    out = []
-    for seed in params["seeds"]:
-        r = results.get(config(params, split, method, seed).key())
-        if r is not None:
-            out.append(100.0 * r.final["accuracy"])
-    return out
-
-
-def split_summary(results_by_key: dict[str, Any], params):
-    """Client sizes and classes held per client for each split (first seed), from the runs."""
-    import pandas as pd
-
-    rows = []
-    for split in params["splits"]:
-        r = results_by_key[config(params, split, params["methods"][0], params["seeds"][0]).key()]
-        counts = np.asarray(r.meta["client_class_counts"])
-        rows.append({"split": split, "samples per client": ", ".join(str(int(v)) for v in counts.sum(1)),
-                     "classes per client": ", ".join(str(int(v)) for v in (counts > 0).sum(1))})
-    return pd.DataFrame(rows).set_index("split")
-
-
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): CELM Table 1's
     FedAvg column and sample-count FedAvg beside it; headline row Dir(0.05)."""
@@ -75,3 +54,94 @@ def queue_items(params: dict[str, Any]) -> list:
     return [QueueItem("fedavg", "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], seed, config(params, s, m, seed),
                       run_round, headline=s == "Dir(0.05)", first_seed=seed == params["seeds"][0])
             for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
+
+
+class FedAvg(Chapter):
+    """The page: the splits, CELM Table 1's FedAvg column beside ours, the training curves."""
+
+    name = "fedavg"
+    labels = METHOD_LABELS
+
+    def __init__(self, profile: str, params: dict[str, Any]):
+        """The paper's values are CELM's (``book/reference/celm.yaml``, Table 1)."""
+        from .. import book
+
+        self.profile, self.params, self.ours = profile, params, f"ours ({profile})"
+        self.paper_params, self.reference = book.load_profile(self.name, "paper"), book.load_reference("celm")
+        self.results, self.runs, self.stored = {}, [], None
+
+    def configs(self, params=None, experiments=None) -> list[RunConfig]:
+        return configs(self.params if params is None else params)
+
+    def run(self) -> list:
+        """This build's runs and the stored paper-profile runs (their provenance is printed below the table)."""
+        runs = super().run(quiet=True)
+        wall = sum(r.meta["wall_time"] for r in runs)
+        print(f"{len(runs)} runs; {wall:.0f} s of training when first computed (device: {runs[0].meta['device']})")
+        return runs
+
+    def _grid(self, height: float, **kwargs):
+        """A figure with one axis per split, three to a row, and its (axis, split) pairs."""
+        import matplotlib.pyplot as plt
+
+        p = self.params
+        columns = min(3, len(p["splits"]))
+        rows = -(-len(p["splits"]) // columns)
+        fig, axes = plt.subplots(rows, columns, figsize=(4.4 * columns, height * rows), squeeze=False, **kwargs)
+        for ax in axes.flat[len(p["splits"]):]:
+            ax.remove()
+        return fig, zip(axes.flat, p["splits"])
+
+    def split_figure(self):
+        """Bubble plots of each split's client x class counts (first seed), and each client's samples and classes."""
+        import pandas as pd
+
+        from ..plots import bubble_plot
+
+        fig, axes = self._grid(4.6)
+        rows = []
+        for ax, split in axes:
+            run = self.result(config(self.params, split, self.params["methods"][0], self.params["seeds"][0]))
+            counts = np.asarray(run.meta["client_class_counts"])
+            bubble_plot(counts, ax=ax, title=split)
+            rows.append({"split": split, "samples per client": ", ".join(str(int(v)) for v in counts.sum(1)),
+                         "classes per client": ", ".join(str(int(v)) for v in (counts > 0).sum(1))})
+        return fig, pd.DataFrame(rows).set_index("split")
+
+    def table1(self):
+        """Final accuracy per split, mean ± std: CELM Table 1's FedAvg, ours and the stored paper-profile runs;
+        the headline claims (uniform FedAvg vs the paper) and the numbers the verdict quotes."""
+        import pandas as pd
+
+        from .. import book
+
+        methods = self.params["methods"]
+        rows, gaps, claims, sample_count_better = [], [], [], 0
+        for split in self.params["splits"]:
+            paper, paper_std = book.reference_value(self.reference, "Table 1", SPLITS[split][1], "FedAvg")
+            sources = self.sources(lambda p, split=split: {m: [config(p, split, m, s) for s in p["seeds"]]
+                                                           for m in methods})
+            ours = sources[self.ours]
+            ours_columns = {f"{src}: {METHOD_LABELS[m]}": book.pm(*sources[src][m]) for m in methods for src in sources}
+            rows.append({"split": split, "paper: FedAvg (uniform)": book.pm(paper, paper_std), **ours_columns})
+            if PAPER_METHOD in ours:
+                gaps.append(ours[PAPER_METHOD][0] - paper)
+                claims.append({"claim": f"FedAvg (uniform) accuracy, F.MNIST {split} (CELM Table 1)", "paper": paper,
+                               "ours": round(paper + gaps[-1], 2), "unit": "%"})
+                sample_count_better += "fedavg" in ours and ours["fedavg"][0] > ours[PAPER_METHOD][0]
+        gaps = np.asarray(gaps)
+        values = {"n_splits": len(self.params["splits"]), "n_within": int((np.abs(gaps) <= GAP_TOLERANCE).sum()),
+                  "mean_gap": float(gaps.mean()), "worst_gap": float(gaps[np.argmax(np.abs(gaps))]),
+                  "n_sample_count_better": int(sample_count_better)}
+        return pd.DataFrame(rows).set_index("split"), claims, values
+
+    def curves(self):
+        """Test accuracy after every round, one axis per split (first seed)."""
+        from ..plots import accuracy_curves
+
+        fig, axes = self._grid(3.4, layout="constrained")
+        for ax, split in axes:
+            accuracy_curves({METHOD_LABELS[m]: self.result(config(self.params, split, m, self.params["seeds"][0]))
+                             for m in self.params["methods"]}, ax=ax)
+            ax.set_title(split)
+        return fig

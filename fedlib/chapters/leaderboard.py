@@ -21,14 +21,16 @@ per-client weight to the data-size share.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig, make_config
-from . import run_options
 from .. import contributions
+from ..config import RunConfig, make_config
 from . import celm as celm_chapter
+from . import run_options
+from .base import Chapter
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
 # the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
@@ -58,7 +60,7 @@ SPLITS: dict[str, dict[str, Any]] = {
     "Adversarial": {"name": "adversarial"},  # role counts from the profile's ``adversarial``
 }
 FREE_RIDER_ROLES = ("free_rider", "weak_free_rider")
-REFERENCES = ("shapley", "loo", "size")
+REFERENCE_NAMES = {"shapley": "exact Shapley", "loo": "leave-one-out", "size": "data-size share"}
 KL_SMOOTHING = 0.01  # share of the uniform distribution mixed into both sides of a KL
 
 
@@ -209,26 +211,12 @@ def table(results: dict, params: dict[str, Any], datasets: list[str]) -> "pd.Dat
     import pandas as pd
 
     rows = []
-    for d in datasets:
-        for s in params["splits"]:
-            for seed in params["seeds"]:
-                base = results.get(run_config(params, d, s, BASELINE, seed).key())
-                for m in params["methods"]:
-                    r = results.get(run_config(params, d, s, m, seed).key())
-                    if r is None:
-                        continue
-                    row = {"dataset": d, "split": s, "seed": seed, "method": label(m), "key": m,
-                           **run_metrics(r, m)}
-                    row["server_ratio"] = row["server_s"] / server_time(base) if base is not None else np.nan
-                    rows.append(row)
+    for d, s, seed, m in itertools.product(datasets, params["splits"], params["seeds"], params["methods"]):
+        r, base = (results.get(run_config(params, d, s, key, seed).key()) for key in (m, BASELINE))
+        if r is not None:
+            rows.append({"dataset": d, "split": s, "seed": seed, "method": label(m), "key": m, **run_metrics(r, m),
+                         "server_ratio": server_time(r) / server_time(base) if base is not None else np.nan})
     return pd.DataFrame(rows)
-
-
-def summary(frame, split: str | None = None, columns=None) -> "pd.DataFrame":  # noqa: F821
-    """Mean over datasets and seeds (and splits unless ``split``) of each method's columns."""
-    sub = frame if split is None else frame[frame["split"] == split]
-    cols = columns or [c for c in sub.columns if c not in ("dataset", "split", "seed", "method", "key")]
-    return sub.groupby("method", sort=False)[cols].mean(numeric_only=True)
 
 
 def uwa_metrics(result) -> dict[str, Any]:
@@ -243,36 +231,12 @@ def uwa_metrics(result) -> dict[str, Any]:
     return out
 
 
-def radar_scores(summary_frame) -> "pd.DataFrame":  # noqa: F821
-    """Each method's summary on [0, 1] axes (1 = best): accuracy / 100, balanced accuracy / 100,
-    (ρ_Shapley + 1) / 2, free-rider AUROC, Maverick score 1 − (rank − 1)/(N − 1), and
-    cheapness 1 / max(1, server time ratio to FedAvg)."""
-    import pandas as pd
-
-    f = summary_frame
-    n = f["n_clients"].clip(lower=2)
-    return pd.DataFrame({
-        "accuracy": f["accuracy"] / 100, "balanced acc.": f["balanced_accuracy"] / 100,
-        "ρ Shapley": (f["rho_shapley"] + 1) / 2, "free-rider AUROC": f["fr_auroc"],
-        "Maverick": 1 - (f["maverick_rank"] - 1) / (n - 1), "cheapness": 1 / f["server_ratio"].clip(lower=1),
-    })
-
-
 def reference_ranks(result) -> dict[str, float]:
     """The Maverick's rank under each reference of a run's final round (exact Shapley, LOO, data size)."""
     roles = result.meta["client_roles"]
     clients = result.final["reference"]["clients"]
     return {name: maverick_rank(_full(values, clients, len(roles)), roles)
             for name, values in references(result).items()}
-
-
-def best(frame, column: str, higher_is_better: bool = True, tol: float = 1e-9) -> list[str]:
-    """The index labels tied for the best finite value of ``column`` (empty if none is finite)."""
-    values = frame[column].dropna()
-    if values.empty:
-        return []
-    top = values.max() if higher_is_better else values.min()
-    return [str(i) for i, v in values.items() if abs(v - top) <= tol]
 
 
 # ----------------------------------------------------------------------------- the results queue
@@ -286,9 +250,227 @@ def queue_items(params: dict[str, Any]) -> list:
     first = params["seeds"][0]
     items = [QueueItem("leaderboard", "Leaderboard", f"{d} {s}", label(m), seed, run_config(params, d, s, m, seed),
                        run_round, headline=s == "Maverick", table_rank=2, first_seed=seed == first)
-             for d in params["datasets"] for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
+             for d, s, m, seed in itertools.product(params["datasets"], params["splits"], params["methods"],
+                                                    params["seeds"])]
     for d in params["datasets"]:
         items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c),
                             c.seed, c, run_round,
                             table_rank=2, first_seed=c.seed == first) for c in uwa_configs(params, d)]
     return items
+
+
+# ----------------------------------------------------------------------------- the page
+
+
+def best(frame, column: str, higher_is_better: bool = True, empty: str = "", tol: float = 1e-9):
+    """The index labels tied for the best finite value of ``column``, as Markdown (``empty`` if none is finite)."""
+    from IPython.display import Markdown
+
+    values = frame[column].dropna()
+    top = values.max() if higher_is_better else values.min()
+    return Markdown(", ".join(str(i) for i, v in values.items() if abs(v - top) <= tol) or empty)
+
+
+class Leaderboard(Chapter):
+    """The page: accuracy, fidelity, Mavericks, free-riders, cost, UWA, radars and the closing table."""
+
+    name = "leaderboard"
+
+    def __init__(self, profile: str, params: dict[str, Any]):
+        """No paper reports these numbers: no reference values and no stored paper-profile runs."""
+        from .. import book
+
+        self.profile, self.params, self.ours = profile, params, f"ours ({profile})"
+        self.paper_params, self.reference, self.stored = book.load_profile(self.name, "paper"), None, None
+        self.results, self.runs, self.datasets, self.frame = {}, [], [], None
+
+    def configs(self, params=None, experiments=None) -> list[RunConfig]:
+        """Per dataset, the parameter-averaging runs, then UWA's logit runs."""
+        p = self.params if params is None else params
+        return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)]
+
+    def stored_runs(self, configs=None):
+        """None: the page shows this build's runs only."""
+        return None
+
+    def run(self) -> list:
+        """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line."""
+        import torch
+
+        if self.params["threads"]:
+            torch.set_num_threads(self.params["threads"])
+        super().run(quiet=True)
+        self.datasets = [d for d in self.params["datasets"] if self.has(d)]
+        self.frame = table(self.results, self.params, self.datasets)
+        logit = sum(len(uwa_configs(self.params, d)) for d in self.datasets)
+        wall = sum(r.meta["wall_time"] for r in self.runs)
+        print(f"profile {self.profile}; datasets {', '.join(self.datasets)}; seeds {self.params['seeds']}; "
+              f"{len(self.runs)} runs ({len(self.runs) - logit} parameter-averaging, {logit} logit); {wall:.0f} s of "
+              f"compute when first computed; device {self.runs[0].meta['device']}")
+        return self.runs
+
+    def overview(self) -> dict[str, Any]:
+        from IPython.display import Markdown
+
+        return {"lb_seeds": Markdown(", ".join(map(str, self.params["seeds"]))),
+                "lb_datasets": Markdown(", ".join(self.datasets)), "lb_runs": len(self.runs),
+                "lb_profile": Markdown(f"`{self.profile}`")}
+
+    def summary(self, columns: dict[str, str] | None = None, split: str | None = None, sort: str | None = None,
+                ascending: bool = True):
+        """Each method's mean of ``columns`` (renamed) over datasets and seeds (and splits unless ``split``)."""
+        sub = self.frame if split is None else self.frame[self.frame["split"] == split]
+        cols = list(columns or [c for c in sub.columns if c not in ("dataset", "split", "seed", "method", "key")])
+        out = sub.groupby("method", sort=False)[cols].mean(numeric_only=True)
+        return (out if sort is None else out.sort_values(sort, ascending=ascending)).rename(columns=columns or {})
+
+    def accuracy_table(self):
+        """Final accuracy (%) per split and the mean balanced accuracy, mean over datasets and seeds; best first."""
+        f = self.frame
+        acc = f.pivot_table(index="method", columns="split", values="accuracy", aggfunc="mean")[
+            [s for s in self.params["splits"] if s in set(f["split"])]]
+        acc["mean"] = acc.mean(axis=1)
+        acc["balanced (mean)"] = f.groupby("method")["balanced_accuracy"].mean()
+        acc = acc.sort_values("mean", ascending=False)
+        fedavg = label("fedavg")
+        values = {"lb_acc_best": best(acc, "mean"), "lb_acc_best_value": float(acc["mean"].max()),
+                  "lb_acc_fedavg": float(acc.loc[fedavg, "mean"]) if fedavg in acc.index else float("nan")}
+        return acc.style.format("{:.2f}").background_gradient(cmap="Greens", axis=0), values
+
+    def fidelity_table(self):
+        """Spearman ρ and KL of the final contributions to each reference, mean over federations."""
+        short = {"shapley": "Shapley", "loo": "LOO", "size": "size"}
+        columns = {f"{k}_{r}": f"{sym} {short[r]}" for k, sym in (("rho", "ρ"), ("kl", "KL")) for r in short}
+        fid = self.summary(columns, sort="rho_shapley", ascending=False)
+        values = {"lb_fid_best": best(fid, "ρ Shapley"), "lb_fid_best_value": float(fid["ρ Shapley"].max()),
+                  "lb_fid_size_best": best(fid, "ρ size")}
+        return (fid.style.format("{:.3f}").background_gradient(cmap="Greens", subset=[c for c in fid if "ρ" in c])
+                .background_gradient(cmap="Reds", subset=[c for c in fid if "KL" in c])), values
+
+    def show_contributions(self) -> None:
+        """Shows each method's final-round contribution beside the exact Shapley value on the first Maverick and
+        free-rider federation (smoke profile: the first only), each figure under its caption."""
+        import matplotlib.pyplot as plt
+        from IPython.display import Markdown, display
+
+        from ..plots import contribution_vs_truth
+
+        p, dataset, seed = self.params, self.datasets[0], self.params["seeds"][0]
+        for split in [s for s in ("Maverick", "Free-rider") if s in p["splits"]][:1 if self.profile == "smoke" else 2]:
+            runs = {label(k): self.result(run_config(p, dataset, split, k, seed)) for k in p["methods"]}
+            first = next(iter(runs.values()))
+            display(Markdown(f"Each method's final-round contribution on the **{split}** federation ({dataset}, seed "
+                             f"{seed}), as a share of its total, beside the exact Shapley value of that round."))
+            histories = {name: contribution_history(r) for name, r in runs.items()}
+            fig, ax = plt.subplots(figsize=(8, 3.5), layout="constrained")
+            contribution_vs_truth({k: h[-1] for k, h in histories.items() if len(h)}, references(first)["shapley"],
+                                  first.meta["client_roles"], ax=ax)
+            plt.show()
+
+    def maverick_table(self):
+        """On the Maverick split: the Maverick's rank, rare-class and balanced accuracy, ρ Shapley, and its rank
+        under each reference of sample-count FedAvg's final round."""
+        import pandas as pd
+
+        p = self.params
+        mav = self.summary({"maverick_rank": "Maverick rank", "rare_accuracy": "rare-class acc. %",
+                            "balanced_accuracy": "balanced acc. %", "rho_shapley": "ρ Shapley"}, "Maverick",
+                           sort="maverick_rank")
+        methods = mav.copy()
+        ref_runs = [self.result(run_config(p, d, "Maverick", BASELINE, s)) for d in self.datasets for s in p["seeds"]
+                    ] if "Maverick" in p["splits"] and BASELINE in p["methods"] else []
+        ranks = pd.Series(np.nan, index=list(REFERENCE_NAMES))
+        if ref_runs:
+            ranks = pd.DataFrame([reference_ranks(r) for r in ref_runs]).mean()
+            for name, text in REFERENCE_NAMES.items():
+                mav.loc[f"reference: {text}", "Maverick rank"] = ranks[name]
+        values = {"lb_mav_best": best(methods, "Maverick rank", higher_is_better=False, empty="none"),
+                  "lb_mav_best_rank": float(methods["Maverick rank"].min()),
+                  "lb_mav_shapley": float(ranks["shapley"]), "lb_mav_size": float(ranks["size"]),
+                  "lb_mav_rare_best": best(methods, "rare-class acc. %", empty="none"), "lb_n": p["n_clients"]}
+        return (mav.style.format("{:.2f}", na_rep="—").background_gradient(cmap="Greens_r", subset=["Maverick rank"]),
+                values)
+
+    def free_rider_table(self):
+        """Free-rider AUROC on the free-rider and the adversarial split."""
+        import pandas as pd
+        from IPython.display import Markdown
+
+        det = pd.DataFrame({f"AUROC {s}": self.summary(split=s)["fr_auroc"] for s in ("Free-rider", "Adversarial")
+                            if s in self.params["splits"]})
+        key = det.columns[0] if len(det.columns) else None
+        if key == "AUROC Free-rider":
+            det = det.sort_values(key, ascending=False)
+        values = {"lb_fr_best": best(det, key) if key else Markdown("none"),
+                  "lb_fr_best_value": float(det[key].max()) if key else float("nan"),
+                  "lb_fr_split": Markdown(key.removeprefix("AUROC ") if key else "none"),
+                  "lb_fr_chance": int((det[key] <= 0.5).sum()) if key else 0}
+        return det.style.format("{:.2f}", na_rep="—").background_gradient(cmap="Greens", axis=None), values
+
+    def cost_table(self):
+        """Server time per round relative to FedAvg, absolute server and wall time, and the references' time."""
+        ratio = "server time / FedAvg"
+        cost = self.summary({"server_ratio": ratio, "server_s": "server s / round", "wall_s": "run wall s",
+                             "reference_s": "exact references s"}, sort="server_ratio")
+        valuers = cost.drop(index=[label("fedavg"), label("fedavg_uniform")], errors="ignore")
+        values = {"lb_cost_cheap": best(valuers, ratio, higher_is_better=False),
+                  "lb_cost_cheap_value": float(valuers[ratio].min()),
+                  "lb_cost_dear": best(valuers, ratio), "lb_cost_dear_value": float(valuers[ratio].max())}
+        style = cost.style.format({ratio: "{:.1f}×", "server s / round": "{:.4f}", "run wall s": "{:.1f}",
+                                   "exact references s": "{:.2f}"})
+        return style.background_gradient(cmap="Reds", subset=[ratio]), values
+
+    def uwa_table(self):
+        """Simple logit averaging and UWA on the logit protocol's federation, mean over datasets and seeds."""
+        import pandas as pd
+
+        names = {"simple": "simple average", "uwa": "UWA"}
+        logit_configs = [c for d in self.datasets for c in uwa_configs(self.params, d)]
+        frame = pd.DataFrame([{"dataset": c.dataset, "seed": c.seed, "aggregator": names[aggregator(c)],
+                               **uwa_metrics(self.result(c))} for c in logit_configs])
+        simple = frame[frame["aggregator"] == "simple average"].groupby(["dataset", "seed"])["server_s"].mean()
+        frame["server time / simple"] = [r.server_s / simple[(r.dataset, r.seed)] for r in frame.itertuples()]
+        uwa = frame.groupby("aggregator").mean(numeric_only=True).drop(columns=["seed"])
+        values = {"lb_uwa_gap": float(uwa.loc["UWA", "accuracy"] - uwa.loc["simple average", "accuracy"]),
+                  "lb_uwa_rho": float(uwa.loc["UWA"].get("rho_size", float("nan")))}
+        return uwa.style.format("{:.3f}", na_rep="—"), values
+
+    def radars(self):
+        """One radar per method, six axes on [0, 1] (1 = best; a missing axis at 0): accuracy and balanced accuracy
+        / 100, (ρ_Shapley + 1) / 2, free-rider AUROC, Maverick 1 − (rank − 1)/(N − 1), 1 / max(1, server ratio)."""
+        import matplotlib.pyplot as plt
+        import pandas as pd
+
+        f = self.summary()
+        radar = pd.DataFrame({
+            "accuracy": f["accuracy"] / 100, "balanced acc.": f["balanced_accuracy"] / 100,
+            "ρ Shapley": (f["rho_shapley"] + 1) / 2, "free-rider AUROC": f["fr_auroc"],
+            "Maverick": 1 - (f["maverick_rank"] - 1) / (f["n_clients"].clip(lower=2) - 1),
+            "cheapness": 1 / f["server_ratio"].clip(lower=1)}).fillna(0.0).clip(0, 1)
+        angles = np.linspace(0, 2 * np.pi, len(radar.columns), endpoint=False)
+        closed = np.r_[angles, angles[:1]]
+        cols, rows = 5, -(-len(radar) // 5)
+        fig, axs = plt.subplots(rows, cols, figsize=(3.0 * cols, 3.1 * rows), subplot_kw={"projection": "polar"},
+                                layout="constrained")
+        axs = np.atleast_1d(axs).ravel()
+        for ax in axs[len(radar):]:
+            ax.set_visible(False)
+        for ax, (name, scores) in zip(axs, radar.iterrows()):
+            v = np.r_[scores.to_numpy(), scores.iloc[0]]
+            ax.plot(closed, v, color="C0")
+            ax.fill(closed, v, color="C0", alpha=0.25)
+            ax.set_xticks(angles, list(radar.columns), fontsize=7)
+            ax.set_ylim(0, 1)
+            ax.set_yticks([0.5, 1.0], ["", ""])
+            ax.set_title(name, fontsize=10, pad=12)
+        return fig
+
+    def closing_table(self):
+        """One line per method, means over every federation of this build; best accuracy first."""
+        closing = self.summary({"accuracy": "accuracy %", "balanced_accuracy": "balanced acc. %",
+                                "rho_shapley": "ρ Shapley", "rho_loo": "ρ LOO", "rho_size": "ρ size",
+                                "fr_auroc": "free-rider AUROC", "maverick_rank": "Maverick rank",
+                                "server_ratio": "server time / FedAvg"}, sort="accuracy", ascending=False)
+        values = {"lb_close_fr": best(closing, "free-rider AUROC", empty="none"),
+                  "lb_close_mav": best(closing, "Maverick rank", higher_is_better=False, empty="none")}
+        return closing, values

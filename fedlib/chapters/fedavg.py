@@ -60,15 +60,8 @@ class FedAvg(Chapter):
     """The page: the splits, CELM Table 1's FedAvg column beside ours, the training curves."""
 
     name = "fedavg"
+    paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
-
-    def __init__(self, profile: str, params: dict[str, Any]):
-        """The paper's values are CELM's (``book/reference/celm.yaml``, Table 1)."""
-        from .. import book
-
-        self.profile, self.params, self.ours = profile, params, f"ours ({profile})"
-        self.paper_params, self.reference = book.load_profile(self.name, "paper"), book.load_reference("celm")
-        self.results, self.runs, self.stored = {}, [], None
 
     def configs(self, params=None, experiments=None) -> list[RunConfig]:
         return configs(self.params if params is None else params)

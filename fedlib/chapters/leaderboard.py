@@ -275,14 +275,11 @@ class Leaderboard(Chapter):
     """The page: accuracy, fidelity, Mavericks, free-riders, cost, UWA, radars and the closing table."""
 
     name = "leaderboard"
+    paper = None  # no paper reports these numbers
 
     def __init__(self, profile: str, params: dict[str, Any]):
-        """No paper reports these numbers: no reference values and no stored paper-profile runs."""
-        from .. import book
-
-        self.profile, self.params, self.ours = profile, params, f"ours ({profile})"
-        self.paper_params, self.reference, self.stored = book.load_profile(self.name, "paper"), None, None
-        self.results, self.runs, self.datasets, self.frame = {}, [], [], None
+        super().__init__(profile, params)
+        self.datasets, self.frame = [], None
 
     def configs(self, params=None, experiments=None) -> list[RunConfig]:
         """Per dataset, the parameter-averaging runs, then UWA's logit runs."""

@@ -404,16 +404,14 @@ class FedSCM(Chapter):
         by_n = recovery_curve(p["n_grid"], "n", dict(k=50, c=10), trials)
         by_k = recovery_curve(p["k_grid"], "k", dict(n=k_grid_n, c=10), trials)
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), layout="constrained")
-        for ax, vary, curve in ((axes[0], "n", by_n), (axes[1], "k", by_k)):
+        for ax, vary, curve, xlabel, title in ((axes[0], "n", by_n, "server samples n (K = 50)", "recovery vs n"),
+                                               (axes[1], "k", by_k, f"clients K (n = {k_grid_n})", "recovery vs K")):
             for solver_name, marker in (("PGD", "o"), ("SLSQP", "s")):
                 part = curve[curve.solver == solver_name]
                 ax.plot(part[vary], part["recovery"], marker=marker, label=solver_name)
-            ax.set_ylim(-0.05, 1.05)
+            ax.set(xscale="log", xlabel=xlabel, ylabel="P(exact recovery)", title=title, ylim=(-0.05, 1.05))
             ax.grid(alpha=0.3)
             ax.legend()
-        axes[0].set(xscale="log", xlabel="server samples n (K = 50)", ylabel="P(exact recovery)", title="recovery vs n")
-        axes[1].set(xscale="log", xlabel=f"clients K (n = {k_grid_n})", ylabel="P(exact recovery)",
-                    title="recovery vs K")
         pgd_n = by_n[(by_n.solver == "PGD") & (by_n.recovery >= 0.95)]["n"]
         pgd_k = by_k[by_k.solver == "PGD"].set_index("k")["recovery"]
         return fig, {"easy_pgd": 100 * easy["pgd"], "easy_slsqp": 100 * easy["slsqp"],

@@ -320,12 +320,14 @@ def _split_defaults(name: str) -> dict[str, Any]:
             if p.name not in fixed and p.default is not inspect.Parameter.empty}
 
 
-def _one_line(err: ValidationError, source: str) -> ConfigError:
+def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> ConfigError:
+    """A pydantic error as one line: ``source: field: message (got value)``; an unknown key lists
+    the allowed keys of ``model`` (default: RunConfig)."""
     first = err.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or "config"
     msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
-        allowed = ", ".join(RunConfig.model_fields)
+        allowed = ", ".join((model or RunConfig).model_fields)
         return ConfigError(f"{source}: unknown key {field!r}; allowed keys: {allowed}")
     got = first.get("input")
     echo = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {shown(got)})"

@@ -54,7 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from . import partition as partition_module
 from .cache import ResultCache, default_cache_root
-from .config import ConfigError
+from .config import _one_line
 from .methods import fda, scm
 from .models import build_model
 from .population import (
@@ -166,23 +166,13 @@ class ScmConfig(BaseModel):
 
 
 def make_scm_config(data: dict[str, Any] | ScmConfig | None = None, source: str = "config", **overrides) -> ScmConfig:
-    """Validate a dict (plus overrides) into an ScmConfig; errors are one line."""
+    """Validate a dict (plus overrides) into an ScmConfig; errors are one line (as ``make_config``'s)."""
     if isinstance(data, ScmConfig):
         data = data.to_dict()
-    merged = {**(data or {}), **overrides}
     try:
-        return ScmConfig(**merged)
+        return ScmConfig(**{**(data or {}), **overrides})
     except ValidationError as err:
-        first = err.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "config"
-        if first["type"] == "extra_forbidden":
-            raise ConfigError(f"{source}: unknown key {field!r}; allowed keys: {', '.join(ScmConfig.model_fields)}") \
-                from None
-        msg = first["msg"].removeprefix("Value error, ")
-        got = first.get("input")
-        shown = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {got!r})"
-        prefix = f"{field}: " if first["loc"] else ""
-        raise ConfigError(f"{source}: {prefix}{msg}{shown}".replace("\n", " ")) from None
+        raise _one_line(err, source, ScmConfig) from None
 
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",

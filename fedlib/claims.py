@@ -277,14 +277,12 @@ def cached_evidence(chapter: str, profile: str) -> Evidence:
     """The build profile's runs already in the result cache (nothing is computed)."""
     from . import queue
     from .cache import ResultCache
-    from .scm_pipeline import pipeline_cache
+    from .results import run_of
 
-    runs, pipelines = ResultCache(), pipeline_cache()
+    runs = ResultCache()  # fedlib.run's and the FedSCM pipeline's cache
 
     def read(item):
-        from .results import run_of
-
-        entry = (pipelines if item.runner is queue.run_scm else runs).get(item.key)
+        entry = runs.get(item.key)
         return None if entry is None else run_of(entry)
 
     return evidence_from(queue.chapter_items(chapter, profile), read)

@@ -53,7 +53,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import partition as partition_module
-from .cache import ResultCache, default_cache_root
+from .cache import ResultCache
 from .config import _one_line
 from .methods import fda, scm
 from .models import build_model
@@ -641,18 +641,24 @@ def _provenance(ds, device, timings, wall) -> dict[str, Any]:
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
-def pipeline_cache() -> ResultCache:
-    return ResultCache(default_cache_root() / "scm")
-
-
 def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, dataset=None,
                  progress: bool = False) -> dict[str, Any]:
-    """One federation's results (JSON-ready), from the cache when the config was run before."""
+    """One federation's results (JSON-ready), from the cache when the config was run before. The
+    cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
+    (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
+    from .results import run_of, stored_payload
+
     config = config if isinstance(config, ScmConfig) else make_scm_config(config)
-    store = cache if isinstance(cache, ResultCache) else (pipeline_cache() if cache else None)
-    if store is not None and (hit := store.get(config.key())) is not None:
-        return hit
+    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
+        return run_of(hit)
     result = json.loads(json.dumps(execute(config, dataset, progress)))
     if store is not None:
-        store.put(config.key(), result)
+        store.put(config.key(), stored_payload(config.to_dict(), result))
     return result
+
+
+def _entry_check(entry: dict) -> str | None:
+    from .results import run_of
+
+    return None if isinstance(run_of(entry).get("methods"), dict) else "not a FedSCM pipeline result"

@@ -136,6 +136,9 @@ def test_the_whole_pipeline_runs_every_method_and_caches(data, tmp_path):
     assert set(result["stability"]["FedSCM"]) == set(scm.STABILITY_METRICS)
     assert all(0 <= m["accuracy"] <= 1 for m in result["methods"].values())
     assert run_pipeline(cfg, cache=store, dataset=data) == result  # second call: the cache
+    entry, problem = store.read(cfg.key())  # the cache entry is a stored run's JSON (config, result, provenance)
+    assert problem is None and entry["config"] == cfg.to_dict() and entry["result"] == result
+    assert {"commit", "device", "date", "wall_time"} <= set(entry)
 
 
 def test_source_free_is_fedscm_initial_model(data):

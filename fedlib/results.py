@@ -162,23 +162,28 @@ def _strict(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _provenance(p, wall: float) -> dict[str, Any]:
+def environment(device: torch.device, wall: float) -> dict[str, Any]:
+    """What ran a computation: versions, the device in words, the wall time and the date (UTC)."""
     import torchvision
 
     from . import __version__
 
-    device = str(p.device)
-    if p.device.type == "cuda":
-        device += f" ({torch.cuda.get_device_name(p.device)})"
+    name = str(device)
+    if device.type == "cuda":
+        name += f" ({torch.cuda.get_device_name(device)})"
     else:
-        device += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        name += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return {"fedlib_version": __version__, "torch": torch.__version__, "torchvision": torchvision.__version__,
+            "numpy": np.__version__, "python": platform.python_version(), "device": name, "wall_time": wall,
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _provenance(p, wall: float) -> dict[str, Any]:
+    """A run's provenance: its key, the environment (:func:`environment`), its data and clients."""
     return {
-        "config_key": p.config.key(), "fedlib_version": __version__, "torch": torch.__version__,
-        "torchvision": torchvision.__version__, "numpy": np.__version__, "python": platform.python_version(),
-        "device": device, "dataset_source": p.dataset.source, "engine_version": ENGINE_VERSION, "wall_time": wall,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "client_sizes": np.asarray(p.partition.sizes).tolist(), "client_roles": list(p.partition.roles),
-        "client_class_counts": np.asarray(p.partition.counts).tolist(),
+        "config_key": p.config.key(), **environment(p.device, wall), "dataset_source": p.dataset.source,
+        "engine_version": ENGINE_VERSION, "client_sizes": np.asarray(p.partition.sizes).tolist(),
+        "client_roles": list(p.partition.roles), "client_class_counts": np.asarray(p.partition.counts).tolist(),
         "model_parameters": sum(t.numel() for t in p.model.parameters()),
     }
 

@@ -41,10 +41,8 @@ covariate shift the (K + 1)-th client's affine map is applied to the test images
 
 from __future__ import annotations
 
-import datetime as _dt
 import hashlib
 import json
-import platform
 import time
 from typing import Any, Literal
 
@@ -67,6 +65,7 @@ from .population import (
     predict,
     train_clients,
 )
+from .results import environment
 
 PIPELINE_FORMAT = 3  # bump when a change makes cached pipeline results invalid (2: support selection, diagnosis;
 #                     3: post-training on the engine, its batch draws)
@@ -624,21 +623,9 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         t0 = time.perf_counter()
         result["stability"] = _stability(probs, sizes, config)
         timings["stability"] = time.perf_counter() - t0
-    result["meta"] = _provenance(ds, device, timings, time.perf_counter() - t_start)
+    result["meta"] = {**environment(device, time.perf_counter() - t_start), "dataset_source": ds.source,
+                      "timings": timings}
     return result
-
-
-def _provenance(ds, device, timings, wall) -> dict[str, Any]:
-    from . import __version__
-
-    name = str(device)
-    if device.type == "cuda":
-        name += f" ({torch.cuda.get_device_name(device)})"
-    else:
-        name += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    return {"fedlib_version": __version__, "torch": torch.__version__, "device": name, "dataset_source": ds.source,
-            "timings": timings, "wall_time": wall,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
 
 
 def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, dataset=None,

@@ -416,10 +416,8 @@ def show_verdicts(profile: str | None = None) -> dict[str, int]:
 
     judged = []
     for chapter, label in PAPERS.items():
-        results = verdicts(chapter, profile)
-        judged += results
-        display(Markdown(f"**{label}**"))
-        display(HTML(_coloured(table(results, links=True, page=f"{chapter}.html")).to_html()))
+        judged += (results := verdicts(chapter, profile))
+        display(Markdown(f"**{label}**"), HTML(_coloured(table(results, links=True, page=f"{chapter}.html")).to_html()))
     count = Counter(v.verdict for v in judged)
     return {"n_claims": len(judged), "n_hold": count[HOLDS], "n_fail": count[FAILS], "n_partial": count[PARTIAL],
             "n_open": count[UNMEASURED], "n_stored": sum(v.source == "stored paper profile" for v in judged)}

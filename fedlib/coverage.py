@@ -129,38 +129,29 @@ def counts(cells: list[Cell]):
     return out.reindex(columns=[lv for lv in LEVELS if lv in out.columns])
 
 
-def by_paper(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
-    """{paper: its cells} (:func:`coverage`) for each of ``papers``."""
-    return {paper: coverage(paper, build_profile) for paper in papers}
 
-
-def legend():
-    """The levels, each on its colour, as one line of Markdown."""
-    from IPython.display import Markdown
-
-    return Markdown(" · ".join(f'<span style="background-color: {COLOURS[lv]}; padding: 0 6px">{s}</span> {lv}'
-                               for lv, s in SHORT.items()))
-
-
-def show(cells_by_paper: dict[str, list[Cell]]) -> None:
-    """Shows each paper's grids (its tables, then ours) and the cells not runnable here with the reason."""
+def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
+    """Shows the legend, then per paper its grids (its tables, then ours) and the cells not runnable here with the
+    reason; returns {paper: its cells}."""
     from IPython.display import Markdown, display
 
+    display(Markdown(" · ".join(f'<span style="background-color: {COLOURS[lv]}; padding: 0 6px">{s}</span> {lv}'
+                                for lv, s in SHORT.items())))
+    cells_by_paper = {paper: coverage(paper, build_profile) for paper in papers}
     for paper, cells in cells_by_paper.items():
         display(Markdown(f"**{paper}**: paper tables, then ours"))
         for table in dict.fromkeys(c.table for c in cells):
-            own = not any(c.in_paper for c in cells if c.table == table)
-            display(Markdown(f"**{table}**" + (" (ours; no published numbers)" if own else "")))
-            display(styled_grid(cells, table))
+            ours = "" if any(c.in_paper for c in cells if c.table == table) else " (ours; no published numbers)"
+            display(Markdown(f"**{table}**{ours}"), styled_grid(cells, table))
         absent = frame([c for c in cells if c.level == LEVELS[4]])
         if len(absent):
-            display(Markdown("Not runnable here, and why:"))
-            display(absent.groupby(["table", "detail"]).size().rename("cells").reset_index().style.hide(axis="index"))
+            display(Markdown("Not runnable here, and why:"),
+                    absent.groupby(["table", "detail"]).size().rename("cells").reset_index().style.hide(axis="index"))
+    return cells_by_paper
 
 
 def per_level(cells_by_paper: dict[str, list[Cell]]):
-    """Cells per paper and level, and the glue values: cells in all, and those backed by stored paper-protocol
-    runs (all or fewer seeds)."""
+    """Cells per paper and level; glue values: cells in all, and those backed by stored paper-protocol runs."""
     import pandas as pd
 
     total = pd.concat({paper: frame(cells).groupby("level").size() for paper, cells in cells_by_paper.items()},

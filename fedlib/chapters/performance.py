@@ -1,30 +1,29 @@
-"""The performance page: fedlib's engines against Flower and a centralized epoch (``benchmarks/peers.py``).
-
-The page runs no federations of its own: :meth:`Performance.measure` runs the benchmark script with the
-profile's parameters (the cache keeps the measurement like a run); the tables, figures and verdicts read its
-JSON and the stored runs on other devices (``benchmarks/results/peers_<device>.json``).
-"""
+"""The performance page: fedlib's engines against Flower and a centralized epoch (``benchmarks/peers.py``)."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import Markdown, display
+
+from .. import book
 from .base import Chapter
 
 ENGINE_LABELS = {"vectorized": "fedlib vectorized", "loop": "fedlib loop", "flower": "Flower (simulation)",
                  "central": "centralized epoch"}
-BREAKDOWN_PARTS = {"train_s": "local training", "eval_s": "evaluation", "server_s": "server step",
-                   "overhead_s": "Python overhead"}
-# valuation record key -> (column, format)
+ROUND_PARTS = {"train_s": "local training", "eval_s": "evaluation", "server_s": "server step",
+               "overhead_s": "Python overhead"}
 VALUATION_COLUMNS = {"server_s": ("server s / round", "{:.3f}"), "ratio": ("× FedAvg round", "{:.2f}x"),
                      "flops": ("GFLOP / round", "{:.3f}"), "arithmetic_s": ("arithmetic s", "{:.4f}"),
-                     "multiple": ("× arithmetic", "{:.1f}x")}
+                     "multiple": ("× arithmetic", "{:.1f}x")}  # record key -> (column, format)
 NOT_MEASURED = "not measured in this profile"
 
 
 def plan_text(plan: dict[str, Any]) -> str:
-    """How the vectorized engine ran its local steps, in words."""
     return f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
 
 
@@ -33,25 +32,23 @@ def ratios(run: dict, num: str, den: str = "vectorized") -> dict[int, float]:
     return {r["N"]: r[f"{num}_s"] / r[f"{den}_s"] for r in run["rows"] if f"{num}_s" in r and f"{den}_s" in r}
 
 
-def engine_table(run: dict):
-    """Per N: each engine's seconds per round, its ratio to the vectorized engine, its test accuracy, Ray's
-    start-up and the vectorized engine's plan (a formatted frame)."""
-    import pandas as pd
+def versions(run: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in run["versions"].items())
 
+
+def engine_table(run: dict):
+    """Per N: each engine's seconds per round, ratio to the vectorized engine and accuracy; Ray's start-up; the plan."""
     rows = []
     for r in run["rows"]:
         timed = {e: label for e, label in ENGINE_LABELS.items() if f"{e}_s" in r}
         row = {"N": r["N"], "samples / client": r["samples_per_client"]}
-        row.update({f"{label} s/round": r[f"{e}_s"] for e, label in timed.items()})
-        if "vectorized_s" in r:
-            row.update({f"{label} / vectorized": r[f"{e}_s"] / r["vectorized_s"] for e, label in timed.items()
-                        if e != "vectorized"})
-        row.update({f"acc. {label} %": 100 * r[f"{e}_accuracy"] for e, label in ENGINE_LABELS.items()
-                    if f"{e}_accuracy" in r})
-        if "flower_startup_s" in r:
-            row["Ray start-up s"] = r["flower_startup_s"]
-        if "vectorized_plan" in r:
-            row["fedlib plan"] = plan_text(r["vectorized_plan"])
+        row |= {f"{label} s/round": r[f"{e}_s"] for e, label in timed.items()}
+        row |= {f"{label} / vectorized": r[f"{e}_s"] / r["vectorized_s"] for e, label in timed.items()
+                if e != "vectorized" and "vectorized_s" in r}
+        row |= {f"acc. {label} %": 100 * r[f"{e}_accuracy"] for e, label in ENGINE_LABELS.items()
+                if f"{e}_accuracy" in r}
+        row |= {"Ray start-up s": r["flower_startup_s"]} if "flower_startup_s" in r else {}
+        row |= {"fedlib plan": plan_text(r["vectorized_plan"])} if "vectorized_plan" in r else {}
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("N")
     return frame.style.format({c: "{:.2f}x" if "/" in c else "{:.2f}" if "acc." in c else "{:.1f}" if "start" in c
@@ -60,13 +57,11 @@ def engine_table(run: dict):
 
 def engine_figure(run: dict, title: str):
     """Seconds per round over N, one line per engine, the centralized epoch as a dashed level."""
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
     ns = [r["N"] for r in run["rows"]]
-    for e, label in ENGINE_LABELS.items():
+    for e, label in list(ENGINE_LABELS.items())[:-1]:  # all but the centralized epoch
         points = [(r["N"], r[f"{e}_s"]) for r in run["rows"] if f"{e}_s" in r]
-        if points and e != "central":
+        if points:
             ax.plot(*zip(*points), marker="o", label=label)
     if any("central_s" in r for r in run["rows"]):
         ax.axhline(run["rows"][0]["central_s"], color="gray", ls="--", label="centralized epoch")
@@ -76,33 +71,16 @@ def engine_figure(run: dict, title: str):
     return fig
 
 
-def versions(run: dict) -> str:
-    return ", ".join(f"{k} {v}" for k, v in run["versions"].items())
-
-
-def flower_line(run: dict) -> str:
-    """One device's Flower / fedlib ratios and where it meets the 10x goal for N >= 20."""
-    flower = ratios(run, "flower")
-    met = [str(n) for n, v in flower.items() if n >= 20 and v >= 10]
-    missed = [str(n) for n, v in flower.items() if n >= 20 and v < 10]
-    return (f"{run['device_name']}: Flower / fedlib = " + ", ".join(f"{v:.1f}x at N = {n}" for n, v in flower.items())
-            + (f"; the 10x goal for N ≥ 20 is met at N = {', '.join(met)}" if met else "")
-            + (f" and missed at N = {', '.join(missed)}" if missed else ""))
-
-
 class Performance(Chapter):
-    """The performance page: the live benchmark run, stored runs on other devices, where a round's time goes
-    and the cost of valuation."""
+    """The live benchmark run, stored runs on other devices, where a round's time goes, the cost of valuation."""
 
     name = "performance"
     paper = None
     live: dict[str, Any] = {}  # this build's benchmark JSON (``measure``)
 
     def measure(self) -> str:
-        """Runs ``benchmarks/peers.py`` with the profile's parameters (kept in the cache: a warm rebuild does not
-        re-time) and returns its printed table."""
-        from .. import book
-
+        """Runs ``benchmarks/peers.py`` with the profile's parameters (cached: a warm rebuild does not re-time);
+        returns its printed table."""
         p = self.params
         engines = [e for e in p["engines"] if e != "flower" or p["flower_max_clients"] > 0]
         args = ["--clients", *map(str, p["clients"]), "--rounds", str(p["rounds"]), "--fraction", str(p["fraction"]),
@@ -119,59 +97,50 @@ class Performance(Chapter):
         return engine_table(live), figure, f"versions: {versions(live)} | data: {live['dataset']}"
 
     def live_verdict(self) -> dict[str, Any]:
-        """The live run's ratios the verdict quotes (Flower, the centralized epoch and the loop vs vectorized)."""
-        flower = ratios(self.live, "flower")
+        """The ratios the verdict quotes: Flower, the loop and the centralized epoch against the vectorized engine."""
+        flower, loop = ratios(self.live, "flower"), ratios(self.live, "loop")
         central = ratios(self.live, "vectorized", "central")
-        loop = ratios(self.live, "loop")
-        faster = bool(flower) and all(v > 1 for v in flower.values())
         return {"live_device": self.live["device_name"],
                 "flower_min": f"{min(flower.values()):.2f}x" if flower else "not run",
                 "flower_100": f"{flower[100]:.2f}x" if 100 in flower else "not run",
-                "flower_every_n": ("faster than Flower at every N" if faster else "not faster than Flower at every N"
-                                   if flower else "not compared with Flower"),
+                "flower_every_n": "not compared with Flower" if not flower else "faster than Flower at every N"
+                if all(v > 1 for v in flower.values()) else "not faster than Flower at every N",
                 "central_max": f"{max(central.values()):.2f}x" if central else "not run",
                 "central_ok": "within" if central and max(central.values()) <= 1.2 else "not within",
                 "loop_max": f"{max(loop.values()):.2f}x" if loop else "not run"}
 
     def show_stored_runs(self) -> dict[str, Any]:
-        """Shows each stored device run under its heading (table, figure); glue values: the Flower ratios per device."""
-        import matplotlib.pyplot as plt
-        from IPython.display import Markdown, display
-
-        from .. import book
-
+        """Shows each stored device run (heading, table, figure); glues each device's Flower / fedlib ratios."""
         lines = []
         for path in sorted((book.repo_root() / "benchmarks" / "results").glob("peers_*.json")):
             run = json.loads(path.read_text())
             display(Markdown(f"### {run['device_name']} ({path.name}, {run['date']})\n\n"
                              f"Versions: {versions(run)}; data: {run['dataset'].split(' from ')[0]}; "
-                             f"median of {run['rounds']} rounds after a warm-up."))
-            display(engine_table(run))
+                             f"median of {run['rounds']} rounds after a warm-up."), engine_table(run))
             engine_figure(run, run["device_name"])
             plt.show()
-            lines.append(flower_line(run))
+            flower = ratios(run, "flower")
+            met = [str(n) for n, v in flower.items() if n >= 20 and v >= 10]
+            missed = [str(n) for n, v in flower.items() if n >= 20 and v < 10]
+            lines.append(f"{run['device_name']}: Flower / fedlib = "
+                         + ", ".join(f"{v:.1f}x at N = {n}" for n, v in flower.items())
+                         + (f"; the 10x goal for N ≥ 20 is met at N = {', '.join(met)}" if met else "")
+                         + (f" and missed at N = {', '.join(missed)}" if missed else ""))
         return {"gpu_summary": Markdown("; ".join(lines) if lines else "no stored device runs")}
 
     def breakdown(self):
-        """Where a round's time goes per N: table, share-of-a-round figure (None, None when not measured) and the
-        shares the text quotes."""
-        import matplotlib.pyplot as plt
-        import numpy as np
-        import pandas as pd
-        from IPython.display import Markdown
-
+        """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""
         if not self.live.get("breakdown"):
-            return None, None, {"train_share": Markdown(NOT_MEASURED), "overhead_share": Markdown(NOT_MEASURED)}
-        bd = pd.DataFrame(self.live["breakdown"]).set_index("N")
-        bd["plan"] = bd["plan"].map(plan_text)
-        shown = bd[list(BREAKDOWN_PARTS) + ["round_s", "warmup_s", "plan"]].rename(
-            columns={**{k: f"{v} s" for k, v in BREAKDOWN_PARTS.items()}, "round_s": "round s",
-                     "warmup_s": "one-time warm-up s"})
-        shares = bd[list(BREAKDOWN_PARTS)].div(bd["round_s"], axis=0)
+            return None, None, dict.fromkeys(("train_share", "overhead_share"), Markdown(NOT_MEASURED))
+        parts = pd.DataFrame(self.live["breakdown"]).set_index("N")
+        parts["plan"] = parts["plan"].map(plan_text)
+        shown = parts[[*ROUND_PARTS, "round_s", "warmup_s", "plan"]].rename(columns={
+            **{k: f"{v} s" for k, v in ROUND_PARTS.items()}, "round_s": "round s", "warmup_s": "one-time warm-up s"})
+        shares = parts[list(ROUND_PARTS)].div(parts["round_s"], axis=0)
         fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
-        left = np.zeros(len(bd))
-        for key, label in BREAKDOWN_PARTS.items():
-            ax.barh([str(n) for n in bd.index], shares[key].to_numpy(), left=left, label=label)
+        left = np.zeros(len(parts))
+        for key, label in ROUND_PARTS.items():
+            ax.barh([str(n) for n in parts.index], shares[key].to_numpy(), left=left, label=label)
             left += shares[key].to_numpy()
         ax.set(xlabel="share of a round", ylabel="clients N", xlim=(0, 1.05),
                title=f"{self.live['device_name']}, FedAvg round")
@@ -183,13 +152,9 @@ class Performance(Chapter):
 
     def valuation(self):
         """Server seconds per round of each valuation method against a FedAvg round and its arithmetic: table,
-        figure (None, None when not measured) and the most and least expensive."""
-        import matplotlib.pyplot as plt
-        import pandas as pd
-        from IPython.display import Markdown
-
+        figure (None, None when not measured), the most and least expensive."""
         if not self.live.get("valuation"):
-            return None, None, {"val_most": Markdown(NOT_MEASURED), "val_least": Markdown(NOT_MEASURED)}
+            return None, None, dict.fromkeys(("val_most", "val_least"), Markdown(NOT_MEASURED))
         val = pd.DataFrame(self.live["valuation"]).set_index("method")
         shown = val[[k for k in VALUATION_COLUMNS if k in val]].rename(
             columns={k: column for k, (column, _) in VALUATION_COLUMNS.items()})
@@ -203,5 +168,4 @@ class Performance(Chapter):
         costly = val.drop(index="FedAvg (one whole round)")["ratio"]
         values = {"val_most": Markdown(f"{costly.idxmax()} ({costly.max():.2f}x a FedAvg round)"),
                   "val_least": Markdown(f"{costly.idxmin()} ({costly.min():.3f}x)")}
-        table = shown.style.format(dict(VALUATION_COLUMNS.values()), na_rep="-")
-        return table, fig, values
+        return shown.style.format(dict(VALUATION_COLUMNS.values()), na_rep="-"), fig, values

@@ -129,7 +129,6 @@ def counts(cells: list[Cell]):
     return out.reindex(columns=[lv for lv in LEVELS if lv in out.columns])
 
 
-
 def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
     """Shows the legend, then per paper its grids (its tables, then ours) and the cells not runnable here with the
     reason; returns {paper: its cells}."""

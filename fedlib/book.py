@@ -432,6 +432,16 @@ def load_headlines() -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
 
+def headlines_table():
+    """Every chapter's recorded headline rows (the status page), ours − paper beside them, formatted."""
+    import pandas as pd
+
+    rows = [{"chapter": r["chapter"], "profile": r["profile"], **row} for r in load_headlines() for row in r["rows"]]
+    table = pd.DataFrame(rows, columns=["chapter", "claim", "paper", "ours", "unit", "profile"])
+    table["ours − paper"] = table["ours"] - table["paper"]
+    return table.style.format({"paper": "{:.2f}", "ours": "{:.2f}", "ours − paper": "{:+.2f}"}).hide(axis="index")
+
+
 # ----------------------------------------------------------------------------- the build
 
 

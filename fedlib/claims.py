@@ -385,6 +385,12 @@ def table(results: list[Verdict], links: bool = False, page: str = ""):
 
 
 COLOURS = {HOLDS: "#d9f2d9", FAILS: "#f8d7d7", PARTIAL: "#fff3cd", UNMEASURED: "#eeeeee"}
+PAPERS = {"celm": "CELM", "fedms": "FedMS", "flce": "FLCE", "logitfl": "Logit-based FL", "fedscm": "FedSCM"}
+
+
+def _coloured(frame):
+    """A :func:`table` frame without its index, each verdict of ours on its colour."""
+    return frame.style.hide(axis="index").map(lambda v: f"background-color: {COLOURS.get(v, '')}", subset=["ours"])
 
 
 def scorecard(chapter: str, profile: str | None = None):
@@ -392,13 +398,27 @@ def scorecard(chapter: str, profile: str | None = None):
     from IPython.display import HTML
 
     frame = table(verdicts(chapter, profile), links=True)
-    styled = (frame.style.hide(axis="index")
-              .map(lambda v: f"background-color: {COLOURS.get(v, '')}", subset=["ours"]))
     n_holds = int((frame["ours"] == HOLDS).sum())
     head = (f"<p><b>Scorecard.</b> {len(frame)} claim(s) of the paper, judged on stored paper-profile runs "
             f"(the build profile's runs only where none is stored): {n_holds} hold(s). Margins are ours, "
             f"mean ± std over the seeds stored; the worst comparison is shown.</p>")
-    return HTML(head + styled.to_html())
+    return HTML(head + _coloured(frame).to_html())
+
+
+def show_verdicts(profile: str | None = None) -> dict[str, int]:
+    """Shows every paper's claims table (the status page), each linking to its chapter; returns the
+    number of claims per verdict and how many rest on stored paper-profile runs."""
+    from collections import Counter
+
+    from IPython.display import HTML, Markdown, display
+
+    judged = []
+    for chapter, label in PAPERS.items():
+        judged += (results := verdicts(chapter, profile))
+        display(Markdown(f"**{label}**"), HTML(_coloured(table(results, links=True, page=f"{chapter}.html")).to_html()))
+    count = Counter(v.verdict for v in judged)
+    return {"n_claims": len(judged), "n_hold": count[HOLDS], "n_fail": count[FAILS], "n_partial": count[PARTIAL],
+            "n_open": count[UNMEASURED], "n_stored": sum(v.source == "stored paper profile" for v in judged)}
 
 
 def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = None,
@@ -431,3 +451,11 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
                              "metric": label, "paper": paper, "ours": mean, "± std": std if len(values) > 1 else None,
                              "seeds": len(values), "from": source})
     return pd.DataFrame(rows, columns=["table", "row", "column", "metric", "paper", "ours", "± std", "seeds", "from"])
+
+
+def all_numbers(profile: str | None = None):
+    """:func:`numbers` of every paper (the status page), formatted, a column naming the paper."""
+    import pandas as pd
+
+    frame = pd.concat([numbers(chapter, profile).assign(**{"paper (name)": name}) for chapter, name in PAPERS.items()])
+    return frame.style.format({"paper": "{:.2f}", "ours": "{:.2f}", "± std": "{:.2f}"}, na_rep="—").hide(axis="index")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced protocol only",
           "queued, not run yet", "not runnable here")
 COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0")))
+SHORT = dict(zip(LEVELS, ("all seeds", "fewer seeds", "reduced", "queued", "absent")))  # a grid cell's text
 PAPERS = ("celm", "flce", "logitfl", "fedms", "fedscm")
 # first words of reference rows/columns naming data we do not have anywhere
 DATA_NAMES = {"CIFAR-100": "cifar100", "EuroSAT": "eurosat", "SVHN": "svhn", "FedISIC": "FedISIC-2019"}
@@ -116,11 +117,9 @@ def grid(cells: list[Cell], table: str):
 
 def styled_grid(cells: list[Cell], table: str):
     """The grid coloured by level (the cell text is the level's short name)."""
-    short = {LEVELS[0]: "all seeds", LEVELS[1]: "fewer seeds", LEVELS[2]: "reduced", LEVELS[3]: "queued",
-             LEVELS[4]: "absent"}
     g = grid(cells, table)
     return (g.style.map(lambda v: f"background-color: {COLOURS.get(v, '#ffffff')}; font-size: 85%")
-            .format(lambda v: short.get(v, "") if isinstance(v, str) else ""))
+            .format(lambda v: SHORT.get(v, "") if isinstance(v, str) else ""))
 
 
 def counts(cells: list[Cell]):
@@ -128,3 +127,34 @@ def counts(cells: list[Cell]):
     f = frame(cells)
     out = f.groupby(["table", "level"]).size().unstack(fill_value=0)
     return out.reindex(columns=[lv for lv in LEVELS if lv in out.columns])
+
+
+def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
+    """Shows the legend, then per paper its grids (its tables, then ours) and the cells not runnable here with the
+    reason; returns {paper: its cells}."""
+    from IPython.display import Markdown, display
+
+    display(Markdown(" · ".join(f'<span style="background-color: {COLOURS[lv]}; padding: 0 6px">{s}</span> {lv}'
+                                for lv, s in SHORT.items())))
+    cells_by_paper = {paper: coverage(paper, build_profile) for paper in papers}
+    for paper, cells in cells_by_paper.items():
+        display(Markdown(f"**{paper}**: paper tables, then ours"))
+        for table in dict.fromkeys(c.table for c in cells):
+            ours = "" if any(c.in_paper for c in cells if c.table == table) else " (ours; no published numbers)"
+            display(Markdown(f"**{table}**{ours}"), styled_grid(cells, table))
+        absent = frame([c for c in cells if c.level == LEVELS[4]])
+        if len(absent):
+            display(Markdown("Not runnable here, and why:"),
+                    absent.groupby(["table", "detail"]).size().rename("cells").reset_index().style.hide(axis="index"))
+    return cells_by_paper
+
+
+def per_level(cells_by_paper: dict[str, list[Cell]]):
+    """Cells per paper and level; glue values: cells in all, and those backed by stored paper-protocol runs."""
+    import pandas as pd
+
+    total = pd.concat({paper: frame(cells).groupby("level").size() for paper, cells in cells_by_paper.items()},
+                      axis=1).T
+    total = total.reindex(columns=[lv for lv in LEVELS if lv in total.columns]).fillna(0).astype(int)
+    stored = int(total.reindex(columns=list(LEVELS[:2]), fill_value=0).values.sum())
+    return total, {"n_cells": int(total.values.sum()), "n_stored_cells": stored}

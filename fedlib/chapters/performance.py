@@ -1,0 +1,171 @@
+"""The performance page: fedlib's engines against Flower and a centralized epoch (``benchmarks/peers.py``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from IPython.display import Markdown, display
+
+from .. import book
+from .base import Chapter
+
+ENGINE_LABELS = {"vectorized": "fedlib vectorized", "loop": "fedlib loop", "flower": "Flower (simulation)",
+                 "central": "centralized epoch"}
+ROUND_PARTS = {"train_s": "local training", "eval_s": "evaluation", "server_s": "server step",
+               "overhead_s": "Python overhead"}
+VALUATION_COLUMNS = {"server_s": ("server s / round", "{:.3f}"), "ratio": ("× FedAvg round", "{:.2f}x"),
+                     "flops": ("GFLOP / round", "{:.3f}"), "arithmetic_s": ("arithmetic s", "{:.4f}"),
+                     "multiple": ("× arithmetic", "{:.1f}x")}  # record key -> (column, format)
+NOT_MEASURED = "not measured in this profile"
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    return f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
+
+
+def ratios(run: dict, num: str, den: str = "vectorized") -> dict[int, float]:
+    """{N: seconds per round of engine ``num`` / those of ``den``} where the run timed both."""
+    return {r["N"]: r[f"{num}_s"] / r[f"{den}_s"] for r in run["rows"] if f"{num}_s" in r and f"{den}_s" in r}
+
+
+def versions(run: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in run["versions"].items())
+
+
+def engine_table(run: dict):
+    """Per N: each engine's seconds per round, ratio to the vectorized engine and accuracy; Ray's start-up; the plan."""
+    rows = []
+    for r in run["rows"]:
+        timed = {e: label for e, label in ENGINE_LABELS.items() if f"{e}_s" in r}
+        row = {"N": r["N"], "samples / client": r["samples_per_client"]}
+        row |= {f"{label} s/round": r[f"{e}_s"] for e, label in timed.items()}
+        row |= {f"{label} / vectorized": r[f"{e}_s"] / r["vectorized_s"] for e, label in timed.items()
+                if e != "vectorized" and "vectorized_s" in r}
+        row |= {f"acc. {label} %": 100 * r[f"{e}_accuracy"] for e, label in ENGINE_LABELS.items()
+                if f"{e}_accuracy" in r}
+        row |= {"Ray start-up s": r["flower_startup_s"]} if "flower_startup_s" in r else {}
+        row |= {"fedlib plan": plan_text(r["vectorized_plan"])} if "vectorized_plan" in r else {}
+        rows.append(row)
+    frame = pd.DataFrame(rows).set_index("N")
+    return frame.style.format({c: "{:.2f}x" if "/" in c else "{:.2f}" if "acc." in c else "{:.1f}" if "start" in c
+                               else "{:.3f}" for c in frame.columns if c not in ("samples / client", "fedlib plan")})
+
+
+def engine_figure(run: dict, title: str):
+    """Seconds per round over N, one line per engine, the centralized epoch as a dashed level."""
+    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    ns = [r["N"] for r in run["rows"]]
+    for e, label in list(ENGINE_LABELS.items())[:-1]:  # all but the centralized epoch
+        points = [(r["N"], r[f"{e}_s"]) for r in run["rows"] if f"{e}_s" in r]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=label)
+    if any("central_s" in r for r in run["rows"]):
+        ax.axhline(run["rows"][0]["central_s"], color="gray", ls="--", label="centralized epoch")
+    ax.set(xscale="log", yscale="log", xlabel="clients N", ylabel="seconds per round", title=title, xticks=ns,
+           xticklabels=[str(n) for n in ns])
+    ax.legend(fontsize=8)
+    return fig
+
+
+class Performance(Chapter):
+    """The live benchmark run, stored runs on other devices, where a round's time goes, the cost of valuation."""
+
+    name = "performance"
+    paper = None
+    live: dict[str, Any] = {}  # this build's benchmark JSON (``measure``)
+
+    def measure(self) -> str:
+        """Runs ``benchmarks/peers.py`` with the profile's parameters (cached: a warm rebuild does not re-time);
+        returns its printed table."""
+        p = self.params
+        engines = [e for e in p["engines"] if e != "flower" or p["flower_max_clients"] > 0]
+        args = ["--clients", *map(str, p["clients"]), "--rounds", str(p["rounds"]), "--fraction", str(p["fraction"]),
+                "--engines", *engines, "--skip-flower-above", str(p["flower_max_clients"]),
+                "--valuation-clients", str(p["valuation_clients"]), "--valuation-rounds", str(p["valuation_rounds"]),
+                "--valuation-fraction", str(p["valuation_fraction"])] + (["--breakdown"] if p["breakdown"] else [])
+        self.live, log = book.measured_benchmark("peers.py", args)
+        return log
+
+    def live_run(self):
+        """The live run's table, its figure and its versions line."""
+        live = self.live
+        figure = engine_figure(live, f"{live['device_name']}, torch {live['versions']['torch']}")
+        return engine_table(live), figure, f"versions: {versions(live)} | data: {live['dataset']}"
+
+    def live_verdict(self) -> dict[str, Any]:
+        """The ratios the verdict quotes: Flower, the loop and the centralized epoch against the vectorized engine."""
+        flower, loop = ratios(self.live, "flower"), ratios(self.live, "loop")
+        central = ratios(self.live, "vectorized", "central")
+        return {"live_device": self.live["device_name"],
+                "flower_min": f"{min(flower.values()):.2f}x" if flower else "not run",
+                "flower_100": f"{flower[100]:.2f}x" if 100 in flower else "not run",
+                "flower_every_n": "not compared with Flower" if not flower else "faster than Flower at every N"
+                if all(v > 1 for v in flower.values()) else "not faster than Flower at every N",
+                "central_max": f"{max(central.values()):.2f}x" if central else "not run",
+                "central_ok": "within" if central and max(central.values()) <= 1.2 else "not within",
+                "loop_max": f"{max(loop.values()):.2f}x" if loop else "not run"}
+
+    def show_stored_runs(self) -> dict[str, Any]:
+        """Shows each stored device run (heading, table, figure); glues each device's Flower / fedlib ratios."""
+        lines = []
+        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("peers_*.json")):
+            run = json.loads(path.read_text())
+            display(Markdown(f"### {run['device_name']} ({path.name}, {run['date']})\n\n"
+                             f"Versions: {versions(run)}; data: {run['dataset'].split(' from ')[0]}; "
+                             f"median of {run['rounds']} rounds after a warm-up."), engine_table(run))
+            engine_figure(run, run["device_name"])
+            plt.show()
+            flower = ratios(run, "flower")
+            met = [str(n) for n, v in flower.items() if n >= 20 and v >= 10]
+            missed = [str(n) for n, v in flower.items() if n >= 20 and v < 10]
+            lines.append(f"{run['device_name']}: Flower / fedlib = "
+                         + ", ".join(f"{v:.1f}x at N = {n}" for n, v in flower.items())
+                         + (f"; the 10x goal for N ≥ 20 is met at N = {', '.join(met)}" if met else "")
+                         + (f" and missed at N = {', '.join(missed)}" if missed else ""))
+        return {"gpu_summary": Markdown("; ".join(lines) if lines else "no stored device runs")}
+
+    def breakdown(self):
+        """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""
+        if not self.live.get("breakdown"):
+            return None, None, dict.fromkeys(("train_share", "overhead_share"), Markdown(NOT_MEASURED))
+        parts = pd.DataFrame(self.live["breakdown"]).set_index("N")
+        parts["plan"] = parts["plan"].map(plan_text)
+        shown = parts[[*ROUND_PARTS, "round_s", "warmup_s", "plan"]].rename(columns={
+            **{k: f"{v} s" for k, v in ROUND_PARTS.items()}, "round_s": "round s", "warmup_s": "one-time warm-up s"})
+        shares = parts[list(ROUND_PARTS)].div(parts["round_s"], axis=0)
+        fig, ax = plt.subplots(figsize=(6, 3.2), layout="constrained")
+        left = np.zeros(len(parts))
+        for key, label in ROUND_PARTS.items():
+            ax.barh([str(n) for n in parts.index], shares[key].to_numpy(), left=left, label=label)
+            left += shares[key].to_numpy()
+        ax.set(xlabel="share of a round", ylabel="clients N", xlim=(0, 1.05),
+               title=f"{self.live['device_name']}, FedAvg round")
+        ax.legend(fontsize=8, loc="lower right")
+        train, overhead = shares["train_s"].items(), shares["overhead_s"].items()
+        values = {"train_share": Markdown(", ".join(f"{100 * v:.0f} % at N = {n}" for n, v in train)),
+                  "overhead_share": Markdown(", ".join(f"{100 * v:.1f} % at N = {n}" for n, v in overhead))}
+        return shown.style.format({c: "{:.4f}" for c in shown.columns if c != "plan"}), fig, values
+
+    def valuation(self):
+        """Server seconds per round of each valuation method against a FedAvg round and its arithmetic: table,
+        figure (None, None when not measured), the most and least expensive."""
+        if not self.live.get("valuation"):
+            return None, None, dict.fromkeys(("val_most", "val_least"), Markdown(NOT_MEASURED))
+        val = pd.DataFrame(self.live["valuation"]).set_index("method")
+        shown = val[[k for k in VALUATION_COLUMNS if k in val]].rename(
+            columns={k: column for k, (column, _) in VALUATION_COLUMNS.items()})
+        if "flops" in val:
+            shown["GFLOP / round"] = shown["GFLOP / round"] / 1e9
+        fig, ax = plt.subplots(figsize=(6, 0.4 * len(val) + 1), layout="constrained")
+        ax.barh(val.index[::-1], val["ratio"][::-1], color="tab:purple")
+        ax.axvline(1.0, color="gray", ls="--")
+        ax.set(xscale="log", xlabel="server time / FedAvg round",
+               title=f"{self.live['valuation_clients']} clients, {self.live['device_name']}")
+        costly = val.drop(index="FedAvg (one whole round)")["ratio"]
+        values = {"val_most": Markdown(f"{costly.idxmax()} ({costly.max():.2f}x a FedAvg round)"),
+                  "val_least": Markdown(f"{costly.idxmin()} ({costly.min():.3f}x)")}
+        return shown.style.format(dict(VALUATION_COLUMNS.values()), na_rep="-"), fig, values

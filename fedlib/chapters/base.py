@@ -27,7 +27,7 @@ class Chapter:
     name = ""
     labels: dict[str, str] = {}  # method -> column name
     index = "row"  # the comparison frames' first index level
-    paper = ""  # whose published numbers the page compares with (book/reference/<paper>.yaml); None: no paper's
+    reference_paper = ""  # whose numbers the page compares with (book/reference/<name>.yaml; "": this chapter's)
     experiment_configs: Callable[[dict, str], list] = staticmethod(lambda params, experiment: [])
 
     def __init__(self, profile: str, params: dict[str, Any]):
@@ -35,7 +35,8 @@ class Chapter:
 
         self.profile, self.params = profile, params
         self.paper_params = book.load_profile(self.name, "paper")
-        self.reference = None if self.paper is None else book.load_reference(self.paper or self.name)
+        self.reference = (None if self.reference_paper is None
+                          else book.load_reference(self.reference_paper or self.name))
         self.ours = f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
         self.runs: list = []

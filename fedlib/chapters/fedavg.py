@@ -60,7 +60,7 @@ class FedAvg(Chapter):
     """The page: the splits, CELM Table 1's FedAvg column beside ours, the training curves."""
 
     name = "fedavg"
-    paper = "celm"  # the values are CELM Table 1's FedAvg column
+    reference_paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
 
     def configs(self, params=None, experiments=None) -> list[RunConfig]:

@@ -275,7 +275,7 @@ class Leaderboard(Chapter):
     """The page: accuracy, fidelity, Mavericks, free-riders, cost, UWA, radars and the closing table."""
 
     name = "leaderboard"
-    paper = None  # no paper reports these numbers
+    reference_paper = None  # no paper reports these numbers
 
     def __init__(self, profile: str, params: dict[str, Any]):
         super().__init__(profile, params)

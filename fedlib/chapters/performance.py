@@ -75,7 +75,7 @@ class Performance(Chapter):
     """The live benchmark run, stored runs on other devices, where a round's time goes, the cost of valuation."""
 
     name = "performance"
-    paper = None
+    reference_paper = None
     live: dict[str, Any] = {}  # this build's benchmark JSON (``measure``)
 
     def measure(self) -> str:

@@ -360,7 +360,9 @@ def stored_results(chapter: str, configs) -> Stored:
             continue
         meta = result["meta"]
         key = path.stem if path.stem in wanted else unverified.get(meta.get("config_key_without_data"))
-        if key is not None and meta.get("config_key") == path.stem:
+        # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
+        # result_check compares the config without its placement, the rule versions and the data
+        if key is not None and (meta.get("config_key") == path.stem or path.stem in wanted):
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
             if check(result) is None:

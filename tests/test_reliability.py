@@ -563,6 +563,24 @@ def test_a_run_computed_on_another_device_answers_the_chapters_config():
         f"lr: 0.5 -> {cfg.lr}"]
 
 
+def test_a_gpu_run_stored_under_the_chapters_key_is_shown_not_stale(tmp_path, monkeypatch):
+    """The queue's GPU run keeps its own config_key (device "cuda") but lives under the chapter's
+    CPU key: the page shows it as current; a run of another config under that key stays stale."""
+    from fedlib.results import store_run
+
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    cfg = make_config(TINY, method={"name": "fedprox"})
+    on_gpu = make_config(cfg.to_dict(), device="auto")  # another placement, another config_key
+    result = fedlib.run(on_gpu, cache=False, progress=False).to_dict()
+    assert result["meta"]["config_key"] != cfg.key()
+    store_run(cfg.key(), cfg.to_dict(), result)
+    stored = book.stored_results("demo", [cfg])
+    assert list(stored.results) == [cfg.key()] and not stored.stale
+    other = make_config(cfg.to_dict(), lr=0.5)
+    store_run(other.key(), other.to_dict(), fedlib.run(other, cache=False, progress=False).to_dict())
+    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]  # the other config is not ours
+
+
 def _legacy_entry(folder: Path, cfg, result) -> Path:
     """A stored run as f5ecf2b wrote it: old key, no rule versions or data fingerprint."""
     from fedlib.migrate import legacy_key

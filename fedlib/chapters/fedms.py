@@ -309,35 +309,40 @@ class FedMS(Chapter):
         return METHOD_LABELS[SOFTMAX_VARIANTS.get(method, (method,))[0]]
 
     def table1_rows(self, cifar10: bool = False) -> list[tuple[str, dict, dict]]:
-        """(setting, paper, ours) per Dirichlet row of Table 1, MNIST or CIFAR-10."""
-        splits = self.params["cifar10_splits"] if cifar10 else self.params["splits"]
+        """(setting, paper, ours) per Dirichlet row of Table 1, MNIST or CIFAR-10: this build's rows,
+        then the paper profile's rows that have stored runs."""
+        key = "cifar10_splits" if cifar10 else "splits"
+        methods_of = (lambda p: p["cifar10_methods"]) if cifar10 else table1_methods  # noqa: E731
+        stored = bool(self.stored and self.stored.results)
+        splits = list(dict.fromkeys(self.params[key] + (self.paper_params[key] if stored else [])))
+        methods = list(dict.fromkeys(methods_of(self.params) + (methods_of(self.paper_params) if stored else [])))
         name = ("CIFAR-10 (JPEG copy)" if "JPEG" in self.cifar_note() else "CIFAR-10") if cifar10 else None
         rows = []
         for split in splits:
             def make(p, split=split):
-                methods = p["cifar10_methods"] if cifar10 else table1_methods(p)
-                return {m: [run_config(p, split, m, s, cifar10=cifar10) for s in p["seeds"]] for m in methods}
+                return {m: [run_config(p, split, m, s, cifar10=cifar10) for s in p["seeds"]] for m in methods_of(p)}
 
-            methods = self.params["cifar10_methods"] if cifar10 else table1_methods(self.params)
             paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
             rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, self.sources(make)))
         return rows
 
     def cifar_note(self) -> str:
-        runs = [r for r in self.runs if r.config["dataset"] == "cifar10"]
+        """Where this build's (else the stored) CIFAR-10 runs read their data ("" when none ran)."""
+        runs = [r for r in self.runs + list(self.stored.results.values() if self.stored else [])
+                if r.config["dataset"] == "cifar10"]
         return runs[0].meta["dataset_source"] if runs else ""
 
     def table1(self):
-        """Table 1 (MNIST): the frame and the numbers the text quotes."""
+        """Table 1 (MNIST): the frame and the numbers the text quotes (over the rows this build ran)."""
         rows = self.table1_rows()
         ours = self.ours
-        gain = [o[ours]["fedms"][0] - o[ours]["fedavg"][0] for _, _, o in rows
-                if "fedms" in o[ours] and "fedavg" in o[ours]]
-        dir1 = next((o for label, _, o in rows if label.endswith("Dir(1)")), None)
-        values = {"t1_best_ours": sum(best_method(o[ours]) == "fedms" for _, _, o in rows),
-                  "t1_best_paper": sum(best_method(p) == "fedms" for _, p, _ in rows if "fedms" in p),
-                  "t1_rows": len(rows), "t1_gain": float(np.nanmean(gain)) if gain else float("nan"),
-                  "t1_dir1_fedms": dir1[ours].get("fedms", (float("nan"),))[0] if dir1 else float("nan")}
+        ran = [(p, o[ours]) for _, p, o in rows if best_method(o[ours]) is not None]
+        gain = [o["fedms"][0] - o["fedavg"][0] for _, o in ran if "fedms" in o and "fedavg" in o]
+        dir1 = next((o[ours] for label, _, o in rows if label.endswith("Dir(1)")), {})
+        values = {"t1_best_ours": sum(best_method(o) == "fedms" for _, o in ran),
+                  "t1_best_paper": sum(best_method(p) == "fedms" for p, _ in ran if "fedms" in p),
+                  "t1_rows": len(ran), "t1_gain": float(np.nanmean(gain)) if gain else float("nan"),
+                  "t1_dir1_fedms": dir1.get("fedms", (float("nan"),))[0]}
         return self.comparison(rows), rows, values
 
     def softmax_table(self, rows):
@@ -356,8 +361,9 @@ class FedMS(Chapter):
         return verdict.set_index(["source", "method"]), {"t1_softmax_source": shown, "t1_softmax_verdict": text}
 
     def table1_cifar10(self):
-        rows = self.table1_rows(cifar10=True) if self.has("cifar10") else []
-        values = {"t1c_best": sum(best_method(o[self.ours]) == "fedms" for _, _, o in rows), "t1c_n": len(rows)}
+        rows = self.table1_rows(cifar10=True) if self.cifar_note() else []
+        ran = [o[self.ours] for _, _, o in rows if best_method(o[self.ours]) is not None]
+        values = {"t1c_best": sum(best_method(o) == "fedms" for o in ran), "t1c_n": len(ran)}
         return (self.comparison(rows) if rows else None), values
 
     def fig2(self):
@@ -481,7 +487,8 @@ class FedMS(Chapter):
         out = [{"claim": f"FedMS accuracy, MNIST {label} (Table 1)", "paper": paper["fedms"][0],
                 "ours": round(src[self.ours]["fedms"][0], 2), "unit": "%"}
                for label, paper, src in rows1
-               if "fedms" in src[self.ours] and np.isfinite(paper.get("fedms", (np.nan,))[0])]
+               if np.isfinite(src[self.ours].get("fedms", (np.nan,))[0])
+               and np.isfinite(paper.get("fedms", (np.nan,))[0])]
         if "table2" in self.params["experiments"]:
             out.append({"claim": "FedMS Maverick participation, MNIST Dir(0.1) (Table 2)", "paper": 54.0,
                         "ours": round(t2_mav, 1), "unit": "%"})

@@ -125,6 +125,11 @@ class Chapter:
             out[OURS_STORED] = frames.seed_mean_std(self.stored.results, make_configs(self.paper_params), value)
         return out
 
+    @staticmethod
+    def measured(rows: list[tuple[str, dict, dict]]) -> list[tuple[str, dict, dict]]:
+        """The rows with a number of ours from some source (this build's runs or the stored ones)."""
+        return [row for row in rows if any(v[0] == v[0] for values in row[2].values() for v in values.values())]
+
     def comparison(self, rows: list[tuple[str, dict, dict]], digits: int = 2):
         """The paper-vs-ours frame: per row a 'paper' line and one per source, a column per method."""
         return frames.comparison(rows, self.labels, digits, index=self.index)

@@ -198,7 +198,8 @@ def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "
         finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
         return method in finite and finite[method] == max(finite.values())
 
-    compared = [(paper, ours[source]) for _, paper, ours in rows if source in ours]
+    compared = [(paper, ours[source]) for _, paper, ours in rows  # the rows ``source`` ran
+                if any(v[0] == v[0] for v in ours.get(source, {}).values())]
     return sum(is_best(o) for _, o in compared), sum(is_best(p) for p, _ in compared), len(compared)
 
 
@@ -415,13 +416,16 @@ class CELM(Chapter):
                                 f"({source}).")]
 
     def table1_cifar10(self):
-        """Table 1's CIFAR-10 rows when this build ran them: the styled frame (or None), a note, the numbers."""
-        source = next((r.meta["dataset_source"] for r in self.runs if r.config["dataset"] == "cifar10"), None)
+        """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):
+        the styled frame (or None), a note, the numbers."""
+        stored = list(self.stored.results.values()) if self.stored and self.stored.results else []
+        source = next((r.meta["dataset_source"] for r in self.runs + stored if r.config["dataset"] == "cifar10"), None)
         if source is None:
-            return (None, "No CIFAR-10 data under the data root: these rows were not run.",
+            return (None, "No CIFAR-10 data under the data root and no stored CIFAR-10 runs: these rows were not run.",
                     {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0})
         name = "CIFAR-10 (JPEG copy)" if "JPEG" in source else "CIFAR-10"
-        rows = self.split_rows("Table 1", self.params["splits"], "CIFAR-10", name + " {split}", cifar10=True)
+        splits = list(dict.fromkeys(self.params["splits"] + (self.paper_params["splits"] if stored else [])))
+        rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
         return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
 

@@ -324,7 +324,7 @@ class FedMS(Chapter):
 
             paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
             rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, self.sources(make)))
-        return rows
+        return self.measured(rows)
 
     def cifar_note(self) -> str:
         """Where this build's (else the stored) CIFAR-10 runs read their data ("" when none ran)."""

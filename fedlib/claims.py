@@ -265,7 +265,7 @@ def stored_evidence(chapter: str) -> Evidence:
     def read(item):
         for root in roots:
             if (root / f"{item.key}.json").is_file():
-                payload = ResultCache(root).get(item.key)
+                payload = ResultCache(root, protect=True).get(item.key)  # a reader never moves a stored run
                 if payload is not None:
                     return payload["result"]
         return None

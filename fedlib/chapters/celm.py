@@ -17,6 +17,7 @@ decayed x0.1 at half the rounds):
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -399,19 +400,18 @@ class CELM(Chapter):
         results, params, source = ((self.stored.results, self.paper_params, OURS_STORED) if self.stored.results
                                    else (self.results, self.params, self.ours))
         out = []
-        for split in params["splits"]:
-            spec = SPLITS[split][0]
-            for seed in params["seeds"]:
-                base = results.get(run_config(params, spec, "fedavg_uniform", seed).key())
-                for method in DIAGNOSED:
-                    run = results.get(run_config(params, spec, method, seed).key())
-                    if base is None or run is None or method not in params["methods"]:
-                        continue
-                    acc, ref = 100 * run.final["accuracy"], 100 * base.final["accuracy"]
-                    if ref - acc > threshold:
-                        text, table = diagnose_baseline(run, method)
-                        out += [Markdown(f"**{METHOD_LABELS[method]}, {split}, seed {seed}** ({source}): {acc:.2f} % "
-                                         f"against uniform FedAvg's {ref:.2f} %. {text}"), table]
+        for cifar10, split, seed in itertools.product((False, True), params["splits"], params["seeds"]):
+            spec, data = SPLITS[split][0], "CIFAR-10 " if cifar10 else ""
+            base = results.get(run_config(params, spec, "fedavg_uniform", seed, cifar10=cifar10).key())
+            for method in DIAGNOSED:
+                run = results.get(run_config(params, spec, method, seed, cifar10=cifar10).key())
+                if base is None or run is None or method not in params["methods"]:
+                    continue
+                acc, ref = 100 * run.final["accuracy"], 100 * base.final["accuracy"]
+                if ref - acc > threshold:
+                    text, table = diagnose_baseline(run, method)
+                    out += [Markdown(f"**{METHOD_LABELS[method]}, {data}{split}, seed {seed}** ({source}): "
+                                     f"{acc:.2f} % against uniform FedAvg's {ref:.2f} %. {text}"), table]
         return out or [Markdown(f"No baseline ends more than {threshold:g} points below uniform FedAvg in these runs "
                                 f"({source}).")]
 

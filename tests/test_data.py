@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import tarfile
 import urllib.error
 from pathlib import Path
@@ -16,7 +17,8 @@ from PIL import Image
 from fedlib import data
 from fedlib.data import DataCorruptError, DataNotFoundError, dataset_spec, load_dataset
 
-SHARED_DATASETS = Path("/work/shared/datasets")
+# the offline copies: the data root CI exports, else ../shared/datasets beside the checkout
+SHARED_DATASETS = Path(os.environ.get("FEDLIB_DATA") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 
 

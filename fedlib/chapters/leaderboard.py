@@ -341,7 +341,8 @@ class Leaderboard(Chapter):
         fid = self.summary(columns, sort="rho_shapley", ascending=False)
         values = {"lb_fid_best": best(fid, "ρ Shapley"), "lb_fid_best_value": float(fid["ρ Shapley"].max()),
                   "lb_fid_size_best": best(fid, "ρ size")}
-        return (fid.style.format("{:.3f}").background_gradient(cmap="Greens", subset=[c for c in fid if "ρ" in c])
+        return (fid.style.format("{:.3f}", na_rep="—")  # ρ is undefined for a constant contribution vector
+                .background_gradient(cmap="Greens", subset=[c for c in fid if "ρ" in c])
                 .background_gradient(cmap="Reds", subset=[c for c in fid if "KL" in c])), values
 
     def show_contributions(self) -> None:

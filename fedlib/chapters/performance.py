@@ -52,7 +52,8 @@ def engine_table(run: dict):
         rows.append(row)
     frame = pd.DataFrame(rows).set_index("N")
     return frame.style.format({c: "{:.2f}x" if "/" in c else "{:.2f}" if "acc." in c else "{:.1f}" if "start" in c
-                               else "{:.3f}" for c in frame.columns if c not in ("samples / client", "fedlib plan")})
+                               else "{:.3f}" for c in frame.columns if c not in ("samples / client", "fedlib plan")},
+                              na_rep="—")  # an engine not run at that N
 
 
 def engine_figure(run: dict, title: str):

@@ -3,7 +3,7 @@ estimation, valuation and selection."""
 
 __version__ = "0.1.0"
 
-from .config import ConfigError, RunConfig, load_config, make_config  # noqa: E402
+from .config import ConfigError, RunConfig, ScmConfig, load_config, make_config  # noqa: E402
 from .run import RunResult, run, run_many  # noqa: E402
 
-__all__ = ["ConfigError", "RunConfig", "RunResult", "load_config", "make_config", "run", "run_many", "__version__"]
+__all__ = ["ConfigError", "RunConfig", "RunResult", "ScmConfig", "load_config", "make_config", "run", "run_many", "__version__"]

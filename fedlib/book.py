@@ -300,8 +300,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
     """How a stored run's recorded variant differs from what ``config`` means now, one item each."""
     if "rule_versions" not in meta:
-        return ["recorded before rule versions and data fingerprints, and not re-keyed "
-                "(python -m fedlib migrate-results)"]
+        return ["recorded before rule versions and data fingerprints (fedlib 74f3e69 converts it)"]
     changes = []
     from .results import placement_free
 
@@ -321,12 +320,9 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
 
 
 def _parse_config(raw: Any):
-    """A stored config as this version reads it, or None (e.g. a logit-loop config not yet
-    converted: ``python -m fedlib migrate-results``)."""
+    """A stored config as this version reads it, or None."""
     from .config import make_config
 
-    if isinstance(raw, dict) and "aggregator" in raw:
-        return None
     try:
         return make_config(raw)
     except Exception:  # noqa: BLE001 - a config this version cannot read any more

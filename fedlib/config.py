@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -116,39 +116,26 @@ _SPLIT_INTEGERS = {"k", "min_size", "n_mavericks", "n_free_riders", "free_riders
 _BOOL_FIELDS = {"reference_values"}
 
 
-class RunConfig(BaseModel):
-    """One federated run. Defaults: CELM's Fashion-MNIST protocol, FedAvg, 5 IID clients."""
+class ExperimentConfig(BaseModel):
+    """What every experiment shares: the data, the model, the clients' local training, the seed and
+    the placement, with one validation (limits, one-line errors), one key formula and one loader.
+    :class:`RunConfig` is a federated run; :class:`ScmConfig` is FedSCM's one-shot experiment."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=MAX_STRING)
 
     dataset: str = "fmnist"
     data_root: str | None = None
     fraction: float = Field(1.0, gt=0, le=1, description="share of the training set used")
-    test_samples: int | None = Field(None, ge=1, le=MAX_SAMPLES,
-                                     description="evaluate on a fixed random subset of n test samples")
-    server_val: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="training samples held out as the server's "
-                                   "validation set (default 1000 for methods that need one)")
     model: str = "mlp"
-    split: Spec = Spec(name="iid")
     n_clients: int = Field(5, ge=1, le=MAX_COUNT)
-    clients_per_round: int | None = Field(None, ge=1, le=MAX_COUNT, description="None = all clients")
-    rounds: int = Field(20, ge=1, le=MAX_COUNT)
     local_epochs: int = Field(1, ge=1, le=MAX_EPOCHS)
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
     lr: float = Field(0.1, gt=0)
-    lr_milestones: tuple[int, ...] = Field((), max_length=MAX_LIST, description="rounds after which lr *= lr_gamma")
-    lr_gamma: float = Field(0.1, gt=0, le=1)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
-    method: Spec = Spec(name="fedavg")
     seed: int = Field(0, ge=0, le=MAX_SEED)
     device: str = "cpu"
-    eval_every: int = Field(1, ge=1, le=MAX_COUNT)
-    update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
-                                      "round's median distance from the global model (None: off)")
     client_chunk: int | None = Field(None, ge=1, le=MAX_COUNT, description="clients trained together (memory)")
-    reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
-                                   "values of its clients on the server's validation set (final['reference'])")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -159,13 +146,6 @@ class RunConfig(BaseModel):
             raise ValueError(f"list too long ({len(v)} items; at most {MAX_LIST})")
         if isinstance(v, str) and len(v) > MAX_STRING:
             raise ValueError(f"string too long ({len(v)} characters; at most {MAX_STRING})")
-        return v
-
-    @field_validator("lr_milestones", mode="before")
-    @classmethod
-    def _milestone_items(cls, v):
-        if isinstance(v, (list, tuple)) and any(isinstance(m, bool) for m in v):
-            raise ValueError("milestones must be rounds (numbers), not true/false")
         return v
 
     @field_validator("model")
@@ -196,6 +176,110 @@ class RunConfig(BaseModel):
     def _device(cls, v: str) -> str:
         if v not in ("cpu", "cuda", "auto") and not v.startswith("cuda:"):
             raise ValueError("must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
+        return v
+
+    # -- what produced a result: the resolved config, the rule versions, the data -----------
+    def resolved(self) -> dict[str, Any]:
+        """The config as it runs, without the data root (:meth:`data_fingerprint` names the data)."""
+        return _plain(self.model_dump(mode="json", exclude={"data_root"}))
+
+    def rule_versions(self) -> dict[str, str]:
+        return {"engine": ENGINE_VERSION}
+
+    def data_fingerprint(self) -> dict[str, Any]:
+        """The files this config's dataset reads (``fedlib.data.data_fingerprint``), without loading them."""
+        from .data import data_fingerprint
+
+        return data_fingerprint(self.dataset, self.data_root)
+
+    def config_key(self) -> str:
+        """Hash of the resolved config and the rule versions (not the data)."""
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "_format": CACHE_FORMAT})
+
+    def key(self, fingerprint: dict[str, Any] | None = None) -> str:
+        """The cache key: hash of the resolved config, the rule versions and the data's content
+        fingerprint (``fingerprint``, default: that of the files the config would read now).
+        Where the data, a default, a rule or an option that changes numbers differs, so does the key;
+        the data root does not enter (the same files elsewhere give the same key)."""
+        fingerprint = self.data_fingerprint() if fingerprint is None else fingerprint
+        data = fingerprint.get("sha256") or {"missing": self.dataset}
+        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "data": data,
+                      "_format": CACHE_FORMAT})
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def make(cls, data: dict[str, Any] | ExperimentConfig | None = None, source: str = "config", **overrides):
+        """Validate a dict (plus keyword overrides) into this config, with one-line errors."""
+        if isinstance(data, ExperimentConfig):
+            data = data.to_dict()
+        if data is not None and not isinstance(data, dict):
+            hint = "; to run a YAML file, pass fedlib.load_config(path)" if isinstance(data, (str, Path)) else ""
+            raise ConfigError(f"{source}: expected a {cls.__name__} or a mapping of config keys, got "
+                              f"{type(data).__name__} {shown(data)}{hint}")
+        merged = {**(data or {}), **overrides}
+        bad_key = next((k for k in merged if not isinstance(k, str)), None)
+        if bad_key is not None:
+            raise ConfigError(f"{source}: config keys must be text (got {shown(bad_key)})")
+        try:
+            return cls(**merged)
+        except ValidationError as err:
+            raise _one_line(err, source, cls) from None
+        except (ValueError, TypeError, OverflowError, RecursionError) as err:  # nested validators
+            text = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ConfigError(f"{source}: {text[:300]}") from None
+
+    @classmethod
+    def load(cls, path: str | Path, **overrides):
+        """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it;
+        ``overrides`` replace keys (a dict updates a split or method spec)."""
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: no such config file")
+        size = path.stat().st_size
+        if size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: config file too large ({size} bytes; at most {MAX_CONFIG_BYTES})")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+        data = parse_yaml(text, str(path))
+        if data is None:
+            raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+        for key, value in overrides.items():
+            base = data.get(key)
+            base = {"name": base} if isinstance(base, str) and key in ("split", "method") else base
+            data[key] = {**base, **value} if isinstance(value, dict) and isinstance(base, dict) else value
+        return cls.make(data, source=str(path))
+
+
+class RunConfig(ExperimentConfig):
+    """One federated run. Defaults: CELM's Fashion-MNIST protocol, FedAvg, 5 IID clients."""
+
+    test_samples: int | None = Field(None, ge=1, le=MAX_SAMPLES,
+                                     description="evaluate on a fixed random subset of n test samples")
+    server_val: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="training samples held out as the server's "
+                                   "validation set (default 1000 for methods that need one)")
+    split: Spec = Spec(name="iid")
+    clients_per_round: int | None = Field(None, ge=1, le=MAX_COUNT, description="None = all clients")
+    rounds: int = Field(20, ge=1, le=MAX_COUNT)
+    lr_milestones: tuple[int, ...] = Field((), max_length=MAX_LIST, description="rounds after which lr *= lr_gamma")
+    lr_gamma: float = Field(0.1, gt=0, le=1)
+    method: Spec = Spec(name="fedavg")
+    eval_every: int = Field(1, ge=1, le=MAX_COUNT)
+    update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
+                                      "round's median distance from the global model (None: off)")
+    reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
+                                   "values of its clients on the server's validation set (final['reference'])")
+
+    @field_validator("lr_milestones", mode="before")
+    @classmethod
+    def _milestone_items(cls, v):
+        if isinstance(v, (list, tuple)) and any(isinstance(m, bool) for m in v):
+            raise ValueError("milestones must be rounds (numbers), not true/false")
         return v
 
     @field_validator("lr_milestones")
@@ -249,7 +333,6 @@ class RunConfig(BaseModel):
         passed = sum(round_index >= m for m in self.lr_milestones)
         return self.lr * self.lr_gamma**passed
 
-    # -- what produced a result: the resolved config, the rule versions, the data -----------
     def resolved(self) -> dict[str, Any]:
         """The config as it runs: every method hyper-parameter and split parameter with its default
         filled in, and engine defaults that change numbers (``server_val``); no ``data_root``
@@ -272,28 +355,93 @@ class RunConfig(BaseModel):
 
         return {"engine": ENGINE_VERSION, self.method.name: str(METHODS[self.method.name].rule_version)}
 
-    def data_fingerprint(self) -> dict[str, Any]:
-        """The files this config's dataset reads (``fedlib.data.data_fingerprint``), without loading them."""
-        from .data import data_fingerprint
 
-        return data_fingerprint(self.dataset, self.data_root)
+# FedSCM's one-shot experiment (``fedlib.scm_pipeline``): its methods and its rule versions.
+SCM_METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea", "k3da", "comda", "fmda_ot")
+SCM_RULE_VERSION = "2"  # FedSCM selection: non-zero weights, Algorithm 1's projection (was: vertex rounding)
+PIPELINE_FORMAT = 3  # bump when cached pipeline results become invalid (3: post-training on the engine)
 
-    def config_key(self) -> str:
-        """Hash of the resolved config and the rule versions (not the data)."""
-        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "_format": CACHE_FORMAT})
 
-    def key(self, fingerprint: dict[str, Any] | None = None) -> str:
-        """The cache key: hash of the resolved config, the rule versions and the data's content
-        fingerprint (``fingerprint``, default: that of the files the config would read now).
-        Where the data, a default, a rule or an option that changes numbers differs, so does the key;
-        the data root does not enter (the same files elsewhere give the same key)."""
-        fingerprint = self.data_fingerprint() if fingerprint is None else fingerprint
-        data = fingerprint.get("sha256") or {"missing": self.dataset}
-        return _hash({"config": self.resolved(), "rules": self.rule_versions(), "data": data,
-                      "_format": CACHE_FORMAT})
+class ScmConfig(ExperimentConfig):
+    """One FedSCM federation and everything run on it (``fedlib.scm_pipeline.run_pipeline``): the
+    clients' local training (the shared fields), the target draw, the selection, the post-training
+    FedProx run and the baselines. Defaults: the paper's CIFAR-10 protocol (K = 500, VGG-11,
+    α = 0.1, 1,000 post-selection rounds)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+    dataset: str = "cifar10"
+    model: str = "vgg11"
+    n_clients: int = Field(500, ge=2, le=MAX_COUNT, description="K")
+    local_epochs: int = Field(5, ge=1, le=MAX_EPOCHS, description="clients' local training before selection")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(5e-4, ge=0)
+    shift: Literal["label", "covariate"] = "label"
+    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (label and quantity shift)")
+    sigma: float = Field(0.05, ge=0, description="std of the affine covariate shift")
+    min_size: int = Field(2, ge=1, le=MAX_SAMPLES, description="samples per client at least (Dirichlet repair)")
+    server_samples: int = Field(1000, ge=1, le=MAX_SAMPLES, description="n: the server's unlabeled target samples")
+    eval_samples: int = Field(2000, ge=1, le=MAX_SAMPLES, description="labelled target samples for evaluation")
+    post_rounds: int = Field(1000, ge=0, le=MAX_COUNT, description="FedProx rounds after selection")
+    post_epochs: int = Field(1, ge=1, le=MAX_EPOCHS)
+    post_steps: int | None = Field(None, ge=1, le=MAX_COUNT, description="local SGD steps per round at most "
+                                   "(None = whole epochs)")
+    post_lr: float = Field(0.01, gt=0)
+    prox_mu: float = Field(0.01, ge=0)
+    gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
+    solver: Literal["pgd", "slsqp"] = "slsqp"
+    projection: Literal["paper", "euclidean"] = Field("paper", description="PGD step (Algorithm 1's, or Euclidean)")
+    rounding: Literal["none", "vertex"] = Field("none", description="'vertex': round the solver output first")
+    temperatures: tuple[float, ...] = Field((), description="selection-only reruns at these prediction temperatures")
+    adapt_steps: int = Field(20, ge=0, le=MAX_COUNT, description="server-side steps on pseudo-labels (K3DA, Co-MDA, "
+                             "FMDA-OT)")
+    vote_gate: float = Field(0.9, gt=0, lt=1, description="K3DA's knowledge-vote confidence gate")
+    cf_permutations: int = Field(32, ge=1, le=MAX_COUNT, description="K3DA: permutations of the Monte-Carlo "
+                                 "consensus focus")
+    ot_reg: float = Field(0.05, gt=0, description="FMDA-OT: entropic regularisation (relative to the cost's max)")
+    ot_samples: int = Field(100, ge=1, le=MAX_SAMPLES, description="FMDA-OT: source samples per client in the "
+                            "transport")
+    comda_clients: int = Field(3, ge=1, le=MAX_COUNT, description="Co-MDA: sources kept")
+    kappa: float = Field(0.0, ge=0, description="size regulariser of the pipeline's selection (Def. 10)")
+    methods: tuple[str, ...] = SCM_METHODS
+    random_sizes: tuple[int, ...] = (3, 5, 10)
+    sdea_clients: int = Field(3, ge=1, le=MAX_COUNT)
+    fedavg_per_round: int | None = Field(None, ge=1, le=MAX_COUNT, description="FedAvg clients sampled per round "
+                                         "(None = all K)")
+    stability_runs: int = Field(0, ge=0, le=MAX_COUNT, description="repeated selections for Table 1 (0 = none)")
+    stability_kappa: float = Field(1.0, ge=0, description="κ of FedSCM+SR in Table 1")
+    stability_subsample: float = Field(0.8, gt=0, le=1, description="share of D each repeat sees")
+    expertise_repeats: int = Field(3, ge=0, le=MAX_COUNT, description="Q draws for η̂ (0 = skip)")
+    predict_chunk: int | None = Field(None, ge=1, le=MAX_COUNT, description="models evaluated together (memory)")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        from .methods.scm import vertex_counts
+
+        for g in self.gammas:
+            if not 0 <= g < 1:
+                raise ValueError(f"gammas: each must be in [0, 1) (got {g})")
+            if vertex_counts(g)[2] > self.n_clients:
+                raise ValueError(f"gammas: γ = {g} selects {vertex_counts(g)[2]} clients, more than "
+                                 f"n_clients = {self.n_clients}")
+        unknown = [m for m in self.methods if m not in SCM_METHODS]
+        if unknown:
+            raise ValueError(f"methods: unknown method {unknown[0]!r}; known: {', '.join(SCM_METHODS)}")
+        too_many = [m for m in (*self.random_sizes, self.sdea_clients, self.comda_clients)
+                    if not 1 <= m <= self.n_clients]
+        if too_many:
+            raise ValueError(f"random_sizes/sdea_clients/comda_clients: must be in [1, n_clients = {self.n_clients}] "
+                             f"(got {too_many[0]})")
+        if any(t <= 0 for t in self.temperatures):
+            raise ValueError(f"temperatures: each must be > 0 (got {self.temperatures})")
+        return self
+
+    def resolved(self) -> dict[str, Any]:
+        """As run: neither the data root nor the chunk sizes (memory only) enter."""
+        return _plain(self.model_dump(mode="json", exclude={"data_root", "client_chunk", "predict_chunk"}))
+
+    def rule_versions(self) -> dict[str, str]:
+        return {"engine": ENGINE_VERSION, "fedscm": SCM_RULE_VERSION, "pipeline": str(PIPELINE_FORMAT)}
 
 
 def _hash(data: Any) -> str:
@@ -337,23 +485,7 @@ def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None =
 
 def make_config(data: dict[str, Any] | RunConfig | None = None, source: str = "config", **overrides) -> RunConfig:
     """Validate a dict (plus keyword overrides) into a RunConfig, with one-line errors."""
-    if isinstance(data, RunConfig):
-        data = data.to_dict()
-    if data is not None and not isinstance(data, dict):
-        hint = "; to run a YAML file, pass fedlib.load_config(path)" if isinstance(data, (str, Path)) else ""
-        raise ConfigError(f"{source}: expected a RunConfig or a mapping of config keys, got "
-                          f"{type(data).__name__} {shown(data)}{hint}")
-    merged = {**(data or {}), **overrides}
-    bad_key = next((k for k in merged if not isinstance(k, str)), None)
-    if bad_key is not None:
-        raise ConfigError(f"{source}: config keys must be text (got {shown(bad_key)})")
-    try:
-        return RunConfig(**merged)
-    except ValidationError as err:
-        raise _one_line(err, source) from None
-    except (ValueError, TypeError, OverflowError, RecursionError) as err:  # nested validators
-        text = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(f"{source}: {text[:300]}") from None
+    return RunConfig.make(data, source, **overrides)
 
 
 class _NoAliasLoader(yaml.SafeLoader):
@@ -386,24 +518,5 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def load_config(path: str | Path, **overrides) -> RunConfig:
-    """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such config file")
-    size = path.stat().st_size
-    if size > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: config file too large ({size} bytes; at most {MAX_CONFIG_BYTES})")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
-    data = parse_yaml(text, str(path))
-    if data is None:
-        raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
-    for key, value in overrides.items():  # {"split": {"alpha": 0.5}} changes one parameter of the file's split
-        base = data.get(key)
-        base = {"name": base} if isinstance(base, str) and key in ("split", "method") else base
-        data[key] = {**base, **value} if isinstance(value, dict) and isinstance(base, dict) else value
-    return make_config(data, source=str(path))
+    """Read a YAML file into a RunConfig (``ExperimentConfig.load``)."""
+    return RunConfig.load(path, **overrides)

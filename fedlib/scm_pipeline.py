@@ -41,18 +41,16 @@ covariate shift the (K + 1)-th client's affine map is applied to the test images
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from . import partition as partition_module
 from .cache import ResultCache
-from .config import _one_line
+from .config import ScmConfig
 from .methods import fda, scm
 from .models import build_model
 from .population import (
@@ -66,113 +64,6 @@ from .population import (
     train_clients,
 )
 from .results import environment
-
-PIPELINE_FORMAT = 3  # bump when a change makes cached pipeline results invalid (2: support selection, diagnosis;
-#                     3: post-training on the engine, its batch draws)
-RULE_VERSION = "2"  # FedSCM selection: non-zero weights, Algorithm 1's projection (was: vertex rounding)
-METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea", "k3da", "comda", "fmda_ot")
-
-
-class ScmConfig(BaseModel):
-    """One FedSCM federation and everything run on it. Defaults: the paper's CIFAR-10
-    protocol (K = 500, VGG-11, α = 0.1, 1,000 post-selection rounds)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dataset: str = "cifar10"
-    data_root: str | None = None
-    fraction: float = Field(1.0, gt=0, le=1, description="share of the training set given to clients")
-    model: str = "vgg11"
-    n_clients: int = Field(500, ge=2, description="K")
-    shift: Literal["label", "covariate"] = "label"
-    alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (label and quantity shift)")
-    sigma: float = Field(0.05, ge=0, description="std of the affine covariate shift")
-    min_size: int = Field(2, ge=1, description="samples per client at least (Dirichlet repair)")
-    server_samples: int = Field(1000, ge=1, description="n: the server's unlabeled target samples")
-    eval_samples: int = Field(2000, ge=1, description="labelled target samples for evaluation")
-    local_epochs: int = Field(5, ge=1, description="clients' local training before selection")
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0)
-    post_rounds: int = Field(1000, ge=0, description="FedProx rounds after selection")
-    post_epochs: int = Field(1, ge=1)
-    post_steps: int | None = Field(None, ge=1, description="local SGD steps per round at most (None = whole epochs)")
-    post_lr: float = Field(0.01, gt=0)
-    prox_mu: float = Field(0.01, ge=0)
-    gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
-    solver: Literal["pgd", "slsqp"] = "slsqp"
-    projection: Literal["paper", "euclidean"] = Field("paper", description="PGD step (Algorithm 1's, or Euclidean)")
-    rounding: Literal["none", "vertex"] = Field("none", description="'vertex': round the solver output first")
-    temperatures: tuple[float, ...] = Field((), description="selection-only reruns at these prediction temperatures")
-    adapt_steps: int = Field(20, ge=0, description="server-side steps on pseudo-labels (K3DA, Co-MDA, FMDA-OT)")
-    vote_gate: float = Field(0.9, gt=0, lt=1, description="K3DA's knowledge-vote confidence gate")
-    cf_permutations: int = Field(32, ge=1, description="K3DA: permutations of the Monte-Carlo consensus focus")
-    ot_reg: float = Field(0.05, gt=0, description="FMDA-OT: entropic regularisation (relative to the cost's max)")
-    ot_samples: int = Field(100, ge=1, description="FMDA-OT: source samples per client in the transport")
-    comda_clients: int = Field(3, ge=1, description="Co-MDA: sources kept")
-    kappa: float = Field(0.0, ge=0, description="size regulariser of the pipeline's selection (Def. 10)")
-    methods: tuple[str, ...] = METHODS
-    random_sizes: tuple[int, ...] = (3, 5, 10)
-    sdea_clients: int = Field(3, ge=1)
-    fedavg_per_round: int | None = Field(None, ge=1, description="FedAvg clients sampled per round (None = all K)")
-    stability_runs: int = Field(0, ge=0, description="repeated selections for Table 1 (0 = none)")
-    stability_kappa: float = Field(1.0, ge=0, description="κ of FedSCM+SR in Table 1")
-    stability_subsample: float = Field(0.8, gt=0, le=1, description="share of D each repeat sees")
-    expertise_repeats: int = Field(3, ge=0, description="Q draws for η̂ (0 = skip)")
-    seed: int = 0
-    device: str = "cpu"
-    client_chunk: int | None = Field(None, ge=1, description="clients trained together (memory)")
-    predict_chunk: int | None = Field(None, ge=1, description="models evaluated together (memory)")
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        for g in self.gammas:
-            if not 0 <= g < 1:
-                raise ValueError(f"gammas: each must be in [0, 1) (got {g})")
-            if scm.vertex_counts(g)[2] > self.n_clients:
-                raise ValueError(f"gammas: γ = {g} selects {scm.vertex_counts(g)[2]} clients, more than "
-                                 f"n_clients = {self.n_clients}")
-        unknown = [m for m in self.methods if m not in METHODS]
-        if unknown:
-            raise ValueError(f"methods: unknown method {unknown[0]!r}; known: {', '.join(METHODS)}")
-        too_many = [m for m in (*self.random_sizes, self.sdea_clients, self.comda_clients)
-                    if not 1 <= m <= self.n_clients]
-        if too_many:
-            raise ValueError(f"random_sizes/sdea_clients/comda_clients: must be in [1, n_clients = {self.n_clients}] "
-                             f"(got {too_many[0]})")
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device: must be 'cpu', 'cuda', 'cuda:N' or 'auto' (got {self.device!r})")
-        if any(t <= 0 for t in self.temperatures):
-            raise ValueError(f"temperatures: each must be > 0 (got {self.temperatures})")
-        return self
-
-    def key(self) -> str:
-        """Hash of everything that changes results: the config (not the data root or the chunk
-        sizes), the pipeline's format and rule version, and the content fingerprint of the data
-        read (``fedlib.data.data_fingerprint``), so other files never answer from the cache."""
-        from .data import data_fingerprint
-
-        data = self.model_dump(mode="json", exclude={"data_root", "client_chunk", "predict_chunk"})
-        data["_format"] = PIPELINE_FORMAT
-        data["_rule"] = RULE_VERSION
-        data["_data"] = data_fingerprint(self.dataset, self.data_root).get("sha256") or {"missing": self.dataset}
-        blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        return "scm-" + hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
-
-
-def make_scm_config(data: dict[str, Any] | ScmConfig | None = None, source: str = "config", **overrides) -> ScmConfig:
-    """Validate a dict (plus overrides) into an ScmConfig; errors are one line (as ``make_config``'s)."""
-    if isinstance(data, ScmConfig):
-        data = data.to_dict()
-    try:
-        return ScmConfig(**{**(data or {}), **overrides})
-    except ValidationError as err:
-        raise _one_line(err, source, ScmConfig) from None
-
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
           "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
@@ -635,7 +526,7 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
     from .results import run_of, stored_payload
 
-    config = config if isinstance(config, ScmConfig) else make_scm_config(config)
+    config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
         return run_of(hit)

@@ -4,6 +4,7 @@ baseline, the cache, and the chapter's experiment lists."""
 
 import json
 
+import fedlib.config
 import numpy as np
 import pytest
 import torch
@@ -11,7 +12,7 @@ import torch
 from fedlib import book
 from fedlib.cache import ResultCache
 from fedlib.chapters import fedscm as chapter
-from fedlib.config import ConfigError
+from fedlib.config import ConfigError, ScmConfig
 from fedlib.data import load_dataset
 from fedlib.methods import scm
 from fedlib.models import build_model
@@ -20,7 +21,6 @@ from fedlib.scm_pipeline import (
     build_federation,
     client_probabilities,
     execute,
-    make_scm_config,
     method_labels,
     post_train,
     post_training_config,
@@ -45,7 +45,7 @@ def _config(**overrides):
             "gammas": (0.67, 0.8), "solver": "pgd", "random_sizes": (3,), "sdea_clients": 3, "fedavg_per_round": 4,
             "stability_runs": 4, "expertise_repeats": 2, "temperatures": (1.0, 4.0), "adapt_steps": 2,
             "ot_samples": 10, "cf_permutations": 4}
-    return make_scm_config({**base, **overrides})
+    return ScmConfig.make({**base, **overrides})
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -68,6 +68,28 @@ def test_key_ignores_where_and_how_but_not_what():
     assert a.key() == _config(data_root="/elsewhere", client_chunk=3, predict_chunk=2).key()
     assert a.key() != _config(alpha=0.1).key()
     assert method_labels(a)[:2] == ["FedSCM (γ = 0.67)", "FedSCM (γ = 0.8)"]
+
+
+
+def test_the_fedscm_config_shares_the_run_configs_validation_key_and_loader(tmp_path):
+    """One config base: the same limits and one-line errors, the same key layout, the same YAML loader."""
+    for bad, message in (({"seed": True}, "seed: true/false is not a valid value here"),
+                         ({"device": "tpu"}, "device: must be 'cpu', 'cuda', 'cuda:N' or 'auto'"),
+                         ({"model": "gpt"}, "model: unknown model"), ({"n_clients": 10**6}, "n_clients:"),
+                         ({"lr": float("nan")}, "lr:")):
+        with pytest.raises(ConfigError, match=message):
+            _config(**bad)
+    a = _config()
+    assert a.rule_versions() == {"engine": fedlib.config.ENGINE_VERSION, "fedscm": fedlib.config.SCM_RULE_VERSION,
+                                 "pipeline": str(fedlib.config.PIPELINE_FORMAT)}
+    assert a.key() == fedlib.config._hash({"config": a.resolved(), "rules": a.rule_versions(),
+                                           "data": a.data_fingerprint()["sha256"] or {"missing": "synthetic"},
+                                           "_format": fedlib.config.CACHE_FORMAT})
+    path = tmp_path / "scm.yaml"
+    path.write_text("dataset: synthetic\nmodel: mlp\nn_clients: 12\ngammas: [0.8]\n")
+    assert ScmConfig.load(path, alpha=0.5).gammas == (0.8,) and ScmConfig.load(path, alpha=0.5).alpha == 0.5
+    with pytest.raises(ConfigError, match="unknown key 'gammas'"):
+        fedlib.config.load_config(path)  # a federated run has no selection thresholds
 
 
 def test_label_shift_target_is_drawn_like_one_more_client(data):
@@ -180,7 +202,7 @@ def test_stored_results_round_trip(tmp_path, monkeypatch, data):
     params = book.load_profile("fedscm", "smoke")
     cfg = chapter.configs(params)[0]
     store = ResultCache(book.results_dir("fedscm"))
-    result = execute(make_scm_config(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
+    result = execute(ScmConfig.make(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
     store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
     got = chapter.stored_results(params)
     assert list(got) == [cfg.key()] and got[cfg.key()]["methods"] == result["methods"]

@@ -1,7 +1,6 @@
 """Leaderboard: the engine's exact references, FedSCM's weights as a selection, the
 chapter's metrics on hand-made runs, and one tiny end-to-end table."""
 
-import hashlib
 import json
 
 import numpy as np
@@ -28,16 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 # ----------------------------------------------------------------------------- engine hook
 
 
-def test_reference_values_leave_keys_of_existing_configs_unchanged():
-    from fedlib.migrate import legacy_key
-
-    cfg = make_config(**SYNTH)
-    data = cfg.model_dump(mode="json", exclude={"data_root", "client_chunk", "reference_values"})
-    data["_format"] = 1  # the key formula before rule versions (fedlib.migrate.legacy_key)
-    data["_test_subset"] = "random"
-    old = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:20]
-    assert legacy_key(cfg.to_dict()) == old  # stored runs named by the old formula are recognized
-    expected = cfg.key()
+def test_reference_values_change_the_key_and_need_few_clients():
+    expected = make_config(**SYNTH).key()
     assert make_config(**SYNTH, reference_values=True).key() != expected
     with pytest.raises(ValueError, match="reference_values: exact Shapley needs <= 16 clients"):
         make_config(**{**SYNTH, "n_clients": 17}, reference_values=True)

@@ -249,39 +249,6 @@ def test_local_validation_split_is_disjoint_and_sized():
         assert set(val) | set(train[i]) == set(ix) and not set(val) & set(train[i])
 
 
-def test_a_logit_loop_run_converts_to_its_engine_config_with_its_numbers(tmp_path):
-    """A run the protocol's own loop stored (config with ``aggregator``) is stored again under its
-    engine config's key, numbers unchanged, records in the engine's layout, provenance noted."""
-    from fedlib.migrate import convert_logit_runs
-
-    raw = {"dataset": "mnist", "data_root": None, "fraction": 0.05, "test_samples": 500, "model": "mlp",
-           "n_clients": 5, "k": 2, "public_size": 200, "meta_labeled": 100, "aggregator": "uwa", "rounds": 1,
-           "local_epochs": 1, "distill_epochs": 1, "batch_size": 32, "lr": 0.05, "momentum": 0.0,
-           "temperature": 2.0, "val_fraction": 0.1, "gmm_components": None, "gmm_iters": 10, "uwa_tau": 1.0,
-           "uwa_score": "loglik", "reg_covar": 0.01, "meta_hidden": 64, "meta_steps": 300, "meta_lr": 0.01,
-           "meta_drop": 0.2, "dropout": 0.0, "seed": 0, "device": "cpu", "client_chunk": None}
-    record = {"round": 0, "accuracy": 0.5, "balanced_accuracy": 0.4, "per_class_accuracy": [0.5] * 10,
-              "public_accuracy": 0.6, "client_accuracy": [0.1] * 5, "present": [True] * 5, "floats_up": 1,
-              "floats_down": 2, "fedavg_floats": 3, "time_train": 1.0, "time_server": 0.5, "mean_max_weight": 0.7,
-              "mean_entropy": 0.2}
-    result = {"config": raw, "history": [record], "meta": {"wall_time": 3.0, "device": "cpu"},
-              "final": {"accuracy": 0.5, "balanced_accuracy": 0.4, "per_class_accuracy": [0.5] * 10,
-                        "public_accuracy": 0.6, "mean_client_accuracy": 0.1, "rounds_completed": 1, "stopped": None,
-                        "uwa_weights": {"mean_max_weight": 0.7}}}
-    old = ResultCache(tmp_path / "runs", protect=True).put("a" * 20, {"config": raw, "result": result})
-    [(was, new)] = convert_logit_runs(tmp_path, today="2026-11-26")
-    engine = protocol_config("uwa", **{k: v for k, v in raw.items() if k != "aggregator"})
-    assert was == "a" * 20 and new == engine.key() and not old.exists()
-    stored = ResultCache(tmp_path / "runs").get(new)
-    assert stored["config"] == engine.to_dict() and stored["result"]["final"]["accuracy"] == 0.5
-    h = stored["result"]["history"][0]
-    assert (h["accuracy"], h["diagnostics"]["public_accuracy"], h["selected"]) == (0.5, 0.6, [0, 1, 2, 3, 4])
-    assert "logit protocol's own loop" in stored["result"]["meta"]["rekeyed"]
-    from fedlib.results import result_check
-
-    assert result_check(engine, engine.data_fingerprint())(stored["result"]) is None  # current for its config
-
-
 def _final_logits(synthetic, **overrides):
     result = fedlib.run(protocol_config("simple", **{**SMALL, **overrides}), cache=False, dataset=synthetic,
                         progress=False)

@@ -581,17 +581,6 @@ def test_a_gpu_run_stored_under_the_chapters_key_is_shown_not_stale(tmp_path, mo
     assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]  # the other config is not ours
 
 
-def _legacy_entry(folder: Path, cfg, result) -> Path:
-    """A stored run as f5ecf2b wrote it: old key, no rule versions or data fingerprint."""
-    from fedlib.migrate import legacy_key
-
-    meta = {k: v for k, v in result.meta.items()
-            if k not in ("resolved", "rule_versions", "data", "config_key_without_data", "engine_version")}
-    payload = {"config": cfg.to_dict(), "result": {**result.to_dict(), "meta": meta}, "commit": "f5ecf2b",
-               "device": "cpu", "date": "2026-11-26", "wall_time": 1.0}
-    return ResultCache(folder).put(legacy_key(cfg.to_dict()), payload)
-
-
 def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
@@ -599,56 +588,32 @@ def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(t
     from fedlib.migrate import migrate_results
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
-    folder = tmp_path / "results" / "demo"
+    runs = tmp_path / "results" / "runs"
     same = make_config(TINY, method={"name": "fedprox"})
     changed = make_config(TINY, method={"name": "qfedavg"})
-    runs = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
-    old_same = _legacy_entry(folder, same, runs["fedprox"])
-    old_changed = _legacy_entry(folder, changed, runs["qfedavg"])
+    results = {c.method.name: fedlib.run(c, cache=False, progress=False) for c in (same, changed)}
+    old_same = ResultCache(runs).put("a" * 20, {"config": same.to_dict(), "result": results["fedprox"].to_dict()})
+    old_changed = ResultCache(runs).put(changed.key(), {"config": changed.to_dict(),
+                                                        "result": results["qfedavg"].to_dict()})
     history_text = json.dumps(json.loads(old_same.read_text())["payload"]["result"]["history"], indent=1)
 
     @dataclass
-    class QFedAvgOtherQ(QFedAvg):  # q-FedAvg's default changed since the legacy run
+    class QFedAvgOtherQ(QFedAvg):  # q-FedAvg's default changed since the stored run
         q: float = 0.25
 
     monkeypatch.setitem(METHODS, "qfedavg", QFedAvgOtherQ)
+    assert migrate_results(tmp_path / "results", dry_run=True)["rekeyed"] == [("a" * 20, same.key())]
+    assert old_same.exists()
     report = migrate_results(tmp_path / "results", today="2026-11-26")
-    assert report["moved"] == [(f"demo/{p.name}", "moved to runs/") for p in sorted((old_same, old_changed))]
-    assert [(c, old) for c, old, _ in report["rekeyed"]] == [("runs", old_same.stem)]
-    assert [(c, name) for c, name, _ in report["stale"]] == [("runs", old_changed.name)]
-    assert "method.q" in report["stale"][0][2]
-    runs = tmp_path / "results" / "runs"
+    assert report["rekeyed"] == [("a" * 20, same.key())]
+    assert [name for name, _ in report["stale"]] == [old_changed.name] and "method.q" in report["stale"][0][1]
     new = ResultCache(runs).get(same.key())
-    assert new is not None and not old_same.exists() and not (runs / old_same.name).exists()
-    assert not folder.exists() and (runs / old_changed.name).exists()  # the stale run moved, unchanged
+    assert new is not None and not old_same.exists() and old_changed.exists()
     assert json.dumps(new["result"]["history"], indent=1) == history_text and new["config"] == same.to_dict()
-    assert new["result"]["meta"]["rekeyed"] == (f"re-keyed from {old_same.stem} on 2026-11-26: resolved config "
-                                                "and data fingerprint identical")
+    assert new["result"]["meta"]["rekeyed"] == f"re-keyed from {'a' * 20} on 2026-11-26: records the current variant"
     stored = book.stored_results("demo", [same, changed])
     assert list(stored.results) == [same.key()] and list(stored.stale) == [old_changed.name]
-    assert migrate_results(tmp_path / "results")["current"] == [("runs", same.key())]  # idempotent
-
-
-def test_16_per_chapter_runs_move_into_one_store_byte_for_byte(tmp_path):
-    """results/<chapter>/<key>.json -> results/runs/<key>.json with identical bytes; a run two
-    chapters kept is kept once when the results agree, and both stay when they differ."""
-    from fedlib.migrate import consolidate
-
-    root = tmp_path / "results"
-    cfg = make_config(TINY)
-    result = fedlib.run(cfg, cache=False, progress=False).to_dict()
-    a = ResultCache(root / "celm").put(cfg.key(), {"config": cfg.to_dict(), "result": result, "commit": "x"})
-    b = ResultCache(root / "fedavg").put(cfg.key(), {"config": cfg.to_dict(), "result": result, "commit": "y"})
-    other = {**result, "final": {**result["final"], "accuracy": 0.0}}
-    c = ResultCache(root / "fedms").put("0" * 20, {"config": cfg.to_dict(), "result": other})
-    d = ResultCache(root / "logitfl").put("0" * 20, {"config": cfg.to_dict(), "result": result})
-    original = {p: p.read_bytes() for p in (a, c)}
-    assert consolidate(root, dry_run=True) and a.exists() and not (root / "runs").exists()
-    report = dict(consolidate(root))
-    assert report == {"celm/" + a.name: "moved to runs/", "fedavg/" + b.name: "duplicate of runs/, removed",
-                      "fedms/" + c.name: "moved to runs/", "logitfl/" + d.name: "differs from runs/, left in place"}
-    assert (root / "runs" / a.name).read_bytes() == original[a] and (root / "runs" / c.name).read_bytes() == original[c]
-    assert sorted(p.name for p in root.iterdir()) == ["logitfl", "runs"] and d.exists()
+    assert migrate_results(tmp_path / "results")["current"] == [same.key()]  # idempotent
 
 
 def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
@@ -656,7 +621,6 @@ def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
 
     report = migrate_results(ROOT / "results", dry_run=True)
     assert not report["rekeyed"], "run: python -m fedlib migrate-results"
-    assert not [m for m in report["moved"]], "run: python -m fedlib migrate-results (one store: results/runs/)"
     assert len(report["current"]) + len(report["stale"]) == len(list((ROOT / "results").glob("*/*.json")))
 
 
@@ -693,9 +657,9 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
 def test_15_1_the_fedscm_pipeline_cache_key_follows_the_data_read(monkeypatch):
     """The FedSCM pipeline's cache is keyed like the run cache: other files, another key."""
     import fedlib.data
-    from fedlib.scm_pipeline import make_scm_config
+    from fedlib.config import ScmConfig
 
-    cfg = make_scm_config({"dataset": "synthetic", "n_clients": 12})
+    cfg = ScmConfig.make({"dataset": "synthetic", "n_clients": 12})
     key = cfg.key()
     real = fedlib.data.data_fingerprint
     monkeypatch.setattr(fedlib.data, "data_fingerprint",

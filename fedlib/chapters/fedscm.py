@@ -21,7 +21,8 @@ import numpy as np
 
 from .. import frames
 from ..methods import scm
-from ..scm_pipeline import ScmConfig, make_scm_config, method_labels
+from ..config import ScmConfig
+from ..scm_pipeline import method_labels
 from .base import Chapter
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def pipeline_config(params: dict[str, Any], shift: str, alpha: float, seed: int)
     data = {k: params[k] for k in PIPELINE_KEYS}
     data.update({k: params[k] for k in OPTIONAL_KEYS if params.get(k) is not None})
     stability = (shift == "label" and alpha == params["stability_alpha"] and seed == params["seeds"][0])
-    return make_scm_config(data, source="fedscm params", shift=shift, alpha=alpha, seed=seed,
+    return ScmConfig.make(data, source="fedscm params", shift=shift, alpha=alpha, seed=seed,
                            stability_runs=params["stability_runs"] if stability else 0,
                            stability_kappa=params["stability_kappa"])
 
@@ -66,10 +67,10 @@ def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
     base = pipeline_config(params, "label", params["stability_alpha"], params["seeds"][0]).to_dict()
     base.update(methods=("fedscm", "best_source"), post_rounds=0, stability_runs=0,
                 expertise_repeats=max(base["expertise_repeats"], 2))
-    out = [("as profiled", make_scm_config(base, source="fedscm params"))]
+    out = [("as profiled", ScmConfig.make(base, source="fedscm params"))]
     for change in params.get("diagnosis_variants") or []:
         name = ", ".join(f"{k} = {v}" for k, v in change.items())
-        out.append((name, make_scm_config({**base, **change}, source=f"fedscm params: diagnosis_variants {name}")))
+        out.append((name, ScmConfig.make({**base, **change}, source=f"fedscm params: diagnosis_variants {name}")))
     return out
 
 

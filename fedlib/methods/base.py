@@ -199,6 +199,15 @@ class Method:
     def validate(self) -> None:
         """Raise ValueError (one line, naming the field and its range) for bad values."""
 
+    def check(self, *rules: tuple[str, bool, str]) -> None:
+        """For ``validate``: raise the first rule ``(field, ok, allowed)`` that fails as
+        ``method '<name>': <field> must be <allowed> (got <value>)``."""
+        for attr, ok, allowed in rules:
+            if not ok:
+                value = getattr(self, attr)
+                shown = repr(value) if isinstance(value, str) else value
+                raise ValueError(f"method {self.name!r}: {attr} must be {allowed} (got {shown})")
+
     def check_run(self, rounds: int, n_clients: int) -> None:
         """Raise ValueError (one line) when the hyper-parameters do not fit the run (checked with the config)."""
 
@@ -290,8 +299,9 @@ class Method:
         return None
 
     def diagnostics(self) -> dict[str, Any] | None:
-        """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix)."""
-        return None
+        """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix); by default
+        the dict ``last`` a method keeps of its round, if any."""
+        return getattr(self, "last", None) or None
 
     def resolved_hyperparameters(self) -> dict[str, Any]:
         """Every hyper-parameter of this instance, defaults filled in (part of the cache key)."""

@@ -99,7 +99,7 @@ class CELM(Method):
     keep_probe_images: bool = False  # put the last warm-up round's images in the history
 
     def validate(self) -> None:
-        checks = [
+        self.check(
             ("warmup_fraction", 0 < self.warmup_fraction < 1, "in (0, 1)"),
             ("lm_steps", self.lm_steps >= 1 and float(self.lm_steps).is_integer(), "an integer >= 1"),
             ("lm_lr", self.lm_lr > 0, "> 0"),
@@ -107,10 +107,7 @@ class CELM(Method):
             ("ema", 0 <= self.ema < 1, "in [0, 1)"),
             ("eps", self.eps > 0, "> 0"),
             ("probe_seed", float(self.probe_seed).is_integer(), "an integer"),
-        ]
-        for field, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"method 'celm': {field} must be {allowed} (got {getattr(self, field)})")
+        )
 
     def warmup_rounds_for(self, rounds: int) -> int:
         return max(1, round(self.warmup_fraction * rounds))

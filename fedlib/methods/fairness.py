@@ -80,20 +80,12 @@ class CFFL(Method):
     download: str = "random"
 
     def validate(self) -> None:
-        if not self.alpha > 0:
-            raise ValueError(f"method 'cffl': alpha must be > 0 (got {self.alpha})")
-        if not 0 <= self.fade < 1:
-            raise ValueError(f"method 'cffl': fade must be in [0, 1) (got {self.fade})")
-        if not 0 <= self.threshold < 1:
-            raise ValueError(f"method 'cffl': threshold must be in [0, 1) (got {self.threshold})")
-        if self.clip < 0:
-            raise ValueError(f"method 'cffl': clip must be >= 0, 0 = off (got {self.clip})")
-        if not 0 < self.theta <= 1:
-            raise ValueError(f"method 'cffl': theta must be in (0, 1] (got {self.theta})")
-        if self.aggregation not in ("sum", "reputation_sum", "mean"):
-            raise ValueError(f"method 'cffl': aggregation must be sum, reputation_sum or mean (got {self.aggregation!r})")
-        if self.download not in ("random", "topk"):
-            raise ValueError(f"method 'cffl': download must be random or topk (got {self.download!r})")
+        self.check(("alpha", self.alpha > 0, "> 0"), ("fade", 0 <= self.fade < 1, "in [0, 1)"),
+                   ("threshold", 0 <= self.threshold < 1, "in [0, 1)"), ("clip", self.clip >= 0, ">= 0, 0 = off"),
+                   ("theta", 0 < self.theta <= 1, "in (0, 1]"),
+                   ("aggregation", self.aggregation in ("sum", "reputation_sum", "mean"),
+                    "sum, reputation_sum or mean"),
+                   ("download", self.download in ("random", "topk"), "random or topk"))
 
     def setup(self, fed: Federation) -> None:
         if fed.x_val is None or fed.y_val is None:
@@ -103,7 +95,6 @@ class CFFL(Method):
         self.seen = torch.zeros(fed.n_clients, dtype=torch.bool)
         self.reputable = torch.ones(fed.n_clients, dtype=torch.bool)
         self.removed_round = np.full(fed.n_clients, -1)
-        self.last: dict = {}
 
     def init_client_state(self, fed, global_flat, global_buffers):
         return ClientState.replicate(fed.n_clients, global_flat, global_buffers)
@@ -215,9 +206,6 @@ class CFFL(Method):
     def scores(self) -> np.ndarray:
         return self.reputation.numpy().copy()
 
-    def diagnostics(self):
-        return self.last or None
-
 
 # ----------------------------------------------------------------------------- FLCE's baselines
 
@@ -240,8 +228,7 @@ class QFedAvg(Method):
     q: float = 1.0
 
     def validate(self) -> None:
-        if self.q < 0:
-            raise ValueError(f"method 'qfedavg': q must be >= 0 (got {self.q})")
+        self.check(("q", self.q >= 0, ">= 0"))
 
     def client_uploads(self, state, clients, flat, buffers, data):
         loss, _ = global_model_on_clients(self.fed, state, data)
@@ -284,10 +271,7 @@ class FedFa(Method):
     client_momentum: bool = True
 
     def validate(self) -> None:
-        if not 0 <= self.beta <= 1:
-            raise ValueError(f"method 'fedfa': beta must be in [0, 1] (got {self.beta})")
-        if not 0 <= self.gamma < 1:
-            raise ValueError(f"method 'fedfa': gamma must be in [0, 1) (got {self.gamma})")
+        self.check(("beta", 0 <= self.beta <= 1, "in [0, 1]"), ("gamma", 0 <= self.gamma < 1, "in [0, 1)"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -363,10 +347,8 @@ class Ditto(Method):
     scored: str = "personal"
 
     def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"method 'ditto': lam must be >= 0 (got {self.lam})")
-        if self.scored not in ("personal", "global"):
-            raise ValueError(f"method 'ditto': scored must be 'personal' or 'global' (got {self.scored!r})")
+        self.check(("lam", self.lam >= 0, ">= 0"),
+                   ("scored", self.scored in ("personal", "global"), "'personal' or 'global'"))
 
     def setup(self, fed: Federation) -> None:
         from ..population import ParamLayout, flat_indices
@@ -453,12 +435,8 @@ class MOON(Method):
     out_dim: int = 256
 
     def validate(self) -> None:
-        if self.mu < 0:
-            raise ValueError(f"method 'moon': mu must be >= 0 (got {self.mu})")
-        if not self.tau > 0:
-            raise ValueError(f"method 'moon': tau must be > 0 (got {self.tau})")
-        if self.out_dim < 0 or self.out_dim != int(self.out_dim):
-            raise ValueError(f"method 'moon': out_dim must be a whole number >= 0 (got {self.out_dim})")
+        self.check(("mu", self.mu >= 0, ">= 0"), ("tau", self.tau > 0, "> 0"),
+                   ("out_dim", self.out_dim >= 0 and self.out_dim == int(self.out_dim), "a whole number >= 0"))
 
     def adapt_model(self, model):
         from ..models import ProjectionHead

@@ -47,8 +47,7 @@ class FedProx(Method):
     mu: float = 0.01
 
     def validate(self) -> None:
-        if self.mu < 0:
-            raise ValueError(f"method 'fedprox': mu must be >= 0 (got {self.mu})")
+        self.check(("mu", self.mu >= 0, ">= 0"))
 
     def local_training(self, state, base, clients):
         return replace(base, prox_mu=self.mu)
@@ -71,12 +70,10 @@ class Cohort(Method):
     max_steps: int | None = None
 
     def validate(self) -> None:
-        if self.mu < 0:
-            raise ValueError(f"method 'cohort': mu must be >= 0 (got {self.mu})")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"method 'cohort': max_steps must be >= 1 or None (got {self.max_steps})")
-        if self.weights is not None and (any(w < 0 for w in self.weights) or not sum(self.weights) > 0):
-            raise ValueError("method 'cohort': weights must be >= 0 with a positive sum")
+        self.check(("mu", self.mu >= 0, ">= 0"),
+                   ("max_steps", self.max_steps is None or self.max_steps >= 1, ">= 1 or None"),
+                   ("weights", self.weights is None or (all(w >= 0 for w in self.weights) and sum(self.weights) > 0),
+                    ">= 0 with a positive sum"))
 
     def check_run(self, rounds: int, n_clients: int) -> None:
         if self.weights is not None and len(self.weights) != n_clients:

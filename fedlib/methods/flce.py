@@ -250,19 +250,16 @@ class FLCE(Method):
     completion_lr: float = 0.05
 
     def validate(self) -> None:
-        checks = [
+        self.check(
             ("lam", self.lam >= 0, ">= 0"),
             ("tau", self.tau > 0, "> 0"),
             ("rank", self.rank >= 1 and float(self.rank).is_integer(), "an integer >= 1"),
             ("completion_steps", self.completion_steps >= 1 and float(self.completion_steps).is_integer(),
              "an integer >= 1"),
             ("completion_lr", self.completion_lr > 0, "> 0"),
-        ]
-        checks += [("contrastive", self.contrastive in CONTRASTIVE, " or ".join(CONTRASTIVE)),
-                   ("completion_over", self.completion_over in COMPLETION_OVER, " or ".join(COMPLETION_OVER))]
-        for field, ok, allowed in checks:
-            if not ok:
-                raise ValueError(f"method 'flce': {field} must be {allowed} (got {getattr(self, field)})")
+            ("contrastive", self.contrastive in CONTRASTIVE, " or ".join(CONTRASTIVE)),
+            ("completion_over", self.completion_over in COMPLETION_OVER, " or ".join(COMPLETION_OVER)),
+        )
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)

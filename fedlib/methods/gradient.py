@@ -92,19 +92,14 @@ class CGSV(Method):
     download_reward: bool = True
 
     def validate(self) -> None:
-        if not 0 <= self.alpha < 1:
-            raise ValueError(f"method 'cgsv': alpha must be in [0, 1) (got {self.alpha})")
-        if not self.gamma > 0:
-            raise ValueError(f"method 'cgsv': gamma must be > 0 (got {self.gamma})")
-        if not self.beta > 0:
-            raise ValueError(f"method 'cgsv': beta must be > 0 (got {self.beta})")
+        self.check(("alpha", 0 <= self.alpha < 1, "in [0, 1)"), ("gamma", self.gamma > 0, "> 0"),
+                   ("beta", self.beta > 0, "> 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
         self.layout = ParamLayout(fed.model)
         self.reputation = torch.zeros(fed.n_clients, dtype=torch.float64)
         self.seen = torch.zeros(fed.n_clients, dtype=torch.bool)
-        self.last: dict = {}
 
     def init_client_state(self, fed, global_flat, global_buffers):
         if not self.download_reward:
@@ -150,9 +145,6 @@ class CGSV(Method):
     def scores(self) -> np.ndarray:
         return self.reputation.numpy().copy()
 
-    def diagnostics(self):
-        return self.last or None
-
 
 @register
 @dataclass
@@ -190,10 +182,8 @@ class ShapFed(Method):
     broadcast: bool = True
 
     def validate(self) -> None:
-        if not 0 <= self.mu < 1:
-            raise ValueError(f"method 'shapfed': mu must be in [0, 1) (got {self.mu})")
-        if self.signal not in ("params", "updates"):
-            raise ValueError(f"method 'shapfed': signal must be 'params' or 'updates' (got {self.signal!r})")
+        self.check(("mu", 0 <= self.mu < 1, "in [0, 1)"),
+                   ("signal", self.signal in ("params", "updates"), "'params' or 'updates'"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -264,10 +254,8 @@ class FedFV(Method):
     tau: int = 1
 
     def validate(self) -> None:
-        if not 0 <= self.alpha <= 1:
-            raise ValueError(f"method 'fedfv': alpha must be in [0, 1] (got {self.alpha})")
-        if self.tau < 0 or not float(self.tau).is_integer():
-            raise ValueError(f"method 'fedfv': tau must be an integer >= 0 (got {self.tau})")
+        self.check(("alpha", 0 <= self.alpha <= 1, "in [0, 1]"),
+                   ("tau", self.tau >= 0 and float(self.tau).is_integer(), "an integer >= 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)

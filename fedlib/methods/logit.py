@@ -326,19 +326,15 @@ class LogitFL(Method):
     dropout: float = 0.0
 
     def validate(self) -> None:
-        name = f"method {self.name!r}"
-        if self.distill_epochs < 0 or self.distill_epochs != int(self.distill_epochs):
-            raise ValueError(f"{name}: distill_epochs must be a whole number >= 0 (got {self.distill_epochs})")
-        if self.distill_lr is not None and not (isinstance(self.distill_lr, (int, float)) and self.distill_lr > 0):
-            raise ValueError(f"{name}: distill_lr must be > 0 or null (got {self.distill_lr!r})")
-        if not self.temperature > 0:
-            raise ValueError(f"{name}: temperature must be > 0 (got {self.temperature})")
-        if self.public_logits not in ("after_local", "after_refine"):
-            raise ValueError(f"{name}: public_logits must be 'after_local' or 'after_refine' (got {self.public_logits!r})")
-        if not 0 < self.val_fraction < 1:
-            raise ValueError(f"{name}: val_fraction must be in (0, 1) (got {self.val_fraction})")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"{name}: dropout must be in [0, 1) (got {self.dropout})")
+        lr = self.distill_lr
+        self.check(("distill_epochs", self.distill_epochs >= 0 and self.distill_epochs == int(self.distill_epochs),
+                    "a whole number >= 0"),
+                   ("distill_lr", lr is None or (isinstance(lr, (int, float)) and lr > 0), "> 0 or null"),
+                   ("temperature", self.temperature > 0, "> 0"),
+                   ("public_logits", self.public_logits in ("after_local", "after_refine"),
+                    "'after_local' or 'after_refine'"),
+                   ("val_fraction", 0 < self.val_fraction < 1, "in (0, 1)"),
+                   ("dropout", 0 <= self.dropout < 1, "in [0, 1)"))
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -448,9 +444,6 @@ class LogitFL(Method):
         self.last["client_accuracy"] = [None if math.isnan(a) else a for a in accuracy.tolist()]  # absent: null
         return Evaluation(confusion.view(1, c, c), F.cross_entropy(aggregated, test.y).view(1))
 
-    def diagnostics(self):
-        return self.last or None
-
     def final_extras(self):
         accs = [a for a in self.last.get("client_accuracy", []) if a is not None]
         return {"public_accuracy": self.last.get("public_accuracy"),
@@ -484,12 +477,9 @@ class LogitUWA(LogitFL):
 
     def validate(self) -> None:
         super().validate()
-        if self.uwa_score not in ("loglik", "standardized"):
-            raise ValueError(f"method 'logit_uwa': uwa_score must be 'loglik' or 'standardized' (got {self.uwa_score!r})")
-        if not self.uwa_tau > 0 or not self.reg_covar > 0:
-            raise ValueError(f"method 'logit_uwa': uwa_tau and reg_covar must be > 0 (got {self.uwa_tau}, {self.reg_covar})")
-        if self.gmm_components is not None and self.gmm_components < 1:
-            raise ValueError(f"method 'logit_uwa': gmm_components must be >= 1 or null (got {self.gmm_components})")
+        self.check(("uwa_score", self.uwa_score in ("loglik", "standardized"), "'loglik' or 'standardized'"),
+                   ("uwa_tau", self.uwa_tau > 0, "> 0"), ("reg_covar", self.reg_covar > 0, "> 0"),
+                   ("gmm_components", self.gmm_components is None or self.gmm_components >= 1, ">= 1 or null"))
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -534,8 +524,7 @@ class LogitMeta(LogitFL):
         if self.meta_labeled < 10 or self.meta_hidden < 1 or self.meta_steps < 1 or not self.meta_lr > 0:
             raise ValueError("method 'logit_meta': meta_labeled >= 10, meta_hidden >= 1, meta_steps >= 1 and "
                              f"meta_lr > 0 (got {self.meta_labeled}, {self.meta_hidden}, {self.meta_steps}, {self.meta_lr})")
-        if not 0 <= self.meta_drop < 1:
-            raise ValueError(f"method 'logit_meta': meta_drop must be in [0, 1) (got {self.meta_drop})")
+        self.check(("meta_drop", 0 <= self.meta_drop < 1, "in [0, 1)"))
 
     def setup(self, fed) -> None:
         super().setup(fed)

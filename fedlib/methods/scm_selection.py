@@ -54,17 +54,10 @@ class FedSCMSelection(Method):
 
     def validate(self) -> None:
         scm.check_gamma(self.gamma)
-        if self.solver not in scm.SOLVERS:
-            raise ValueError(f"method 'fedscm_select': solver must be one of {', '.join(scm.SOLVERS)} "
-                             f"(got {self.solver!r})")
-        if self.kappa < 0:
-            raise ValueError(f"method 'fedscm_select': kappa must be >= 0 (got {self.kappa})")
-        if self.projection not in scm.PROJECTIONS:
-            raise ValueError(f"method 'fedscm_select': projection must be one of {', '.join(scm.PROJECTIONS)} "
-                             f"(got {self.projection!r})")
-        if self.rounding not in scm.ROUNDINGS:
-            raise ValueError(f"method 'fedscm_select': rounding must be one of {', '.join(scm.ROUNDINGS)} "
-                             f"(got {self.rounding!r})")
+        self.check(("solver", self.solver in scm.SOLVERS, f"one of {', '.join(scm.SOLVERS)}"),
+                   ("kappa", self.kappa >= 0, ">= 0"),
+                   ("projection", self.projection in scm.PROJECTIONS, f"one of {', '.join(scm.PROJECTIONS)}"),
+                   ("rounding", self.rounding in scm.ROUNDINGS, f"one of {', '.join(scm.ROUNDINGS)}"))
 
     def check_run(self, rounds: int, n_clients: int) -> None:
         selected = scm.vertex_counts(self.gamma)[2]
@@ -76,7 +69,6 @@ class FedSCMSelection(Method):
         super().setup(fed)
         self.total = np.zeros(fed.n_clients)
         self.rounds_seen = 0
-        self.last: dict = {}
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         probs = client_probabilities(self.fed, updates)  # h_k(X), [K, n, C]
@@ -98,6 +90,3 @@ class FedSCMSelection(Method):
 
     def scores(self) -> np.ndarray:
         return self.total / max(self.rounds_seen, 1)
-
-    def diagnostics(self):
-        return self.last or None

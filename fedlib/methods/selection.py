@@ -59,14 +59,7 @@ class PowerOfChoice(Method):
     d0_fraction: float = 1.0
 
     def validate(self) -> None:
-        if not 0 < self.decay <= 1:
-            raise ValueError(f"method 'poc': decay must be in (0, 1] (got {self.decay})")
-        if not 0 < self.d0_fraction <= 1:
-            raise ValueError(f"method 'poc': d0_fraction must be in (0, 1] (got {self.d0_fraction})")
-
-    def setup(self, fed: Federation) -> None:
-        super().setup(fed)
-        self.last: dict = {}
+        self.check(("decay", 0 < self.decay <= 1, "in (0, 1]"), ("d0_fraction", 0 < self.d0_fraction <= 1, "in (0, 1]"))
 
     def candidates(self, t: int) -> int:
         n, k = self.fed.n_clients, self.fed.clients_per_round
@@ -89,9 +82,6 @@ class PowerOfChoice(Method):
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
-    def diagnostics(self):
-        return self.last or None
-
 
 @register
 @dataclass
@@ -112,8 +102,7 @@ class FedEMD(Method):
     beta: float = 0.01
 
     def validate(self) -> None:
-        if self.beta <= 0:
-            raise ValueError(f"method 'fedemd': beta must be > 0 (got {self.beta})")
+        self.check(("beta", self.beta > 0, "> 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)

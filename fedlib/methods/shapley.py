@@ -260,15 +260,21 @@ def leave_one_out(utility: Callable, n: int) -> torch.Tensor:
     return _shape(u[n].unsqueeze(0) - u[:n], scalar)
 
 
-def _prefix_marginals(utility: Callable, perms: torch.Tensor):
-    """Marginal contributions along permutations ``perms`` [R, n]: [R, n, C] indexed by
-    player (not position), from one batched call on all R (n + 1) prefixes."""
+def _prefix_values(utility: Callable, perms: torch.Tensor):
+    """(position [R, n] of each player in each order, U of all R (n + 1) prefixes [R, n + 1, C]
+    from one batched call, whether the utility is scalar) for permutations ``perms`` [R, n]."""
     r, n = perms.shape
     position = torch.empty_like(perms)
     position.scatter_(1, perms, torch.arange(n).expand(r, n))  # position[p, i] of player i
     prefixes = position.unsqueeze(1) < torch.arange(n + 1).view(1, n + 1, 1)  # [R, n+1, n]
     u, scalar = _evaluate_utility(utility, prefixes.reshape(-1, n))
-    u = u.view(r, n + 1, -1)
+    return position, u.view(r, n + 1, -1), scalar
+
+
+def _prefix_marginals(utility: Callable, perms: torch.Tensor):
+    """Marginal contributions along permutations ``perms`` [R, n]: [R, n, C] indexed by
+    player (not position)."""
+    position, u, scalar = _prefix_values(utility, perms)
     by_position = u[:, 1:] - u[:, :-1]  # [R, n, C]
     return torch.gather(by_position, 1, position.unsqueeze(-1).expand(-1, -1, u.shape[-1])), scalar
 
@@ -293,12 +299,7 @@ def monte_carlo_shapley(utility: Callable, n: int, permutations: int, rng=None,
 
 def _not_truncated(utility, perms, eps):
     """[R, n] (by player): 1 while |U(K) - U(prefix before the player)| >= eps along each order."""
-    r, n = perms.shape
-    position = torch.empty_like(perms)
-    position.scatter_(1, perms, torch.arange(n).expand(r, n))
-    prefixes = position.unsqueeze(1) < torch.arange(n + 1).view(1, n + 1, 1)
-    u, _ = _evaluate_utility(utility, prefixes.reshape(-1, n))
-    u = u.view(r, n + 1, -1)
+    position, u, _ = _prefix_values(utility, perms)
     close = _gap(u[:, -1:], u[:, :-1]) < eps  # [R, n] by position j: before the j-th player
     alive = torch.cumprod((~close).double(), dim=1)  # once truncated, truncated for the rest
     return torch.gather(alive, 1, position)
@@ -473,10 +474,6 @@ class _ShapleyMethod(Method):
 
     needs_validation = True
 
-    def setup(self, fed: Federation) -> None:
-        super().setup(fed)
-        self.last: dict = {}
-
     def round_utility(self, state: RoundState, updates: ClientUpdates, classwise: bool = True) -> CoalitionUtility:
         fed = self.fed
         return coalition_utility(fed.model, updates.flat, updates.buffers,
@@ -491,8 +488,14 @@ class _ShapleyMethod(Method):
         freq = counts / counts.sum()
         return lambda coalitions: utility.per_class(coalitions).double() @ freq
 
-    def diagnostics(self):
-        return self.last or None
+    @staticmethod
+    def fedavg_weights(updates: ClientUpdates) -> torch.Tensor:
+        """Sample-count weights of the round's clients (a client reporting 0 samples counts 1)."""
+        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        return sizes / sizes.sum()
+
+    def eps_rules(self) -> tuple:
+        return ("eps_between", self.eps_between >= 0, ">= 0"), ("eps_within", self.eps_within >= 0, ">= 0")
 
 
 def _estimate(name: str, utility: Callable, n: int, rng, eps_between: float, eps_within: float,
@@ -512,13 +515,6 @@ def _estimate(name: str, utility: Callable, n: int, rng, eps_between: float, eps
 
 
 ESTIMATORS = ("gtg", "mr", "tmr", "mc", "exact")
-
-
-def _check_common(name: str, estimator: str, eps_between: float, eps_within: float) -> None:
-    if estimator not in ESTIMATORS:
-        raise ValueError(f"method {name!r}: estimator must be one of {', '.join(ESTIMATORS)} (got {estimator!r})")
-    if eps_between < 0 or eps_within < 0:
-        raise ValueError(f"method {name!r}: eps_between and eps_within must be >= 0")
 
 
 @register
@@ -557,16 +553,12 @@ class FedMS(_ShapleyMethod):
     coreset: bool = True
 
     def validate(self) -> None:
-        _check_common(self.name, self.estimator, self.eps_between, self.eps_within)
-        if not 0 <= self.alpha < 1:
-            raise ValueError(f"method 'fedms': alpha must be in [0, 1) (got {self.alpha})")
-        if self.temperature <= 0:
-            raise ValueError(f"method 'fedms': temperature must be > 0 (got {self.temperature})")
+        self.check(("estimator", self.estimator in ESTIMATORS, f"one of {', '.join(ESTIMATORS)}"), *self.eps_rules(),
+                   ("alpha", 0 <= self.alpha < 1, "in [0, 1)"), ("temperature", self.temperature > 0, "> 0"))
         if not 0 < self.eps_d_end <= self.eps_d_start:
             raise ValueError(f"method 'fedms': need 0 < eps_d_end <= eps_d_start (got {self.eps_d_end}, "
                              f"{self.eps_d_start})")
-        if self.score_scale <= 0:
-            raise ValueError(f"method 'fedms': score_scale must be > 0 (got {self.score_scale})")
+        self.check(("score_scale", self.score_scale > 0, "> 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -640,11 +632,9 @@ class ShapleyRewards(_ShapleyMethod):
     excluded: tuple = ()
 
     def validate(self) -> None:
-        _check_common(self.name, self.estimator, self.eps_between, self.eps_within)
-        if self.temperature <= 0:
-            raise ValueError(f"method 'shapley_rewards': temperature must be > 0 (got {self.temperature})")
-        if not all(isinstance(i, int) and i >= 0 for i in self.excluded):
-            raise ValueError(f"method 'shapley_rewards': excluded must be client ids >= 0 (got {self.excluded})")
+        self.check(("estimator", self.estimator in ESTIMATORS, f"one of {', '.join(ESTIMATORS)}"), *self.eps_rules(),
+                   ("temperature", self.temperature > 0, "> 0"),
+                   ("excluded", all(isinstance(i, int) and i >= 0 for i in self.excluded), "client ids >= 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -667,8 +657,7 @@ class ShapleyRewards(_ShapleyMethod):
         self.beta = class_difficulty(v_hat, self.temperature)  # Eq. 10
         self.last = {"rewards_gtg": plain.tolist(), "rewards_ms": (phi @ self.beta).tolist(),  # Eq. 13
                      "class_values": phi.tolist(), "beta": self.beta.tolist()}
-        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
-        return sizes / sizes.sum()
+        return self.fedavg_weights(updates)
 
 
 @register
@@ -694,10 +683,7 @@ class SFedAvg(_ShapleyMethod):
     score_scale: float = 1.0  # 100: the scaled-softmax variant
 
     def validate(self) -> None:
-        if not 0 <= self.alpha < 1:
-            raise ValueError(f"method 's_fedavg': alpha must be in [0, 1) (got {self.alpha})")
-        if self.score_scale <= 0:
-            raise ValueError(f"method 's_fedavg': score_scale must be > 0 (got {self.score_scale})")
+        self.check(("alpha", 0 <= self.alpha < 1, "in [0, 1)"), ("score_scale", self.score_scale > 0, "> 0"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -715,8 +701,7 @@ class SFedAvg(_ShapleyMethod):
         c = updates.clients
         self.values[c] = self.alpha * self.values[c] + (1 - self.alpha) * phi
         self.last = {"rewards": phi.tolist()}
-        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
-        return sizes / sizes.sum()
+        return self.fedavg_weights(updates)
 
     def scores(self) -> np.ndarray:
         return self.values.copy()
@@ -752,15 +737,9 @@ class GreedyFed(_ShapleyMethod):
     average: str = "ema"
 
     def validate(self) -> None:
-        _check_common(self.name, "gtg", self.eps_between, self.eps_within)
-        if not 0 <= self.alpha < 1:
-            raise ValueError(f"method 'greedyfed': alpha must be in [0, 1) (got {self.alpha})")
-        if self.ucb < 0:
-            raise ValueError(f"method 'greedyfed': ucb must be >= 0 (got {self.ucb})")
-        if self.gtg not in ("original", "eq11"):
-            raise ValueError(f"method 'greedyfed': gtg must be 'original' or 'eq11' (got {self.gtg!r})")
-        if self.average not in ("ema", "mean"):
-            raise ValueError(f"method 'greedyfed': average must be 'ema' or 'mean' (got {self.average!r})")
+        self.check(*self.eps_rules(), ("alpha", 0 <= self.alpha < 1, "in [0, 1)"), ("ucb", self.ucb >= 0, ">= 0"),
+                   ("gtg", self.gtg in ("original", "eq11"), "'original' or 'eq11'"),
+                   ("average", self.average in ("ema", "mean"), "'ema' or 'mean'"))
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
@@ -793,8 +772,7 @@ class GreedyFed(_ShapleyMethod):
         else:
             self.values[c] = np.where(first, phi, self.alpha * self.values[c] + (1 - self.alpha) * phi)
         self.last = {"rewards": phi.tolist()}
-        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
-        return sizes / sizes.sum()
+        return self.fedavg_weights(updates)
 
     def scores(self) -> np.ndarray:
         return self.values.copy()
@@ -820,8 +798,8 @@ class FedSV(Method):
     seed: int = 0
 
     def validate(self) -> None:
-        if self.permutations < 1 or not float(self.permutations).is_integer():
-            raise ValueError(f"method 'fedsv': permutations must be an integer >= 1 (got {self.permutations})")
+        self.check(("permutations", self.permutations >= 1 and float(self.permutations).is_integer(),
+                    "an integer >= 1"))
 
     def setup(self, fed: Federation) -> None:
         if fed.x_val is None or fed.y_val is None:

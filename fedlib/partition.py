@@ -21,7 +21,7 @@ sends a random update).
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -91,24 +91,18 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _prepare(labels, n_clients: int, n_classes: int | None) -> tuple[np.ndarray, int]:
-    """Validate the common arguments; return int64 labels and n_classes."""
+def _prepare(labels, n_clients: int, n_classes: int | None, seed: int):
+    """Validate the common arguments; return int64 labels, n_classes, the class sizes and the
+    split's ``np.random.default_rng(seed)``."""
     labels = np.asarray(labels, dtype=np.int64)
-    _require(
-        labels.ndim == 1 and labels.size > 0,
-        f"labels must be a non-empty 1-D array, got shape {labels.shape}",
-    )
+    _require(labels.ndim == 1 and labels.size > 0, f"labels must be a non-empty 1-D array, got shape {labels.shape}")
     if n_classes is None:
         n_classes = int(labels.max()) + 1
-    _require(
-        labels.min() >= 0 and labels.max() < n_classes,
-        f"labels must lie in [0, n_classes={n_classes}), got [{labels.min()}, {labels.max()}]",
-    )
-    _require(
-        1 <= n_clients <= labels.size,
-        f"n_clients must be in [1, {labels.size}] (no more clients than samples), got {n_clients}",
-    )
-    return labels, n_classes
+    _require(labels.min() >= 0 and labels.max() < n_classes,
+             f"labels must lie in [0, n_classes={n_classes}), got [{labels.min()}, {labels.max()}]")
+    _require(1 <= n_clients <= labels.size,
+             f"n_clients must be in [1, {labels.size}] (no more clients than samples), got {n_clients}")
+    return labels, n_classes, np.bincount(labels, minlength=n_classes), np.random.default_rng(seed)
 
 
 def _even_split(total: int, parts: int) -> np.ndarray:
@@ -237,8 +231,7 @@ def _classes_per_client(classes_per_client, n_clients, n_classes) -> np.ndarray:
 
 def iid(labels, n_clients: int, seed: int, n_classes: int | None = None) -> Partition:
     """Uniformly shuffled split; client sizes differ by at most 1."""
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
-    rng = np.random.default_rng(seed)
+    labels, n_classes, _, rng = _prepare(labels, n_clients, n_classes, seed)
     shuffled = rng.permutation(labels.size)
     indices = [np.sort(part).astype(np.int64) for part in np.array_split(shuffled, n_clients)]
     counts = client_class_counts(indices, labels, n_classes)
@@ -255,11 +248,9 @@ def dirichlet(
     client's most abundant class (ties: lowest index) without leaving the donor below
     ``min_size``; this repair is deterministic and needs no resampling.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(alpha > 0, f"alpha must be > 0, got {alpha}")
     _require(min_size >= 0, f"min_size must be >= 0, got {min_size}")
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     counts = _dirichlet_counts(class_sizes, n_clients, alpha, min_size, rng)
     return _partition(labels, counts, ["benign"] * n_clients, rng)
 
@@ -271,19 +262,17 @@ def k_classes(labels, n_clients: int, k: int, seed: int, n_classes: int | None =
     perm, so every class is used (needs n_clients * k >= C) and held by floor or ceil
     of n_clients k / C clients; a class's samples are split evenly among its holders.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(1 <= k <= n_classes, f"k must be in [1, n_classes={n_classes}], got {k}")
     _require(
         n_clients * k >= n_classes,
         f"k must be >= n_classes / n_clients = {n_classes / n_clients:g} to cover all classes, "
         f"got {k}",
     )
-    rng = np.random.default_rng(seed)
     slots = rng.permutation(n_classes)[np.arange(n_clients * k) % n_classes]
     slots = slots.reshape(n_clients, k)
     holds = np.zeros((n_clients, n_classes), dtype=bool)
     holds[np.arange(n_clients)[:, None], slots] = True
-    class_sizes = np.bincount(labels, minlength=n_classes)
     counts = _even_split_rows(holds.T, class_sizes, holds.sum(axis=0)).T  # each class over its holders
     return _partition(labels, counts, ["benign"] * n_clients, rng)
 
@@ -303,10 +292,8 @@ def pls(
     S = 5452 samples per client (27,260 of 60,000 used); the 1-class client's class is
     shared only with the 10-class client.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     k = _classes_per_client(classes_per_client, n_clients, n_classes)
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     counts = _label_skew_counts(class_sizes, k, np.ones(n_clients), rng)
     return _partition(labels, counts, ["benign"] * n_clients, rng)
 
@@ -325,10 +312,8 @@ def sls(
     Fashion-MNIST (N=5, C=10, 6000 per class): k = 1, 3, 6, 8, 10 classes, u = 3598 and
     sizes 3598, 7196, 10794, 14392, 17990 (53,970 of 60,000 used).
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     k = _classes_per_client(classes_per_client, n_clients, n_classes)
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     counts = _label_skew_counts(class_sizes, k, np.arange(1, n_clients + 1), rng)
     return _partition(labels, counts, ["benign"] * n_clients, rng)
 
@@ -383,11 +368,9 @@ def maverick(
     non-Maverick classes. Clients with fewer than ``min_size`` samples of the shared
     classes are repaired as in :func:`dirichlet`, within the shared classes.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(gamma > 0, f"gamma must be > 0, got {gamma}")
     _require(min_size >= 0, f"min_size must be >= 0, got {min_size}")
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     counts, shared = _maverick_columns(class_sizes, n_clients, n_mavericks, maverick_classes, rng)
     counts[:, shared] = _dirichlet_counts(class_sizes[shared], n_clients, gamma, min_size, rng)
     roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
@@ -406,9 +389,7 @@ def maverick_iid(
     Fashion-MNIST (N=5): 4 clients x 10,800 (1,200 of each of 9 classes); the Maverick
     holds 10,800 + 6,000 = 16,800. All 60,000 samples are used.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     chosen = None if maverick_class is None else [maverick_class]
     counts, shared = _maverick_columns(class_sizes, n_clients, 1, chosen, rng)
     every = np.ones((int(shared.sum()), n_clients), dtype=bool)  # each shared class over all clients
@@ -488,14 +469,12 @@ def celm_maverick(
     Fashion-MNIST (N=5): 4 benign clients x 12,000 (1,500 of each of 8 classes) and one
     Maverick with 600 + 600 = 1,200 samples of its 2 rare classes.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(n_mavericks >= 1, f"n_mavericks must be >= 1, got {n_mavericks}")
     _require(
         rare_classes_per_maverick >= 1,
         f"rare_classes_per_maverick must be >= 1, got {rare_classes_per_maverick}",
     )
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     rare = [rare_classes_per_maverick] * n_mavericks
     counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None)
     roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
@@ -527,10 +506,8 @@ def celm_free_rider(
     free-rider classes), free-rider 2 x 120 = 240. FRM: 3 benign x 15,920 (2,000 of 6
     classes + 1,960 of the 2 free-rider classes), Maverick 2 x 600 = 1,200, free-rider 240.
     """
-    labels, n_classes = _prepare(labels, n_clients, n_classes)
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(rare_classes >= 1, f"rare_classes must be >= 1, got {rare_classes}")
-    rng = np.random.default_rng(seed)
-    class_sizes = np.bincount(labels, minlength=n_classes)
     rare = [rare_classes] if with_maverick else []
     weak = (free_rider_classes, free_rider_fraction)
     counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak)
@@ -547,14 +524,16 @@ def free_rider(base: Partition, n_free_riders: int) -> Partition:
     Behavioural role (FedMS §5.1): the engine returns the received model unchanged for
     them; their data (and claimed size) stay as in ``base``.
     """
+    return _mark_benign(base, n_free_riders, "free_rider", "n_free_riders")
+
+
+def _mark_benign(base: Partition, count: int, role: str, what: str) -> Partition:
+    """``base`` with its last ``count`` benign clients given ``role`` (``what``: the count's name in errors)."""
     roles = np.asarray(base.roles, dtype=object)
     benign = np.flatnonzero(roles == "benign")
-    _require(
-        0 <= n_free_riders <= len(benign),
-        f"n_free_riders must be in [0, {len(benign)}] (the benign clients), got {n_free_riders}",
-    )
-    roles[benign[len(benign) - n_free_riders :]] = "free_rider"
-    return Partition(base.indices, base.counts, roles.tolist(), base.x, base.y)
+    _require(0 <= count <= len(benign), f"{what} must be in [0, {len(benign)}] (the benign clients), got {count}")
+    roles[benign[len(benign) - count:]] = role
+    return replace(base, roles=roles.tolist())
 
 
 def adversarial(
@@ -616,7 +595,7 @@ def _poison(partition: Partition, labels, x, rng) -> Partition:
         x_pool[noised] = noise * x_pool.std() + x_pool.mean()
     counts = client_class_counts(partition.indices, y.numpy(), partition.n_classes)
     y_pool = y if flipped.numel() else None
-    return Partition(partition.indices, counts, partition.roles, x_pool, y_pool)
+    return replace(partition, counts=counts, x=x_pool, y=y_pool)
 
 
 def _role_indices(partition: Partition, role: str) -> torch.Tensor:
@@ -659,9 +638,7 @@ def covariate_shift(
         mixing = torch.randn(d, d, generator=gen) * sigma
         offset = torch.randn(d, generator=gen) * sigma
         shifted[idx] = flat[idx] + flat[idx] @ mixing.T + offset
-    return Partition(
-        partition.indices, partition.counts, partition.roles, shifted.reshape(x.shape), partition.y
-    )
+    return replace(partition, x=shifted.reshape(x.shape))
 
 
 def label_noise(x, y, partition: Partition, rate: float, seed: int, clients=None) -> Partition:
@@ -678,7 +655,7 @@ def label_noise(x, y, partition: Partition, rate: float, seed: int, clients=None
         shift = torch.from_numpy(rng.integers(1, n_classes, picked.numel()))
         noisy_y[picked] = (noisy_y[picked] + shift) % n_classes
     counts = client_class_counts(partition.indices, noisy_y.numpy(), n_classes)
-    return Partition(partition.indices, counts, partition.roles, partition.x, noisy_y)
+    return replace(partition, counts=counts, y=noisy_y)
 
 
 def feature_noise(
@@ -692,7 +669,7 @@ def feature_noise(
     noisy = x.to(torch.float32, copy=True)
     gen = _torch_generator(np.random.default_rng(seed))
     noisy[idx] += torch.randn((idx.numel(), *x.shape[1:]), generator=gen) * std
-    return Partition(partition.indices, partition.counts, partition.roles, noisy, partition.y)
+    return replace(partition, x=noisy)
 
 # ----------------------------------------------------------------------------- a config's split
 
@@ -700,17 +677,6 @@ def feature_noise(
 SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
                    "nan_updates", "huge_updates")
 HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update"}  # faults for robustness tests
-
-
-def _mark_hostile(part, modifier: str, count: int):
-    """Give ``count`` benign clients (the last ones) a hostile update role."""
-    roles = np.asarray(part.roles, dtype=object)
-    benign = np.flatnonzero(roles == "benign")
-    if count > len(benign):
-        raise ValueError(f"{modifier}: must be <= the {len(benign)} benign clients (got {count})")
-    roles[benign[len(benign) - count:]] = HOSTILE_ROLES[modifier]
-    part.roles = roles.tolist()
-    return part
 
 
 def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
@@ -747,7 +713,7 @@ def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Parti
             part = free_rider(part, mods["free_riders"])
         for modifier in HOSTILE_ROLES:
             if mods.get(modifier):
-                part = _mark_hostile(part, modifier, mods[modifier])
+                part = _mark_benign(part, mods[modifier], HOSTILE_ROLES[modifier], modifier)
         clients = mods.get("noisy_clients")
         if mods.get("covariate_shift") is not None:
             part = covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],

@@ -316,12 +316,13 @@ def test_even_split_rows_matches_the_per_row_loop():
 
 
 def test_free_rider_and_hostile_roles_mark_the_last_benign_clients():
-    from fedlib.partition import _mark_hostile
+    from fedlib.partition import _mark_benign
 
     base = P.iid(np.arange(40) % 4, n_clients=5, seed=0)
     base.roles[4] = "maverick"
     marked = P.free_rider(base, 2)
     assert marked.roles == ["benign", "benign", "free_rider", "free_rider", "maverick"]
-    assert _mark_hostile(marked, "nan_updates", 1).roles[1] == "nan_update"
-    with pytest.raises(ValueError, match="must be <= the 1 benign clients"):
-        _mark_hostile(marked, "huge_updates", 2)
+    hostile = _mark_benign(marked, 1, "nan_update", "nan_updates")
+    assert hostile.roles[1] == "nan_update"
+    with pytest.raises(ValueError, match=r"huge_updates must be in \[0, 1\] \(the benign clients\), got 2"):
+        _mark_benign(hostile, 2, "huge_update", "huge_updates")

@@ -56,6 +56,8 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .cache import atomic_write_text, default_cache_root
+
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CIFAR10_JPEG = Path("cifar10-jpeg") / "cifar10-jpeg.tar.gz"
 IMAGEFOLDER_PREFIX = "imagefolder:"
@@ -259,19 +261,16 @@ def _download_allowed(download: bool | None) -> bool:
 
 def _to_dataset(name: str, arrays: _ImageArrays, device) -> Dataset:
     _check_arrays(arrays)
-    x_train, x_test = _to_unit_float(arrays.x_train), _to_unit_float(arrays.x_test)
+    return _normalized_dataset(name, _to_unit_float(arrays.x_train), torch.as_tensor(arrays.y_train),
+                               _to_unit_float(arrays.x_test), torch.as_tensor(arrays.y_test), arrays.classes,
+                               arrays.source, device)
+
+
+def _normalized_dataset(name, x_train, y_train, x_test, y_test, classes, source, device, fingerprint=None) -> Dataset:
+    """The Dataset of float images [N, C, H, W], standardized (in place) with the training statistics."""
     mean, std = _normalize(x_train, x_test)
-    return Dataset(
-        name=name,
-        x_train=x_train.to(device),
-        y_train=torch.as_tensor(arrays.y_train).to(device),
-        x_test=x_test.to(device),
-        y_test=torch.as_tensor(arrays.y_test).to(device),
-        classes=list(arrays.classes),
-        source=arrays.source,
-        channel_mean=mean,
-        channel_std=std,
-    )
+    return Dataset(name, x_train.to(device), y_train.to(device), x_test.to(device), y_test.to(device), list(classes),
+                   source, channel_mean=mean, channel_std=std, fingerprint=fingerprint)
 
 
 def _check_arrays(arrays: _ImageArrays) -> None:
@@ -327,19 +326,10 @@ def _make_synthetic(options: SyntheticOptions, device) -> Dataset:
 
     x_train, y_train = sample(options.n_train)
     x_test, y_test = sample(options.n_test)
-    mean, std = _normalize(x_train, x_test)
-    return Dataset(
-        name="synthetic",
-        x_train=x_train.to(device),
-        y_train=y_train.to(device),
-        x_test=x_test.to(device),
-        y_test=y_test.to(device),
-        classes=[f"class_{index}" for index in range(options.num_classes)],
-        source=f"synthetic (seed={options.seed}, noise={options.noise})",
-        channel_mean=mean,
-        channel_std=std,
-        fingerprint=_synthetic_fingerprint(options),
-    )
+    fingerprint = _synthetic_fingerprint(options)
+    return _normalized_dataset("synthetic", x_train, y_train, x_test, y_test,
+                               [f"class_{index}" for index in range(options.num_classes)], fingerprint["source"],
+                               device, fingerprint)
 
 
 # ----------------------------------------------------------------------------- errors
@@ -485,13 +475,10 @@ def _stratified_test_mask(labels: np.ndarray, test_fraction: float, seed: int) -
 
 def _read_idx_dataset(name: str, root: Path, download: bool, cache_dir) -> _ImageArrays:
     """MNIST-style idx files from the first folder that has all four, downloading if allowed."""
-    system_folders = [DEBIAN_FASHION_MNIST] if name == "fmnist" else []
-    torchvision_raw = _torchvision_paths(name, root)[0]
-    looked = [*system_folders, root / _IDX_FOLDERS[name], torchvision_raw]
-    files = next(filter(None, map(_find_idx_files, looked)), None)
+    files, looked = _idx_files(name, root)
     if files is None and download:
-        _open_torchvision(name, root, looked, download=True)  # downloads into torchvision_raw
-        files = _find_idx_files(torchvision_raw)
+        _open_torchvision(name, root, looked, download=True)  # downloads into torchvision's raw folder
+        files = _find_idx_files(looked[-1])
     if files is None:
         raise _not_found(name, looked, download)
     arrays = {key: _read_idx(path, ndim=3 if key[0] == "x" else 1) for key, path in files.items()}
@@ -503,6 +490,13 @@ def _read_idx_dataset(name: str, root: Path, download: bool, cache_dir) -> _Imag
         classes=list(_IDX_CLASSES[name]),
         source=f"{name} idx files ({files['x_train'].parent.name})",
     )
+
+
+def _idx_files(name: str, root: Path) -> tuple[dict[str, Path] | None, list[Path]]:
+    """The four idx files of the first folder that has them all (None if none has), and the folders looked at."""
+    looked = [*([DEBIAN_FASHION_MNIST] if name == "fmnist" else []), root / _IDX_FOLDERS[name],
+              _torchvision_paths(name, root)[0]]
+    return next(filter(None, map(_find_idx_files, looked)), None), looked
 
 
 def _find_idx_files(folder: Path) -> dict[str, Path] | None:
@@ -660,8 +654,7 @@ def _gray_to_rgb(image: np.ndarray) -> np.ndarray:
 
 def _cache_file(cache_dir, label: str, source: Path, extra: list | None = None) -> Path:
     """The cache path for ``source``: its name hashes the path, file sizes and mtimes."""
-    fedlib_cache = os.environ.get("FEDLIB_CACHE") or Path.home() / ".cache" / "fedlib"
-    root = cache_dir or Path(fedlib_cache) / "datasets"
+    root = cache_dir or default_cache_root() / "datasets"
     key = json.dumps([_CACHE_FORMAT, str(source.resolve()), _fingerprint(source), extra])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     readable = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_")[-60:]
@@ -784,9 +777,7 @@ def _locate(name: str, root: Path) -> tuple[tuple[Path, str] | None, list[Path]]
     """((file or folder the reader takes, its ``source`` text) or None, paths looked at); the
     same order of places as the readers."""
     if name in _IDX_FOLDERS:
-        looked = [*([DEBIAN_FASHION_MNIST] if name == "fmnist" else []), root / _IDX_FOLDERS[name],
-                  _torchvision_paths(name, root)[0]]
-        files = next(filter(None, map(_find_idx_files, looked)), None)
+        files, looked = _idx_files(name, root)
         if files is None:
             return None, looked
         folder = files["x_train"].parent
@@ -823,8 +814,7 @@ def _content_fingerprint(base: Path, only: list[str] | None = None) -> dict:
     stamp_digest = hashlib.sha256(stamp.encode()).hexdigest()[:32]
     if stamp_digest in _FINGERPRINT_MEMO:
         return _FINGERPRINT_MEMO[stamp_digest]
-    fedlib_cache = os.environ.get("FEDLIB_CACHE") or Path.home() / ".cache" / "fedlib"
-    stored = Path(fedlib_cache) / "fingerprints" / f"{stamp_digest}.json"
+    stored = default_cache_root() / "fingerprints" / f"{stamp_digest}.json"
     result = None
     try:
         candidate = json.loads(stored.read_text())
@@ -837,8 +827,6 @@ def _content_fingerprint(base: Path, only: list[str] | None = None) -> dict:
         digest = hashlib.sha256(json.dumps(rows).encode()).hexdigest()
         result = {"files": [[rel, size] for rel, size, _ in rows], "sha256": digest}
         try:
-            from .cache import atomic_write_text
-
             atomic_write_text(stored, json.dumps({"stamp": stamp, "fingerprint": result}))
         except OSError as error:
             warnings.warn(f"could not keep the data fingerprint in {stored}: {error}")

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..population import LocalTraining
+from ..population import LocalTraining, evaluate, flat_indices, predict
 
 
 @dataclass
@@ -134,13 +134,9 @@ class TestSet:
     n_classes: int
 
     def score(self, flat: torch.Tensor, buffers: dict[str, torch.Tensor]):
-        from ..population import evaluate
-
         return evaluate(self.model, flat, buffers, self.x, self.y, self.n_classes)
 
     def predict(self, flat: torch.Tensor, buffers: dict[str, torch.Tensor], batch_size: int = 512) -> torch.Tensor:
-        from ..population import predict
-
         return predict(self.model, flat, buffers, self.x, batch_size=batch_size)
 
 
@@ -352,8 +348,6 @@ def global_model_on_clients(fed: Federation, state: RoundState, data) -> tuple[t
     """Client side, for q-FedAvg, FedFa and FedFV: the received global model's mean
     cross-entropy and accuracy on each selected client's own training data ([n] each),
     from one batched pass over the clients' samples."""
-    from ..population import flat_indices, predict
-
     flat_index, owner, sizes = (t.to(data.x.device) for t in flat_indices(data.indices))
     logits = predict(fed.model, state.global_flat.unsqueeze(0),
                      {k: v.unsqueeze(0) for k, v in state.global_buffers.items()}, data.x[flat_index])[0]

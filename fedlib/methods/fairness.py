@@ -37,15 +37,19 @@ is exactly the update above.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.func import functional_call
 
-from ..population import evaluate
+from ..layers import sample_mask
+from ..models import ProjectionHead
+from ..population import Evaluation, ParamLayout, evaluate, flat_indices
 from .base import (ClientState, ClientUpdates, Federation, LocalPhase, Method, RoundState, global_model_on_clients,
                    register)
+from .fedavg import sample_count_weights
 
 
 def top_share(update: torch.Tensor, share: float) -> torch.Tensor:
@@ -280,8 +284,6 @@ class FedFa(Method):
         self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
 
     def local_training(self, state, base, clients):
-        from dataclasses import replace
-
         return replace(base, momentum=self.gamma) if self.client_momentum else base
 
     def client_uploads(self, state, clients, flat, buffers, data):
@@ -351,8 +353,6 @@ class Ditto(Method):
                    ("scored", self.scored in ("personal", "global"), "'personal' or 'global'"))
 
     def setup(self, fed: Federation) -> None:
-        from ..population import ParamLayout, flat_indices
-
         super().setup(fed)
         self.layout = ParamLayout(fed.model)
         data = fed.client_data(np.arange(fed.n_clients))
@@ -373,8 +373,6 @@ class Ditto(Method):
                                              if k.startswith(PERSONAL_BUFFER)}
 
     def local_phases(self, state, clients, base):
-        from dataclasses import replace
-
         start, buffers = self._personal(state.client_state, torch.as_tensor(clients, dtype=torch.long))
         personal = replace(base, extra_loss=_prox_loss(self.layout, self.lam), prox_mu=0.0,
                            client_context=state.global_flat.unsqueeze(0).expand(len(clients), -1))
@@ -385,15 +383,11 @@ class Ditto(Method):
                                             **{PERSONAL_BUFFER + k: v for k, v in buffers.items()})
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        from .fedavg import sample_count_weights
-
         return sample_count_weights(updates.sizes)
 
     def evaluate(self, state, global_flat, global_buffers, test):
         if self.scored == "global":
             return None
-        from ..population import Evaluation
-
         ev = test.score(*self._personal(state.client_state))  # every v_k on the whole test set
         confusion = ev.confusion
         given_class = confusion / confusion.sum(2, keepdim=True).clamp(min=1)  # P(pred | true c) per client
@@ -439,13 +433,9 @@ class MOON(Method):
                    ("out_dim", self.out_dim >= 0 and self.out_dim == int(self.out_dim), "a whole number >= 0"))
 
     def adapt_model(self, model):
-        from ..models import ProjectionHead
-
         return ProjectionHead(model, int(self.out_dim)) if self.out_dim else model
 
     def setup(self, fed: Federation) -> None:
-        from ..population import ParamLayout
-
         super().setup(fed)
         self.layout = ParamLayout(fed.model)
 
@@ -455,12 +445,6 @@ class MOON(Method):
                                     **{PREVIOUS_BUFFER + k: v for k, v in initial.buffers.items()}})
 
     def local_training(self, state, base, clients):
-        from dataclasses import replace
-
-        from torch.func import functional_call
-
-        from ..layers import sample_mask
-
         fed, layout, mu, tau, cs = self.fed, self.layout, self.mu, self.tau, state.client_state
         index = torch.as_tensor(clients, dtype=torch.long)
         seen = cs.tensors[SEEN][index].to(state.global_flat.device)
@@ -489,8 +473,6 @@ class MOON(Method):
         return replace(base, extra_loss=model_contrastive, extra_loss_inputs=True, client_context=context)
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        from .fedavg import sample_count_weights
-
         return sample_count_weights(updates.sizes)
 
     def update_client_state(self, state, weights, global_flat, global_buffers):

@@ -25,12 +25,14 @@ so it has seen such inputs. ``fit_gmm_loop`` is the per-client reference (tests 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..population import Evaluation, padded_indices, predict
 
 # ----------------------------------------------------------------------------- helpers
 
@@ -257,8 +259,6 @@ def split_validation(indices: list[np.ndarray], fraction: float, seed: int):
 
     One shuffle of all clients (random keys, argsort); client i keeps the first
     ceil(fraction * n_i) of its shuffled samples for validation (at least 1, at most n_i - 1)."""
-    from ..population import padded_indices
-
     table, sizes = padded_indices(indices)
     col = torch.arange(table.shape[1]).unsqueeze(0)
     real = col < sizes.unsqueeze(1)
@@ -361,8 +361,6 @@ class LogitFL(Method):
 
     # -- local ---------------------------------------------------------------------------
     def _distill(self, base, clients, start=None, start_buffers=None) -> LocalPhase:
-        from dataclasses import replace
-
         temperature = self.temperature
         training = replace(base, epochs=self.distill_epochs, lr=self.distill_lr or base.lr, prox_mu=0.0,
                            extra_loss=lambda params, out, feats, yb, mb, ctx: distillation_loss(out, yb, mb, temperature))
@@ -388,8 +386,6 @@ class LogitFL(Method):
         return state.client_state.with_rows(clients, flat, buffers)
 
     def client_uploads(self, state, clients, flat, buffers, data):
-        from ..population import predict
-
         logits = predict(self.fed.model, flat, buffers, self.x_upload, batch_size=512)
         n_pub, n, width = len(self.fed.y_val), self.fed.n_clients, self.val_table.shape[1]
         own = logits[:, n_pub:].reshape(len(clients), n, width, -1)[torch.arange(len(clients)),
@@ -431,8 +427,6 @@ class LogitFL(Method):
 
     # -- evaluation: the aggregated ensemble ------------------------------------------------------
     def evaluate(self, state, global_flat, global_buffers, test):
-        from ..population import Evaluation
-
         u = state.updates
         logits = test.predict(u.flat, u.buffers)
         aggregated = self.aggregate_logits(self._full(logits, u.clients), "test")

@@ -42,6 +42,13 @@ def _kl(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return terms.sum(-1)
 
 
+def _js(p, q, base: float) -> np.ndarray:
+    """½ KL(p || m) + ½ KL(q || m) with m = ½ (p + q), logarithms in ``base``."""
+    p, q = _distributions(p, q)
+    m = 0.5 * (p + q)
+    return 0.5 * (_kl(p, m) + _kl(q, m)) / np.log(base)
+
+
 # ----------------------------------------------------------------------------- distributions
 
 
@@ -56,9 +63,7 @@ def jsd(p, q):
     """Jensen-Shannon divergence in bits (base-2 logarithm), so it lies in [0, 1]:
     JSD(p, q) = ½ KL(p || m) + ½ KL(q || m) with m = ½ (p + q). 0 iff p = q, 1 iff the
     supports are disjoint. (The divergence, not its square root, the JS distance.)"""
-    p, q = _distributions(p, q)
-    m = 0.5 * (p + q)
-    return _value(np.clip(0.5 * (_kl(p, m) + _kl(q, m)) / np.log(2), 0.0, 1.0))
+    return _value(np.clip(_js(p, q, 2), 0.0, 1.0))
 
 
 def js_distance(p, q, base: float = np.e):
@@ -66,10 +71,7 @@ def js_distance(p, q, base: float = np.e):
     ``base`` (natural by default), sqrt(½ KL(p || m) + ½ KL(q || m)), m = ½ (p + q). This is
     ``scipy.spatial.distance.jensenshannon``'s definition and default base; it lies in
     [0, sqrt(ln 2)] ≈ [0, 0.833] in base e and [0, 1] in base 2."""
-    p, q = _distributions(p, q)
-    m = 0.5 * (p + q)
-    divergence = 0.5 * (_kl(p, m) + _kl(q, m)) / np.log(base)
-    return _value(np.sqrt(np.clip(divergence, 0.0, None)))
+    return _value(np.sqrt(np.clip(_js(p, q, base), 0.0, None)))
 
 
 def hellinger(p, q):

@@ -63,7 +63,16 @@ class MLP(FedModel):
 
 
 class _TwoConvNet(FedModel):
-    """Two conv + max-pool blocks, then FC-ReLU-FC-ReLU features (the CNN and LeNet-5)."""
+    """Two conv + max-pool blocks, then FC-ReLU-FC-ReLU features (the CNN and LeNet-5):
+    ``flat`` inputs to FC 120, FC 120-84, head 84-C; feature_dim 84."""
+
+    def __init__(self, conv1: nn.Conv2d, conv2: nn.Conv2d, flat: int, num_classes: int):
+        super().__init__()
+        self.conv1, self.conv2 = conv1, conv2
+        self.fc1 = nn.Linear(flat, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.feature_dim = 84
+        self.head = nn.Linear(self.feature_dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
@@ -81,17 +90,12 @@ class CNN(_TwoConvNet):
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
-        super().__init__()
         channels, height, width = input_shape
         flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
         if flat_height < 1 or flat_width < 1:
             raise ValueError(f"cnn needs inputs of at least 14x14, got {height}x{width}")
-        self.conv1 = nn.Conv2d(channels, 16, kernel_size=5)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=5)
-        self.fc1 = nn.Linear(32 * flat_height * flat_width, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.feature_dim = 84
-        self.head = nn.Linear(self.feature_dim, num_classes)
+        super().__init__(nn.Conv2d(channels, 16, kernel_size=5), nn.Conv2d(16, 32, kernel_size=5),
+                         32 * flat_height * flat_width, num_classes)
 
 
 class LeNet5(_TwoConvNet):
@@ -103,16 +107,11 @@ class LeNet5(_TwoConvNet):
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
-        super().__init__()
         channels, height, width = input_shape
         if (height, width) not in ((28, 28), (32, 32)):
             raise ValueError(f"lenet5 needs 28x28 or 32x32 inputs, got {height}x{width}")
-        self.conv1 = nn.Conv2d(channels, 6, kernel_size=5, padding=2 if height == 28 else 0)
-        self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
-        self.fc1 = nn.Linear(16 * 5 * 5, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.feature_dim = 84
-        self.head = nn.Linear(self.feature_dim, num_classes)
+        super().__init__(nn.Conv2d(channels, 6, kernel_size=5, padding=2 if height == 28 else 0),
+                         nn.Conv2d(6, 16, kernel_size=5), 16 * 5 * 5, num_classes)
 
 
 

@@ -50,7 +50,10 @@ import torch
 
 from . import partition as partition_module
 from .cache import ResultCache
-from .config import ScmConfig
+from .config import ScmConfig, make_config
+from .data import load_dataset
+from .engine import execute as engine_run
+from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
 from .population import (
@@ -63,7 +66,7 @@ from .population import (
     predict,
     train_clients,
 )
-from .results import environment
+from .results import environment, run_of, stored_payload
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
           "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
@@ -165,8 +168,6 @@ def post_training_config(config: ScmConfig, weights: np.ndarray | None, prox_mu:
     run FedProx (μ) from the global model each round, all of them or ``per_round`` drawn at random
     (FedAvg's partial participation), and the server aggregates with λ (``weights``; None: the
     clients' sample counts). No update clipping: the cohort is trusted, as in the paper."""
-    from .config import make_config
-
     n = len(weights)
     return make_config({
         "dataset": config.dataset, "data_root": config.data_root, "model": config.model, "n_clients": n,
@@ -186,9 +187,6 @@ def post_train(model, dataset, flat, buffers, clients: np.ndarray, weights: np.n
     """Algorithm 2, steps 3-5: the global model starts as Σ_k λ_k h_k of ``clients`` (or ``init``),
     then the engine trains it with that cohort (:func:`post_training_config`); returns the final
     global model (flat, buffers)."""
-    from .engine import execute as engine_run
-    from .federation import given
-
     if init is None:
         sel = torch.as_tensor(clients, device=flat.device)
         w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
@@ -349,18 +347,10 @@ def _jsd_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.clip(0.5 * (kl(p, m) + kl(q[None], m)) / np.log(2), 0.0, 1.0)
 
 
-def _resolve_device(name: str) -> torch.device:
-    from .run import resolve_device
-
-    return resolve_device(name)
-
-
 def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str, Any]:
     """Run Algorithm 2 and every baseline on one federation (uncached)."""
-    from .data import load_dataset
-
     t_start = time.perf_counter()
-    device = _resolve_device(config.device)
+    device = resolve_device(config.device)
     ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
     c = ds.num_classes
     log = (lambda *a: print(*a, flush=True)) if progress else (lambda *a: None)
@@ -524,8 +514,6 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     """One federation's results (JSON-ready), from the cache when the config was run before. The
     cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
     (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
-    from .results import run_of, stored_payload
-
     config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
@@ -537,6 +525,4 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
 
 
 def _entry_check(entry: dict) -> str | None:
-    from .results import run_of
-
     return None if isinstance(run_of(entry).get("methods"), dict) else "not a FedSCM pipeline result"

@@ -210,7 +210,8 @@ def _finish(raw: torch.Tensor, gamma: float, rounding: str, probs, kappa, sizes,
                      {**info, "gamma": gamma}, rounding)
 
 
-def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes, rounding: str = "none") -> None:
+def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes, rounding: str = "none"):
+    """Validate a selection's arguments; return ``probs`` and ``sizes`` (None stays None) as float64."""
     check_gamma(gamma)
     if rounding not in ROUNDINGS:
         raise ValueError(f"rounding: must be one of {', '.join(ROUNDINGS)} (got {rounding!r})")
@@ -223,6 +224,7 @@ def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes, rounding: str
         raise ValueError(f"kappa: must be >= 0 (got {kappa})")
     if kappa and (sizes is None or len(sizes) != probs.shape[0] or (torch.as_tensor(sizes) <= 0).any()):
         raise ValueError("sizes: kappa > 0 needs the K positive client sample sizes n_k")
+    return probs.double(), None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
 
 
 def pgd(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, steps: int = 500,
@@ -239,15 +241,13 @@ def pgd(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, st
     the first step moves the best client by s/4) or ``1 / (2 K max|g|)`` (paper: no weight
     leaves the simplex in the first step, so the renormalisation acts as a multiplicative
     update). Stops when λ no longer changes."""
-    _check(probs, gamma, kappa, sizes, rounding)
+    probs, sizes = _check(probs, gamma, kappa, sizes, rounding)
     if projection not in PROJECTIONS:
         raise ValueError(f"projection: must be 'paper' or 'euclidean' (got {projection!r})")
     if steps < 1:
         raise ValueError(f"steps: must be >= 1 (got {steps})")
     if lr is not None and lr <= 0:
         raise ValueError(f"lr: must be > 0 (got {lr})")
-    probs = probs.double()
-    sizes = None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
     k, cap = probs.shape[0], 1.0 - gamma
     lam = torch.full((k,), 1.0 / k, dtype=torch.float64) if init is None else torch.as_tensor(init).double()
     times = vertex_counts(gamma)[2]
@@ -280,9 +280,7 @@ def slsqp(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, 
     negative semi-definite Hessian of Eq. 5, whose quadratic has no minimiser)."""
     from scipy.optimize import minimize
 
-    _check(probs, gamma, kappa, sizes, rounding)
-    probs = probs.double()
-    sizes_t = None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
+    probs, sizes_t = _check(probs, gamma, kappa, sizes, rounding)
     k, cap = probs.shape[0], 1.0 - gamma
     x0 = np.full(k, 1.0 / k) if init is None else np.asarray(init, dtype=float)
 
@@ -330,9 +328,7 @@ def all_vertices(k: int, gamma: float) -> torch.Tensor:
 def exhaustive(probs: torch.Tensor, gamma: float, kappa: float = 0.0, sizes=None, chunk: int = 4096) -> Selection:
     """The global optimum by evaluating the objective at every vertex (Theorem 3 puts it
     at one); vertices are scored in batched chunks. The oracle for small K."""
-    _check(probs, gamma, kappa, sizes)
-    probs = probs.double()
-    sizes_t = None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
+    probs, sizes_t = _check(probs, gamma, kappa, sizes)
     vertices = all_vertices(probs.shape[0], gamma)
     values = torch.cat([objective(vertices[i:i + chunk], probs, kappa, sizes_t)
                         for i in range(0, len(vertices), chunk)])

@@ -180,10 +180,6 @@ def _as_matrix(values: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return (values.unsqueeze(1), True) if values.dim() == 1 else (values, False)
 
 
-def _evaluate_utility(utility: Callable, coalitions: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    return _as_matrix(utility(coalitions))
-
-
 def _rng(rng) -> np.random.Generator:
     return rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
 
@@ -210,7 +206,7 @@ def exact_shapley(utility: Callable, n: int) -> torch.Tensor:
     if not 1 <= n <= 16:
         raise ValueError(f"exact_shapley: n must be in [1, 16] (got {n})")
     coalitions = all_coalitions(n)  # row k = bitmask k
-    u, scalar = _evaluate_utility(utility, coalitions)
+    u, scalar = _as_matrix(utility(coalitions))
     size = coalitions.sum(1)
     # Shapley weight of a coalition Q not containing i: |Q|! (n - |Q| - 1)! / n!
     w = torch.tensor([math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n) if s < n else 0.0
@@ -239,7 +235,7 @@ def _between_round_gap(utility: Callable, n: int):
     """|v_N - v_0| (max over classes), v_0, v_N and whether the utility is scalar."""
     ends = torch.zeros(2, n, dtype=torch.bool)
     ends[1] = True
-    v, scalar = _evaluate_utility(utility, ends)
+    v, scalar = _as_matrix(utility(ends))
     return float(_gap(v[1], v[0])), v[0], v[1], scalar
 
 
@@ -256,7 +252,7 @@ def leave_one_out(utility: Callable, n: int) -> torch.Tensor:
     """φ_i = U(K) - U(K \\ {i}); one call for the n + 1 coalitions. [n, C] (or [n])."""
     coalitions = torch.ones(n + 1, n, dtype=torch.bool)
     coalitions[torch.arange(n), torch.arange(n)] = False
-    u, scalar = _evaluate_utility(utility, coalitions)
+    u, scalar = _as_matrix(utility(coalitions))
     return _shape(u[n].unsqueeze(0) - u[:n], scalar)
 
 
@@ -267,7 +263,7 @@ def _prefix_values(utility: Callable, perms: torch.Tensor):
     position = torch.empty_like(perms)
     position.scatter_(1, perms, torch.arange(n).expand(r, n))  # position[p, i] of player i
     prefixes = position.unsqueeze(1) < torch.arange(n + 1).view(1, n + 1, 1)  # [R, n+1, n]
-    u, scalar = _evaluate_utility(utility, prefixes.reshape(-1, n))
+    u, scalar = _as_matrix(utility(prefixes.reshape(-1, n)))
     return position, u.view(r, n + 1, -1), scalar
 
 
@@ -369,7 +365,7 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
                 break
             prefix[torch.arange(n), perms[:, j]] = True
             rows = torch.nonzero(alive).squeeze(1)
-            v, _ = _evaluate_utility(utility, prefix[rows])  # lines 16-18
+            v, _ = _as_matrix(utility(prefix[rows]))  # lines 16-18
             marg[rows, j] = v - prev[rows]
             prev[rows] = v  # truncated orders keep v_j = v_{j-1} (line 20)
         by_player = torch.zeros_like(marg)
@@ -431,7 +427,7 @@ def best_coalition(utility: CoalitionUtility | Callable, n: int, among: torch.Te
     among = among[among.any(1)]
     if len(among) == 0:
         raise ValueError("best_coalition: no non-empty coalition to choose from")
-    u, _ = _evaluate_utility(utility, among)
+    u, _ = _as_matrix(utility(among))
     best = int(torch.argmax(u.sum(1)))
     return among[best].clone(), u[best].clone()
 

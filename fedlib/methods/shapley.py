@@ -86,12 +86,15 @@ def all_coalitions(n: int) -> torch.Tensor:
 
 
 class CoalitionUtility:
-    """``utility(coalitions [M, n] bool) -> [M, C]`` class-wise accuracy (or [M]).
+    """The utility of coalitions of the round's clients (rows of ``flat`` [n, P]), a callable
+    ``utility(coalitions [M, n] bool) -> [M, C]`` (class-wise accuracy, Eq. 7) or ``[M]``
+    (validation accuracy) when ``classwise=False``; see the module docstring.
 
-    Built by :func:`coalition_utility`; see the module docstring. ``evaluations`` counts the
-    models evaluated so far (each coalition at most once); ``evaluated()`` returns the
-    memoized coalitions and their values (used to pick GTG's coreset among the coalitions it
-    looked at).
+    ``weights`` [n] (e.g. sample counts; None = equal) weigh a coalition's members;
+    ``empty_flat`` [P] (and ``empty_buffers``) is the previous global model, the empty
+    coalition. ``evaluations`` counts the models evaluated so far (each coalition at most
+    once); ``evaluated()`` returns the memoized coalitions and their values (used to pick
+    GTG's coreset among the coalitions it looked at).
     """
 
     def __init__(self, model, flat, buffers, weights, x_val, y_val, n_classes, empty_flat,
@@ -158,17 +161,7 @@ class CoalitionUtility:
         return coalitions_of_keys(self.keys, self.n), self.values.clone()
 
 
-def coalition_utility(model, flat, buffers, weights, x_val, y_val, n_classes, empty_flat,
-                      empty_buffers=None, classwise=True) -> CoalitionUtility:
-    """The utility of coalitions of the round's clients (rows of ``flat`` [n, P]).
-
-    ``weights`` [n] (e.g. sample counts; None = equal) weigh a coalition's members;
-    ``empty_flat`` [P] (and ``empty_buffers``) is the previous global model, the empty
-    coalition. Returns a callable ``utility(coalitions [M, n] bool) -> [M, C]`` (class-wise
-    accuracy, Eq. 7) or ``[M]`` (validation accuracy) when ``classwise=False``.
-    """
-    return CoalitionUtility(model, flat, buffers, weights, x_val, y_val, n_classes, empty_flat,
-                            empty_buffers, classwise)
+coalition_utility = CoalitionUtility  # the name the callers use
 
 
 # ----------------------------------------------------------------------------- helpers

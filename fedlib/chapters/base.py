@@ -21,6 +21,27 @@ from .. import frames
 from . import unique_configs
 
 OURS_STORED = "stored paper profile"
+DATASET_LABELS = {"mnist": "MNIST", "fmnist": "F.MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
+                  "svhn": "SVHN", "eurosat": "EuroSAT"}  # as the papers' tables name them
+
+
+def dataset_label(dataset: str) -> str:
+    return DATASET_LABELS.get(dataset, dataset)
+
+
+def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
+    """Rounds and ``key`` (%) per round: a test metric, or a diagnostic such as ``public_accuracy``."""
+    values = [(h["round"] + 1, h.get(key, (h.get("diagnostics") or {}).get(key))) for h in result.history]
+    return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
+
+
+def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
+    """A ``fedlib.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
+    ``options``: the item's other fields, the runner ``run_round`` unless given)."""
+    from ..queue import QueueItem, run_round
+
+    return QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", run_round),
+                     first_seed=config.seed == params["seeds"][0], **options)
 
 
 class Chapter:
@@ -109,6 +130,18 @@ class Chapter:
     def has(self, dataset: str) -> bool:
         return any(r.config["dataset"] == dataset for r in self.runs)
 
+    def by_source(self) -> list[tuple[str, dict, dict]]:
+        """(source, runs by key, params) of this build and, when there are any, of the stored paper-profile runs."""
+        out = [(self.ours, self.results, self.params)]
+        if self.stored is not None and self.stored.results:
+            out.append((OURS_STORED, self.stored.results, self.paper_params))
+        return out
+
+    def data_source(self, dataset: str, stored: bool = True) -> str:
+        """Where this build's (else, with ``stored``, the stored) runs of ``dataset`` read their data ("": none)."""
+        runs = self.runs + (list(self.stored.results.values()) if stored and self.stored else [])
+        return next((r.meta["dataset_source"] for r in runs if r.config["dataset"] == dataset), "")
+
     # -- paper vs ours -------------------------------------------------------------------
     def column_of(self, method: str) -> str:
         return self.labels[method]
@@ -120,10 +153,8 @@ class Chapter:
         """{source: {method: (mean, std)}} for this build's runs and the stored paper-profile runs;
         ``make_configs(params)`` gives each method's seeds' configs, ``value`` a run's number
         (default: final accuracy in %)."""
-        out = {self.ours: frames.seed_mean_std(self.results, make_configs(self.params), value)}
-        if self.stored is not None and self.stored.results:
-            out[OURS_STORED] = frames.seed_mean_std(self.stored.results, make_configs(self.paper_params), value)
-        return out
+        return {source: frames.seed_mean_std(results, make_configs(params), value)
+                for source, results, params in self.by_source()}
 
     @staticmethod
     def measured(rows: list[tuple[str, dict, dict]]) -> list[tuple[str, dict, dict]]:

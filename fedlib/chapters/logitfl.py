@@ -16,6 +16,7 @@ public set held out (``fedavg_config``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +27,7 @@ from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
 from . import unique_configs
-from .base import OURS_STORED, Chapter
+from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
@@ -101,9 +102,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
 
 
-def configs(params: dict[str, Any], experiments=None) -> list[RunConfig]:
-    """Every run of the chapter (or of ``experiments``), without duplicates."""
-    return unique_configs(experiment_configs, params, experiments)
+configs = partial(unique_configs, experiment_configs)  # configs(params, experiments=None): each run once
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -133,12 +132,6 @@ def communication(result) -> dict[str, float]:
     return {"up": up, "down": down, "total": up + down, "fedavg": fedavg, "ratio": fedavg / (up + down)}
 
 
-def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
-    """Rounds and ``key`` (%) per round: a test metric, or a diagnostic such as ``public_accuracy``."""
-    values = [(h["round"] + 1, h.get(key, (h.get("diagnostics") or {}).get(key))) for h in result.history]
-    return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
-
-
 # ----------------------------------------------------------------------------- stored runs
 
 
@@ -154,23 +147,14 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): the paper's
     headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
-    from ..queue import QueueItem, run_round
-
-    seeds, first, k0 = params["seeds"], params["seeds"][0], params["ks"][0]
-    data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
-    experiments = params["experiments"]
-    items = []
+    item = partial(queue_item, "logitfl", params)
+    seeds, k0, data = params["seeds"], params["ks"][0], dataset_label(params["dataset"])
+    experiments, items = params["experiments"], []
 
     def logit(table, row, agg, k, seed, rank=0, cifar10=False, headline=False, **overrides):
-        c = logit_config(params, agg, k, seed, cifar10, **overrides)
         backs = ((table, row, LABELS[agg]),) + ((("Headline", row, LABELS[agg]),) if headline else ())
-        return QueueItem("logitfl", table, row, LABELS[agg], seed, c, run_round, headline=headline, table_rank=rank,
-                         first_seed=seed == first, backs=backs)
-
-    def fedavg(table, row, k, seed, cifar10=False, headline=False):
-        c = fedavg_config(logit_config(params, "simple", k, seed, cifar10))
-        return QueueItem("logitfl", table, row, LABELS["fedavg"], seed, c, run_round, headline=headline,
-                         first_seed=seed == first)
+        return item(table, row, LABELS[agg], logit_config(params, agg, k, seed, cifar10, **overrides),
+                    headline=headline, table_rank=rank, backs=backs)
 
     sweeps = (("k_sweep", "k sweep", data, params["ks"]), ("cifar10", "CIFAR-10", "CIFAR-10", params["cifar10_ks"]))
     for experiment, table, name, ks in (sweep for sweep in sweeps if sweep[0] in experiments):
@@ -178,7 +162,8 @@ def queue_items(params: dict[str, Any]) -> list:
         for k in ks:
             items += [logit(table, f"{name} k={k}", a, k, s, cifar10=cifar10, headline=k == 2)
                       for a in params["aggregators"] for s in seeds]
-            items += [fedavg(table, f"{name} k={k}", k, s, cifar10=cifar10, headline=k == 2) for s in seeds]
+            fedavg = (fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds)
+            items += [item(table, f"{name} k={k}", LABELS["fedavg"], c, headline=k == 2) for c in fedavg]
     if "public_size" in experiments:
         items += [logit("Ablation: public set", f"{data} k={k0} n={n}", a, k0, s, 1, public_size=n)
                   for n in params["public_sizes_ablation"] for a in params["aggregators"] for s in seeds]

@@ -137,9 +137,9 @@ class Chapter:
             out.append((OURS_STORED, self.stored.results, self.paper_params))
         return out
 
-    def data_source(self, dataset: str, stored: bool = True) -> str:
-        """Where this build's (else, with ``stored``, the stored) runs of ``dataset`` read their data ("": none)."""
-        runs = self.runs + (list(self.stored.results.values()) if stored and self.stored else [])
+    def data_source(self, dataset: str) -> str:
+        """Where this build's (else the stored) runs of ``dataset`` read their data ("" when none ran)."""
+        runs = self.runs + (list(self.stored.results.values()) if self.stored else [])
         return next((r.meta["dataset_source"] for r in runs if r.config["dataset"] == dataset), "")
 
     # -- paper vs ours -------------------------------------------------------------------

@@ -294,10 +294,10 @@ def queue_items(params: dict[str, Any]) -> list:
     from ..queue import items_of, run_round
 
     prefix = dataset_label(params["dataset"])
-    labels = {_split_json(spec): row for spec, row in SPLITS.values()}
+    labels = {(spec["name"], spec.get("alpha")): row for spec, row in SPLITS.values()}  # the splits' rows
 
     def row(c, pre=prefix):
-        return f"{pre} {labels.get(_split_json(c.split), c.split.name)}"
+        return f"{pre} {labels.get((c.split.name, c.split.params.get('alpha')), c.split.name)}"
 
     def method(c):
         return METHOD_LABELS.get(c.method.name, c.method.name)
@@ -329,15 +329,6 @@ def queue_items(params: dict[str, Any]) -> list:
         lambda c: f"η = {c.method.params.get('lm_lr')}", rank=3)
     add("fig7", "Fig. 7", lambda c: "PLS", lambda c: "probe images", rank=3)
     return items
-
-
-def _split_json(spec) -> str:
-    """A split spec (dict or Spec) as canonical JSON, to look its label up."""
-    import json
-
-    data = spec if isinstance(spec, dict) else {"name": spec.name, **spec.params}
-    return json.dumps({k: float(v) if isinstance(v, int) and not isinstance(v, bool) and k != "name" else v
-                       for k, v in data.items()}, sort_keys=True)
 
 
 # ----------------------------------------------------------------------------- the page

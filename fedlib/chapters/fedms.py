@@ -212,7 +212,7 @@ def queue_items(params: dict[str, Any]) -> list:
 
 def aggregated_rounds(result) -> np.ndarray:
     """Per client, the rounds in which it was aggregated with a positive weight."""
-    n = len(result.meta["client_sizes"])
+    n = len(result.meta["client_roles"])
     used = [np.asarray(h["aggregated"], dtype=np.int64)[np.asarray(h["weights"]) > 0] for h in result.history]
     return np.bincount(np.concatenate(used + [np.zeros(0, dtype=np.int64)]), minlength=n)
 

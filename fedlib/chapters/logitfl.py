@@ -33,6 +33,10 @@ from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
+# ablation at k = ks[0] (its protocol setting) -> (the profile's values, aggregators (None: all), queue table, row)
+ABLATIONS = {"public_size": ("public_sizes_ablation", None, "Ablation: public set", "n={}"),
+             "dropout": ("dropouts", None, "Ablation: dropout", "p={}"),
+             "uwa_tau": ("uwa_taus", ("uwa",), "Ablation: UWA τ", "τ={:g}")}
 # the protocol settings every aggregator takes, and those only one takes (the methods' own fields)
 SHARED = tuple(LogitMethod.hyperparameters())
 METHOD_ONLY = {name.removeprefix("logit_"): tuple(f for f in cls.hyperparameters() if f not in SHARED)
@@ -91,14 +95,10 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         ks = params["cifar10_ks" if cifar10 else "ks"]
         runs = [logit_config(params, a, k, s, cifar10) for k in ks for a in aggregators for s in seeds]
         return runs + [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for k in ks for s in seeds]
-    if experiment == "public_size":
-        return [logit_config(params, a, k0, s, public_size=n) for n in params["public_sizes_ablation"]
-                for a in aggregators for s in seeds]
-    if experiment == "dropout":
-        return [logit_config(params, a, k0, s, dropout=p) for p in params["dropouts"] for a in aggregators
+    if experiment in ABLATIONS:
+        values, only, _, _ = ABLATIONS[experiment]
+        return [logit_config(params, a, k0, s, **{experiment: v}) for v in params[values] for a in only or aggregators
                 for s in seeds]
-    if experiment == "uwa_tau":
-        return [logit_config(params, "uwa", k0, s, uwa_tau=tau) for tau in params["uwa_taus"] for s in seeds]
     raise ValueError(f"experiments: unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
 
 
@@ -164,15 +164,10 @@ def queue_items(params: dict[str, Any]) -> list:
                       for a in params["aggregators"] for s in seeds]
             fedavg = (fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds)
             items += [item(table, f"{name} k={k}", LABELS["fedavg"], c, headline=k == 2) for c in fedavg]
-    if "public_size" in experiments:
-        items += [logit("Ablation: public set", f"{data} k={k0} n={n}", a, k0, s, 1, public_size=n)
-                  for n in params["public_sizes_ablation"] for a in params["aggregators"] for s in seeds]
-    if "dropout" in experiments:
-        items += [logit("Ablation: dropout", f"{data} k={k0} p={p}", a, k0, s, 1, dropout=p)
-                  for p in params["dropouts"] for a in params["aggregators"] for s in seeds]
-    if "uwa_tau" in experiments:
-        items += [logit("Ablation: UWA τ", f"{data} k={k0} τ={t:g}", "uwa", k0, s, 1, uwa_tau=t)
-                  for t in params["uwa_taus"] for s in seeds]
+    for experiment, (values, only, table, row) in ABLATIONS.items():
+        items += [logit(table, f"{data} k={k0} {row.format(v)}", a, k0, s, 1, **{experiment: v})
+                  for v in (params[values] if experiment in experiments else []) for a in only or params["aggregators"]
+                  for s in seeds]
     return items
 
 

@@ -8,8 +8,8 @@ A notebook is its parameters cell and calls::
     frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
     ch.glue(values)
 
-A subclass names its chapter (``name``), its method labels and its ``experiment_configs``, and
-adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
+A subclass names its chapter (``name``; its runs: the chapter module's ``configs``) and its method
+labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
 over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import frames
-from . import unique_configs
+from .. import book, data, frames, queue
+from ..run import run_many
 
 OURS_STORED = "stored paper profile"
 DATASET_LABELS = {"mnist": "MNIST", "fmnist": "F.MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
@@ -38,10 +38,8 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
 def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
     """A ``fedlib.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
     ``options``: the item's other fields, the runner ``run_round`` unless given)."""
-    from ..queue import QueueItem, run_round
-
-    return QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", run_round),
-                     first_seed=config.seed == params["seeds"][0], **options)
+    return queue.QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", queue.run_round),
+                           first_seed=config.seed == params["seeds"][0], **options)
 
 
 class Chapter:
@@ -49,11 +47,8 @@ class Chapter:
     labels: dict[str, str] = {}  # method -> column name
     index = "row"  # the comparison frames' first index level
     reference_paper = ""  # whose numbers the page compares with (book/reference/<name>.yaml; "": this chapter's)
-    experiment_configs: Callable[[dict, str], list] = staticmethod(lambda params, experiment: [])
 
     def __init__(self, profile: str, params: dict[str, Any]):
-        from .. import book
-
         self.profile, self.params = profile, params
         self.paper_params = book.load_profile(self.name, "paper")
         self.reference = (None if self.reference_paper is None
@@ -66,8 +61,6 @@ class Chapter:
     @classmethod
     def parameter_names(cls) -> list[str]:
         """Every parameter a profile of this chapter may set (the keys of its YAML files)."""
-        from .. import book
-
         names: dict[str, None] = {}
         for profile in book.PROFILES:
             try:
@@ -83,17 +76,15 @@ class Chapter:
         return cls(namespace.get("profile", "quick"), params)
 
     # -- the runs ------------------------------------------------------------------------
-    def configs(self, params: dict[str, Any] | None = None, experiments=None) -> list:
-        params = self.params if params is None else params
-        return unique_configs(type(self).experiment_configs, params, experiments)
+    def configs(self, params: dict[str, Any] | None = None) -> list:
+        """Every run of the chapter (``params``: default this build's), by its module's ``configs``."""
+        from . import chapter_module
+
+        return chapter_module(self.name).configs(self.params if params is None else params)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """This build's runs (the cache answers what ran before; a dataset that is not under the
         data root is skipped with one line), then the stored paper-profile runs; prints a summary."""
-        import fedlib
-
-        from ..data import DataNotFoundError
-
         if self.params.get("threads"):  # the profile's torch CPU threads (small models run faster on few)
             import torch
 
@@ -104,8 +95,8 @@ class Chapter:
             by_dataset.setdefault(c.dataset, []).append(c)
         for dataset, group in by_dataset.items():
             try:
-                runs = fedlib.run_many(group, progress=False)
-            except DataNotFoundError as err:
+                runs = run_many(group, progress=False)
+            except data.DataNotFoundError as err:
                 print(f"{dataset} runs skipped: {err}")
                 continue
             self.runs += runs
@@ -119,8 +110,6 @@ class Chapter:
         return self.runs
 
     def stored_runs(self, configs=None):
-        from .. import book
-
         return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
 
     def result(self, config):
@@ -167,8 +156,6 @@ class Chapter:
 
     # -- the page --------------------------------------------------------------------------
     def header(self):
-        from .. import book
-
         return book.chapter_header(self.name, self.profile, self.params)
 
     @staticmethod
@@ -180,8 +167,6 @@ class Chapter:
             glue(name, value, display=False)
 
     def record_headlines(self, rows: list[dict[str, Any]]):
-        from .. import book
-
         book.record_headlines(self.name, self.profile, rows)
         import pandas as pd
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import frames
+from .. import frames, partition
 from ..book import bold_best, reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
@@ -148,8 +148,6 @@ PLS_MATCHES = ((1, 3, 4, 8, 8), (2, 2, 6, 6, 7), (2, 3, 4, 5, 9))
 def split_counts(spec: dict[str, Any], class_size: int, n_clients: int = 5, n_classes: int = 10,
                  seed: int = 0) -> np.ndarray:
     """The client x class counts of a split spec on a balanced label set (no data needed)."""
-    from .. import partition
-
     labels = np.repeat(np.arange(n_classes), class_size)
     params = {k: v for k, v in spec.items() if k != "name"}
     return getattr(partition, spec["name"])(labels, n_clients=n_clients, seed=seed, **params).counts
@@ -349,7 +347,6 @@ class CELM(Chapter):
 
     name = "celm"
     labels = METHOD_LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     @property
     def prefix(self) -> str:

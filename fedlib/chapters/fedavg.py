@@ -50,9 +50,6 @@ class FedAvg(Chapter):
     reference_paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
 
-    def configs(self, params=None, experiments=None) -> list[RunConfig]:
-        return configs(self.params if params is None else params)
-
     def run(self) -> list:
         """This build's runs and the stored paper-profile runs (their provenance is printed below the table)."""
         runs = super().run(quiet=True)

@@ -266,7 +266,6 @@ class FedMS(Chapter):
     name = "fedms"
     labels = METHOD_LABELS
     index = "setting"
-    experiment_configs = staticmethod(experiment_configs)
 
     def column_of(self, method: str) -> str:
         """A softmax variant is compared with its method's paper value."""

@@ -299,7 +299,6 @@ class FedSCM(Chapter):
     the γ counts and issue 22's diagnosis. Its runs are pipeline results (dicts), not engine runs."""
 
     name = "fedscm"
-    experiment_configs = staticmethod(experiment_configs)
 
     @property
     def paper_name(self) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import book, frames
+from .. import book, frames, models
 from ..config import RunConfig, make_config
 from ..contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
 from . import run_options, unique_configs
@@ -139,12 +139,10 @@ def last_rounds_mean(result, key: str, last: int) -> float:
 def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
     """Table 4 from our ResNet-20: parameters counted from the model, prototypes = C × 64.
     Ratio: prototypes / (model down + model up + prototypes), one client's traffic per round."""
-    from ..models import build_model
-
     rows = []
     for label, shape, classes in (("CIFAR-10", (3, 32, 32), 10), ("CIFAR-100", (3, 32, 32), 100),
                                   ("EuroSAT", (3, 64, 64), 10)):
-        model = build_model("resnet20", shape, classes)
+        model = models.build_model("resnet20", shape, classes)
         assert model.feature_dim == feature_dim
         params = sum(p.numel() for p in model.parameters())
         protos = classes * feature_dim
@@ -207,7 +205,6 @@ class FLCE(Chapter):
 
     name = "flce"
     labels = METHOD_LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """The runs (``Chapter.run``), then where each dataset's data came from."""

@@ -278,7 +278,7 @@ class Leaderboard(Chapter):
         super().__init__(profile, params)
         self.datasets, self.frame = [], None
 
-    def configs(self, params=None, experiments=None) -> list[RunConfig]:
+    def configs(self, params=None) -> list[RunConfig]:
         """Per dataset, the parameter-averaging runs, then UWA's logit runs."""
         p = self.params if params is None else params
         return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)]

@@ -333,7 +333,6 @@ class LogitFL(Chapter):
 
     name = "logitfl"
     labels = LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     k0 = property(lambda self: self.params["ks"][0])  # the first k: the headline's and the ablations'
 

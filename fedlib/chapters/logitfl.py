@@ -243,18 +243,11 @@ def load_calibration(path=None) -> dict[str, Any]:
 
 def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 3, shard: int = 0,
               shards: int = 1, path=None, progress: bool = True) -> dict[str, Any]:
-    """Run the calibration search on simple averaging and record every point.
-
-    Stage ``structure``: every public_logits x local_epochs with the rest as in the first protocol
-    (lr 0.05, one distillation epoch, T = 2), on the screening protocol; ``tuning``: one factor at a
-    time around the ``top`` best structures (each other lr, temperature and distillation epoch
-    count), screening protocol; ``confirm``: the ``confirm_top`` best screened points at the
-    profile's own protocol.
-    Each point (config, accuracy, accuracy per round, wall and CPU time) is written to
-    ``results/logitfl-calibration.json`` (atomically, after every run; points already recorded are
-    not rerun). ``shard``/``shards`` split a stage's points between processes (run the next stage
-    after all shards of the one before finished). Returns the record.
-    """
+    """Run the calibration search on simple averaging (each stage's points: ``_stage_points``, around the ``top``
+    best structures, confirming the ``confirm_top`` best screened points at the profile's own protocol) and record
+    every point (config, accuracy per round, wall and CPU time) in ``results/logitfl-calibration.json``, atomically
+    after each run; recorded points are not rerun. ``shard``/``shards`` split a stage's points between processes
+    (the next stage after all shards finished). Returns the record."""
     import datetime as dt
     import fcntl
     import hashlib

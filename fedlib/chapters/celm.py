@@ -397,12 +397,12 @@ class CELM(Chapter):
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):
         the styled frame (or None), a note, the numbers."""
-        source, stored = self.data_source("cifar10"), self.stored and self.stored.results
+        source = self.data_source("cifar10")
         if not source:
             return (None, "No CIFAR-10 data under the data root and no stored CIFAR-10 runs: these rows were not run.",
                     {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0})
         name = "CIFAR-10 (JPEG copy)" if "JPEG" in source else "CIFAR-10"
-        splits = list(dict.fromkeys(self.params["splits"] + (self.paper_params["splits"] if stored else [])))
+        splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
         return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}

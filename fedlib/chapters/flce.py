@@ -51,14 +51,9 @@ def split_spec(params: dict[str, Any], split: str, alpha: float | None = None) -
 
 def noise_spec(params: dict[str, Any], split: str, kind: str) -> dict[str, Any]:
     """The split with §4.7's noise on the first ``noisy_fraction`` of the clients."""
-    spec = split_spec(params, split)
+    noise = {f"{k}_noise": params[f"{k}_noise"] for k in ("feature", "label") if kind in (k, "both")}
     clients = list(range(int(round(params["noisy_fraction"] * params["n_clients"]))))
-    if kind in ("feature", "both"):
-        spec["feature_noise"] = params["feature_noise"]
-    if kind in ("label", "both"):
-        spec["label_noise"] = params["label_noise"]
-    spec["noisy_clients"] = clients
-    return spec
+    return {**split_spec(params, split), **noise, "noisy_clients": clients}
 
 
 def run_config(params: dict[str, Any], dataset: str, split: dict, method: str, seed: int,

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .book import mean_std, pm, reference_value
+
 
 def seed_mean_std(results: dict, per_method: dict[str, list], value: Callable | None = None) -> dict[str, tuple[float, float]]:
     """Mean and std (over seeds, ddof 0) of a per-run value for each method (``per_method``:
     method -> its seeds' configs); default the final test accuracy in %. Runs not in ``results``
     (and, for the default, runs without an accuracy) are left out; NaN where none is left."""
-    from .book import mean_std
-
     out = {}
     for method, cfgs in per_method.items():
         runs = [results[c.key()] for c in cfgs if c.key() in results]
@@ -26,8 +26,6 @@ def seed_mean_std(results: dict, per_method: dict[str, list], value: Callable | 
 def paper_values(reference, table: str, row: str, methods, column_of: Callable[[str], str]) -> dict[str, tuple[float, float]]:
     """The paper's (mean, std) of ``table``/``row`` for each method, read from the column
     ``column_of(method)`` of the chapter's reference; (NaN, NaN) where the paper has none."""
-    from .book import reference_value
-
     out = {}
     for m in methods:
         try:
@@ -42,8 +40,6 @@ def comparison(rows: list[tuple[str, dict, dict]], labels: dict[str, str], digit
     one column per method (``labels``: method -> column name). ``rows`` holds (label,
     paper {method: (mean, std)}, {source: {method: (mean, std)}})."""
     import pandas as pd
-
-    from .book import pm
 
     lines = []
     for label, paper, ours in rows:

@@ -37,10 +37,10 @@ def chapter_module(name: str):
     return importlib.import_module(f"{__name__}.{name}")
 
 
-def unique_configs(experiment_configs, params: dict, experiments=None) -> list:
-    """Every run of ``experiments`` (default: the profile's), each config once (experiments share runs)."""
+def unique_configs(experiment_configs, params: dict) -> list:
+    """Every run of the profile's experiments, each config once (experiments share runs)."""
     seen, out = set(), []
-    for experiment in experiments or params["experiments"]:
+    for experiment in params["experiments"]:
         for config in experiment_configs(params, experiment):
             if config.key() not in seen:
                 seen.add(config.key())

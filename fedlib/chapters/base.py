@@ -8,8 +8,8 @@ A notebook is its parameters cell and calls::
     frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
     ch.glue(values)
 
-A subclass names its chapter (``name``), its method labels and its ``experiment_configs``, and
-adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
+A subclass names its chapter (``name``; its runs: the chapter module's ``configs``) and its method
+labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
 over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
 """
 
@@ -17,10 +17,29 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import frames
-from . import unique_configs
+from .. import book, data, frames, queue
+from ..run import run_many
 
 OURS_STORED = "stored paper profile"
+DATASET_LABELS = {"mnist": "MNIST", "fmnist": "F.MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
+                  "svhn": "SVHN", "eurosat": "EuroSAT"}  # as the papers' tables name them
+
+
+def dataset_label(dataset: str) -> str:
+    return DATASET_LABELS.get(dataset, dataset)
+
+
+def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
+    """Rounds and ``key`` (%) per round: a test metric, or a diagnostic such as ``public_accuracy``."""
+    values = [(h["round"] + 1, h.get(key, (h.get("diagnostics") or {}).get(key))) for h in result.history]
+    return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
+
+
+def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
+    """A ``fedlib.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
+    ``options``: the item's other fields, the runner ``run_round`` unless given)."""
+    return queue.QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", queue.run_round),
+                           first_seed=config.seed == params["seeds"][0], **options)
 
 
 class Chapter:
@@ -28,11 +47,8 @@ class Chapter:
     labels: dict[str, str] = {}  # method -> column name
     index = "row"  # the comparison frames' first index level
     reference_paper = ""  # whose numbers the page compares with (book/reference/<name>.yaml; "": this chapter's)
-    experiment_configs: Callable[[dict, str], list] = staticmethod(lambda params, experiment: [])
 
     def __init__(self, profile: str, params: dict[str, Any]):
-        from .. import book
-
         self.profile, self.params = profile, params
         self.paper_params = book.load_profile(self.name, "paper")
         self.reference = (None if self.reference_paper is None
@@ -45,8 +61,6 @@ class Chapter:
     @classmethod
     def parameter_names(cls) -> list[str]:
         """Every parameter a profile of this chapter may set (the keys of its YAML files)."""
-        from .. import book
-
         names: dict[str, None] = {}
         for profile in book.PROFILES:
             try:
@@ -62,17 +76,15 @@ class Chapter:
         return cls(namespace.get("profile", "quick"), params)
 
     # -- the runs ------------------------------------------------------------------------
-    def configs(self, params: dict[str, Any] | None = None, experiments=None) -> list:
-        params = self.params if params is None else params
-        return unique_configs(type(self).experiment_configs, params, experiments)
+    def configs(self, params: dict[str, Any] | None = None) -> list:
+        """Every run of the chapter (``params``: default this build's), by its module's ``configs``."""
+        from . import chapter_module
+
+        return chapter_module(self.name).configs(self.params if params is None else params)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """This build's runs (the cache answers what ran before; a dataset that is not under the
         data root is skipped with one line), then the stored paper-profile runs; prints a summary."""
-        import fedlib
-
-        from ..data import DataNotFoundError
-
         if self.params.get("threads"):  # the profile's torch CPU threads (small models run faster on few)
             import torch
 
@@ -83,8 +95,8 @@ class Chapter:
             by_dataset.setdefault(c.dataset, []).append(c)
         for dataset, group in by_dataset.items():
             try:
-                runs = fedlib.run_many(group, progress=False)
-            except DataNotFoundError as err:
+                runs = run_many(group, progress=False)
+            except data.DataNotFoundError as err:
                 print(f"{dataset} runs skipped: {err}")
                 continue
             self.runs += runs
@@ -98,8 +110,6 @@ class Chapter:
         return self.runs
 
     def stored_runs(self, configs=None):
-        from .. import book
-
         return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
 
     def result(self, config):
@@ -108,6 +118,18 @@ class Chapter:
 
     def has(self, dataset: str) -> bool:
         return any(r.config["dataset"] == dataset for r in self.runs)
+
+    def by_source(self) -> list[tuple[str, dict, dict]]:
+        """(source, runs by key, params) of this build and, when there are any, of the stored paper-profile runs."""
+        out = [(self.ours, self.results, self.params)]
+        if self.stored is not None and self.stored.results:
+            out.append((OURS_STORED, self.stored.results, self.paper_params))
+        return out
+
+    def data_source(self, dataset: str) -> str:
+        """Where this build's (else the stored) runs of ``dataset`` read their data ("" when none ran)."""
+        runs = self.runs + (list(self.stored.results.values()) if self.stored else [])
+        return next((r.meta["dataset_source"] for r in runs if r.config["dataset"] == dataset), "")
 
     # -- paper vs ours -------------------------------------------------------------------
     def column_of(self, method: str) -> str:
@@ -120,10 +142,8 @@ class Chapter:
         """{source: {method: (mean, std)}} for this build's runs and the stored paper-profile runs;
         ``make_configs(params)`` gives each method's seeds' configs, ``value`` a run's number
         (default: final accuracy in %)."""
-        out = {self.ours: frames.seed_mean_std(self.results, make_configs(self.params), value)}
-        if self.stored is not None and self.stored.results:
-            out[OURS_STORED] = frames.seed_mean_std(self.stored.results, make_configs(self.paper_params), value)
-        return out
+        return {source: frames.seed_mean_std(results, make_configs(params), value)
+                for source, results, params in self.by_source()}
 
     @staticmethod
     def measured(rows: list[tuple[str, dict, dict]]) -> list[tuple[str, dict, dict]]:
@@ -136,8 +156,6 @@ class Chapter:
 
     # -- the page --------------------------------------------------------------------------
     def header(self):
-        from .. import book
-
         return book.chapter_header(self.name, self.profile, self.params)
 
     @staticmethod
@@ -149,8 +167,6 @@ class Chapter:
             glue(name, value, display=False)
 
     def record_headlines(self, rows: list[dict[str, Any]]):
-        from .. import book
-
         book.record_headlines(self.name, self.profile, rows)
         import pandas as pd
 

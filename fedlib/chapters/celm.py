@@ -18,15 +18,17 @@ decayed x0.1 at half the rounds):
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .. import frames
+from .. import frames, partition
+from ..book import bold_best, reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
 from . import run_options, unique_configs
-from .base import OURS_STORED, Chapter
+from .base import Chapter, dataset_label
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -42,7 +44,6 @@ SPLITS: dict[str, tuple[dict[str, Any], str]] = {
 }
 MAVERICK = {"name": "celm_maverick"}
 DETECTION_SPLITS = {"FR": {"name": "celm_free_rider"}, "FRM": {"name": "celm_free_rider", "with_maverick": True}}
-DATASET_PREFIX = {"fmnist": "F.MNIST", "cifar10": "CIFAR-10"}
 
 
 def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_clients: int | None = None,
@@ -50,13 +51,10 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
     """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1,
     the CNN with its own data fraction, rounds and lr milestones)."""
     spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
-    data = dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
-                rounds=params["rounds"], lr_milestones=params["lr_milestones"])
-    if cifar10:
-        data = dict(dataset="cifar10", model="cnn", fraction=params["cifar10_fraction"],
-                    rounds=params["cifar10_rounds"], lr_milestones=params["cifar10_lr_milestones"])
+    data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "lr_milestones")}
     return make_config(
-        **data, n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
+        **data, dataset="cifar10" if cifar10 else params["dataset"], model="cnn" if cifar10 else params["model"],
+        n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
         server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
     )
@@ -65,11 +63,9 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
     """The runs of one experiment (see the module docstring)."""
     seeds, methods = params["seeds"], params["methods"]
-    if experiment == "table1":
-        return [run_config(params, SPLITS[s][0], m, seed) for s in params["splits"] for m in methods for seed in seeds]
-    if experiment == "table1_cifar10":
-        return [run_config(params, SPLITS[s][0], m, seed, cifar10=True) for s in params["splits"] for m in methods
-                for seed in seeds]
+    if experiment in ("table1", "table1_cifar10"):
+        return [run_config(params, SPLITS[s][0], m, seed, cifar10=experiment == "table1_cifar10")
+                for s in params["splits"] for m in methods for seed in seeds]
     if experiment == "table2":
         return [run_config(params, MAVERICK, m, seed) for m in methods for seed in seeds]
     if experiment == "table3":
@@ -93,9 +89,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-def configs(params: dict[str, Any]) -> list[RunConfig]:
-    """Every run of the chapter, without duplicates (e.g. Table 8's 5 % is Table 1's CELM)."""
-    return unique_configs(experiment_configs, params)
+configs = partial(unique_configs, experiment_configs)  # every run once (e.g. Table 8's 5 % is Table 1's CELM)
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -154,8 +148,6 @@ PLS_MATCHES = ((1, 3, 4, 8, 8), (2, 2, 6, 6, 7), (2, 3, 4, 5, 9))
 def split_counts(spec: dict[str, Any], class_size: int, n_clients: int = 5, n_classes: int = 10,
                  seed: int = 0) -> np.ndarray:
     """The client x class counts of a split spec on a balanced label set (no data needed)."""
-    from .. import partition
-
     labels = np.repeat(np.arange(n_classes), class_size)
     params = {k: v for k, v in spec.items() if k != "name"}
     return getattr(partition, spec["name"])(labels, n_clients=n_clients, seed=seed, **params).counts
@@ -299,11 +291,11 @@ def queue_items(params: dict[str, Any]) -> list:
     the paper cell it backs; headline rows: Dir(0.05) (Tables 1, 6), PLS (Table 4)."""
     from ..queue import items_of, run_round
 
-    prefix = DATASET_PREFIX.get(params["dataset"], params["dataset"])
-    labels = {_split_json(spec): row for spec, row in SPLITS.values()}
+    prefix = dataset_label(params["dataset"])
+    labels = {(spec["name"], spec.get("alpha")): row for spec, row in SPLITS.values()}  # the splits' rows
 
     def row(c, pre=prefix):
-        return f"{pre} {labels.get(_split_json(c.split), c.split.name)}"
+        return f"{pre} {labels.get((c.split.name, c.split.params.get('alpha')), c.split.name)}"
 
     def method(c):
         return METHOD_LABELS.get(c.method.name, c.method.name)
@@ -337,15 +329,6 @@ def queue_items(params: dict[str, Any]) -> list:
     return items
 
 
-def _split_json(spec) -> str:
-    """A split spec (dict or Spec) as canonical JSON, to look its label up."""
-    import json
-
-    data = spec if isinstance(spec, dict) else {"name": spec.name, **spec.params}
-    return json.dumps({k: float(v) if isinstance(v, int) and not isinstance(v, bool) and k != "name" else v
-                       for k, v in data.items()}, sort_keys=True)
-
-
 # ----------------------------------------------------------------------------- the page
 
 
@@ -364,12 +347,11 @@ class CELM(Chapter):
 
     name = "celm"
     labels = METHOD_LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     @property
     def prefix(self) -> str:
         """The dataset's name in the paper's table rows."""
-        return DATASET_PREFIX.get(self.params["dataset"], self.params["dataset"])
+        return dataset_label(self.params["dataset"])
 
     def split_rows(self, table: str, splits, prefix: str | None = None, label: str = "{split}", **options):
         """(label, paper, ours) per split of a paper-vs-ours accuracy table (``options``: ``method_configs``')."""
@@ -380,8 +362,6 @@ class CELM(Chapter):
 
     def styled(self, rows):
         """The comparison frame of ``rows``, the best method per line in bold."""
-        from ..book import bold_best
-
         frame = self.comparison(rows)
         return bold_best(frame, list(frame.columns))
 
@@ -397,8 +377,7 @@ class CELM(Chapter):
         """A paragraph and a table (``diagnose_baseline``) per baseline run ``threshold`` points below FedAvg."""
         from IPython.display import Markdown
 
-        results, params, source = ((self.stored.results, self.paper_params, OURS_STORED) if self.stored.results
-                                   else (self.results, self.params, self.ours))
+        source, results, params = self.by_source()[-1]  # the stored paper-profile runs when there are any
         out = []
         for cifar10, split, seed in itertools.product((False, True), params["splits"], params["seeds"]):
             spec, data = SPLITS[split][0], "CIFAR-10 " if cifar10 else ""
@@ -418,13 +397,12 @@ class CELM(Chapter):
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):
         the styled frame (or None), a note, the numbers."""
-        stored = list(self.stored.results.values()) if self.stored and self.stored.results else []
-        source = next((r.meta["dataset_source"] for r in self.runs + stored if r.config["dataset"] == "cifar10"), None)
-        if source is None:
+        source = self.data_source("cifar10")
+        if not source:
             return (None, "No CIFAR-10 data under the data root and no stored CIFAR-10 runs: these rows were not run.",
                     {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0})
         name = "CIFAR-10 (JPEG copy)" if "JPEG" in source else "CIFAR-10"
-        splits = list(dict.fromkeys(self.params["splits"] + (self.paper_params["splits"] if stored else [])))
+        splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
         return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
@@ -447,7 +425,6 @@ class CELM(Chapter):
         import pandas as pd
         from IPython.display import Markdown
 
-        from ..book import reference_value
         from ..metrics import detection_summary
 
         detectors = [m for m in DETECTORS if m in self.params["methods"]]
@@ -481,8 +458,6 @@ class CELM(Chapter):
         """Table 4 and Fig. 5: how far CELM's evidence and the uniform matrix are from the true counts."""
         import matplotlib.pyplot as plt
         import pandas as pd
-
-        from ..book import reference_value
 
         splits, seed = self.params["fidelity_splits"], self.params["seeds"][0]
         lines = []
@@ -522,7 +497,6 @@ class CELM(Chapter):
         import pandas as pd
         from scipy.stats import wasserstein_distance
 
-        from ..book import reference_value
         from ..metrics import hellinger, joint_distances, jsd
 
         names = ("JSD", "EMD", "Hellinger")
@@ -609,8 +583,6 @@ class CELM(Chapter):
 
     def table8(self):
         """Table 8: CELM's accuracy per warm-up horizon T_w / T, paper vs ours (styled)."""
-        from ..book import bold_best
-
         fractions = {f"{round(100 * f)}%": f for f in self.params["warmup_fractions"]}
         rows = []
         for split in self.params["warmup_splits"]:

@@ -12,18 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from ..config import RunConfig, make_config
-from . import run_options
-from .base import Chapter
+from ..config import RunConfig
+from . import celm
+from .base import Chapter, queue_item
 
-# split label -> (split spec, CELM Table 1 row)
-SPLITS: dict[str, tuple[dict[str, Any], str]] = {
-    "Dir(0.01)": ({"name": "dirichlet", "alpha": 0.01}, "F.MNIST Dir. (0.01)"),
-    "Dir(0.05)": ({"name": "dirichlet", "alpha": 0.05}, "F.MNIST Dir. (0.05)"),
-    "Dir(0.10)": ({"name": "dirichlet", "alpha": 0.1}, "F.MNIST Dir. (0.10)"),
-    "PLS": ({"name": "pls"}, "F.MNIST PLS"),
-    "SLS": ({"name": "sls"}, "F.MNIST SLS"),
-}
+# split label -> (split spec, CELM Table 1 row): CELM's label-skew splits
+SPLITS = {split: (spec, f"F.MNIST {row}") for split, (spec, row) in celm.SPLITS.items() if split != "IID"}
 METHOD_LABELS = {"fedavg_uniform": "FedAvg (uniform)", "fedavg": "FedAvg (sample count)"}
 PAPER_METHOD = "fedavg_uniform"  # CELM's FedAvg column uses uniform weights
 GAP_TOLERANCE = 2.0  # percentage points: ours "within" the paper's value
@@ -32,12 +26,7 @@ GAP_TOLERANCE = 2.0  # percentage points: ours "within" the paper's value
 def config(params: dict[str, Any], split: str, method: str, seed: int) -> RunConfig:
     if split not in SPLITS:
         raise ValueError(f"splits: unknown split {split!r}; known: {', '.join(SPLITS)}")
-    return make_config(
-        dataset=params["dataset"], model="mlp", n_clients=params["n_clients"], rounds=params["rounds"],
-        lr=params["lr"], lr_milestones=params["lr_milestones"], batch_size=params["batch_size"],
-        local_epochs=params["local_epochs"], fraction=params["fraction"], test_samples=params["test_samples"],
-        split=SPLITS[split][0], method=method, seed=seed, **run_options(params),
-    )
+    return celm.run_config({**params, "model": "mlp"}, SPLITS[split][0], method, seed)  # CELM's protocol
 
 
 def configs(params: dict[str, Any]) -> list[RunConfig]:
@@ -49,10 +38,8 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): CELM Table 1's
     FedAvg column and sample-count FedAvg beside it; headline row Dir(0.05)."""
-    from ..queue import QueueItem, run_round
-
-    return [QueueItem("fedavg", "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], seed, config(params, s, m, seed),
-                      run_round, headline=s == "Dir(0.05)", first_seed=seed == params["seeds"][0])
+    return [queue_item("fedavg", params, "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], config(params, s, m, seed),
+                       headline=s == "Dir(0.05)")
             for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
 
 
@@ -62,9 +49,6 @@ class FedAvg(Chapter):
     name = "fedavg"
     reference_paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
-
-    def configs(self, params=None, experiments=None) -> list[RunConfig]:
-        return configs(self.params if params is None else params)
 
     def run(self) -> list:
         """This build's runs and the stored paper-profile runs (their provenance is printed below the table)."""

@@ -15,6 +15,7 @@ read from the Table 1 runs.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,7 +23,7 @@ import numpy as np
 from .. import frames
 from ..config import RunConfig, make_config
 from . import run_options, unique_configs
-from .base import OURS_STORED, Chapter
+from .base import Chapter, curve, dataset_label, queue_item
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
@@ -58,27 +59,24 @@ def method_spec(method: str, split: str, dataset: str = "mnist", extra: dict | N
     return {**spec, **(extra or {})}
 
 
-def _protocol(params: dict[str, Any], cifar10: bool) -> dict[str, Any]:
-    if cifar10:
-        return dict(dataset="cifar10", model="cnn", fraction=params["cifar10_fraction"],
-                    rounds=params["cifar10_rounds"], local_epochs=params["cifar10_local_epochs"])
-    return dict(dataset=params["dataset"], model=params["model"], fraction=params["fraction"],
-                rounds=params["rounds"], local_epochs=params["local_epochs"])
+def _config(params: dict[str, Any], seed: int, cifar10: bool = False, **fields) -> RunConfig:
+    """A run of the chapter's protocol (``cifar10``: the CNN on CIFAR-10 with the profile's ``cifar10_``
+    fraction, rounds and local epochs); ``fields`` set the rest or override."""
+    data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "local_epochs")}
+    return make_config(**{
+        **data, "dataset": "cifar10" if cifar10 else params["dataset"], "model": "cnn" if cifar10 else params["model"],
+        "lr": params["lr"], "batch_size": params["batch_size"], "test_samples": params["test_samples"],
+        "server_val": params["server_val"], "seed": seed, **run_options(params), **fields})
 
 
 def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
     """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round.
     ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``)."""
-    proto = _protocol(params, cifar10)
     method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
     extra = {**params.get("method_params", {}).get(method, {}), **variant}
-    return make_config(
-        **proto, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
-        lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
-        server_val=params["server_val"], seed=seed,
-        split={"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]},
-        method=method_spec(method, split, proto["dataset"], extra), **run_options(params),
-    )
+    return _config(params, seed, cifar10, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
+                   split={"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]},
+                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra))
 
 
 def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunConfig:
@@ -86,36 +84,25 @@ def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunCo
     method = {"name": "shapley_rewards", "temperature": 0.01}
     if not with_maverick:
         method["excluded"] = [4]  # maverick_iid puts the Maverick last
-    return make_config(
-        dataset=params["dataset"], model=params["model"], fraction=params["fraction"], rounds=params["fig2_rounds"],
-        local_epochs=params["local_epochs"], n_clients=5, lr=params["lr"], batch_size=params["batch_size"],
-        test_samples=params["test_samples"], server_val=params["server_val"], seed=seed,
-        split={"name": "maverick_iid"}, method=method, **run_options(params),
-    )
+    return _config(params, seed, rounds=params["fig2_rounds"], n_clients=5, split={"name": "maverick_iid"},
+                   method=method)
 
 
 def adversarial_config(params: dict[str, Any], method: str, seed: int) -> RunConfig:
     """Table 2: 48 benign + 2 Mavericks + 2 label-flip + 2 random-data + 2 random-update + 2 free-riders,
     Mavericks + Dir(0.1), 10 % of 58 rounded (6) per round."""
-    n = 58
-    return make_config(
-        dataset=params["dataset"], model=params["model"], fraction=params["fraction"], rounds=params["rounds"],
-        local_epochs=params["local_epochs"], n_clients=n, clients_per_round=params["adversarial_per_round"],
-        lr=params["lr"], batch_size=params["batch_size"], test_samples=params["test_samples"],
-        server_val=params["server_val"], seed=seed, split={"name": "adversarial", "gamma": 0.1},
-        method=method_spec(method, "Dir(0.1)", params["dataset"], params.get("method_params", {}).get(method, {})),
-        **run_options(params),
-    )
+    return _config(params, seed, n_clients=58, clients_per_round=params["adversarial_per_round"],
+                   split={"name": "adversarial", "gamma": 0.1},
+                   method=method_spec(method, "Dir(0.1)", params["dataset"],
+                                      params.get("method_params", {}).get(method, {})))
 
 
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
     seeds, methods = params["seeds"], params["methods"]
-    if experiment == "table1":
-        return [run_config(params, s, m, seed) for s in params["splits"] for m in table1_methods(params)
+    if experiment in ("table1", "table1_cifar10"):
+        splits, methods = table1_grid(params, experiment == "table1_cifar10")
+        return [run_config(params, s, m, seed, experiment == "table1_cifar10") for s in splits for m in methods
                 for seed in seeds]
-    if experiment == "table1_cifar10":
-        return [run_config(params, s, m, seed, cifar10=True) for s in params["cifar10_splits"]
-                for m in params["cifar10_methods"] for seed in seeds]
     if experiment == "fig2":
         return [fig2_config(params, seed, w) for w in (True, False) for seed in seeds]
     if experiment == "table2":
@@ -123,15 +110,16 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-def table1_methods(params: dict[str, Any]) -> list[str]:
-    """Table 1's methods: the profile's methods and the softmax variants of those it runs."""
+def table1_grid(params: dict[str, Any], cifar10: bool = False) -> tuple[list[str], list[str]]:
+    """Table 1's splits and methods: on MNIST the profile's methods and the softmax variants of those it
+    runs, on CIFAR-10 the profile's ``cifar10_`` splits and methods."""
+    if cifar10:
+        return params["cifar10_splits"], params["cifar10_methods"]
     variants = [v for v in params.get("softmax_variants", []) if SOFTMAX_VARIANTS[v][0] in params["methods"]]
-    return list(params["methods"]) + variants
+    return params["splits"], list(params["methods"]) + variants
 
 
-def configs(params: dict[str, Any]) -> list[RunConfig]:
-    """Every run of the chapter, without duplicates."""
-    return unique_configs(experiment_configs, params)
+configs = partial(unique_configs, experiment_configs)  # every run of the chapter once
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -140,17 +128,9 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 def participation(result) -> dict[str, float]:
     """Participation rate (%) per role: the share of rounds in which a client of that role was
     aggregated with a positive weight (FedMS: in the coreset), averaged over the role's clients."""
-    roles = np.asarray(result.meta["client_roles"])
-    rounds = len(result.history)
-    taken = np.zeros(len(roles))
-    for h in result.history:
-        used = np.asarray(h["aggregated"], dtype=np.int64)[np.asarray(h["weights"]) > 0]
-        taken[used] += 1
-    out = {}
-    for role in ROLE_COLUMNS:
-        mask = roles == role
-        out[role] = float(100.0 * taken[mask].mean() / rounds) if mask.any() else float("nan")
-    return out
+    roles, taken = np.asarray(result.meta["client_roles"]), aggregated_rounds(result)
+    return {role: float(100.0 * taken[roles == role].mean() / len(result.history)) if (roles == role).any()
+            else float("nan") for role in ROLE_COLUMNS}
 
 
 def reward_series(result, key: str = "rewards") -> dict[str, np.ndarray]:
@@ -178,11 +158,6 @@ def reward_series(result, key: str = "rewards") -> dict[str, np.ndarray]:
             "cumulative_other": np.cumsum(total["other"]) / n_other}
 
 
-def accuracy_curve(result) -> tuple[list[int], list[float]]:
-    rounds, acc = result.series("accuracy")
-    return [r + 1 for r in rounds], [100.0 * a for a in acc]
-
-
 def best_method(values: dict[str, tuple[float, float]]) -> str | None:
     finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
     return max(finite, key=finite.get) if finite else None
@@ -197,7 +172,7 @@ def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dic
         gaps = {"printed": [], "x100": []}
         for _, paper, ours in rows:
             values = ours.get(source, {})
-            p, a, b = paper.get(method, (np.nan,))[0], values.get(method, (np.nan,))[0], values.get(variant, (np.nan,))[0]
+            p, a, b = (x.get(m, (np.nan,))[0] for x, m in ((paper, method), (values, method), (values, variant)))
             if p == p and a == a and b == b:
                 gaps["printed"].append(abs(a - p))
                 gaps["x100"].append(abs(b - p))
@@ -215,31 +190,20 @@ def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dic
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
     the paper cell it backs; headline row of Table 1: Dir(0.1), where Mavericks matter most."""
-    from ..queue import QueueItem, run_round
-
-    seeds, first = params["seeds"], params["seeds"][0]
-    data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
-    experiments = params["experiments"]
-    items = []
-    if "table1" in experiments:
-        items += [QueueItem("fedms", "Table 1", f"{data} {s}", METHOD_LABELS[m], seed, run_config(params, s, m, seed),
-                            run_round, headline=s == "Dir(0.1)", first_seed=seed == first)
-                  for s in params["splits"] for m in table1_methods(params) for seed in seeds]
-    if "table1_cifar10" in experiments:
-        items += [QueueItem("fedms", "Table 1", f"CIFAR-10 {s}", METHOD_LABELS[m], seed,
-                            run_config(params, s, m, seed, cifar10=True), run_round, headline=s == "Dir(0.1)",
-                            first_seed=seed == first)
-                  for s in params["cifar10_splits"] for m in params["cifar10_methods"] for seed in seeds]
+    item = partial(queue_item, "fedms", params)
+    seeds, experiments, items = params["seeds"], params["experiments"], []
+    for cifar10 in [e == "table1_cifar10" for e in ("table1", "table1_cifar10") if e in experiments]:
+        splits, methods = table1_grid(params, cifar10)
+        data = "CIFAR-10" if cifar10 else dataset_label(params["dataset"])
+        items += [item("Table 1", f"{data} {s}", METHOD_LABELS[m], run_config(params, s, m, seed, cifar10),
+                       headline=s == "Dir(0.1)") for s in splits for m in methods for seed in seeds]
     if "table2" in experiments:
-        items += [QueueItem("fedms", "Table 2", METHOD_LABELS[m], "participation", seed, adversarial_config(params, m, seed),
-                            run_round, headline=m == "fedms", table_rank=1, first_seed=seed == first,
-                            backs=(("Table 2", METHOD_LABELS[m], "*"),))
+        items += [item("Table 2", METHOD_LABELS[m], "participation", adversarial_config(params, m, seed),
+                       headline=m == "fedms", table_rank=1, backs=(("Table 2", METHOD_LABELS[m], "*"),))
                   for m in params["methods"] for seed in seeds]
     if "fig2" in experiments:
-        items += [QueueItem("fedms", "Fig. 2", "with Maverick" if w else "without Maverick", "GTG / MS-GTG rewards",
-                            seed, fig2_config(params, seed, w), run_round, headline=w, table_rank=1,
-                            first_seed=seed == first)
-                  for w in (True, False) for seed in seeds]
+        items += [item("Fig. 2", "with Maverick" if w else "without Maverick", "GTG / MS-GTG rewards",
+                       fig2_config(params, seed, w), headline=w, table_rank=1) for w in (True, False) for seed in seeds]
     return items
 
 
@@ -248,14 +212,14 @@ def queue_items(params: dict[str, Any]) -> list:
 
 def aggregated_rounds(result) -> np.ndarray:
     """Per client, the rounds in which it was aggregated with a positive weight."""
-    n = len(result.meta["client_sizes"])
+    n = len(result.meta["client_roles"])
     used = [np.asarray(h["aggregated"], dtype=np.int64)[np.asarray(h["weights"]) > 0] for h in result.history]
     return np.bincount(np.concatenate(used + [np.zeros(0, dtype=np.int64)]), minlength=n)
 
 
 def late_gain(result, share: float = 0.2) -> float:
     """Accuracy points gained over the last ``share`` of the rounds (a run still learning gains)."""
-    _, acc = accuracy_curve(result)
+    _, acc = curve(result)
     back = max(1, int(len(acc) * share))
     return float(acc[-1] - acc[-1 - back]) if len(acc) > back else float("nan")
 
@@ -302,7 +266,6 @@ class FedMS(Chapter):
     name = "fedms"
     labels = METHOD_LABELS
     index = "setting"
-    experiment_configs = staticmethod(experiment_configs)
 
     def column_of(self, method: str) -> str:
         """A softmax variant is compared with its method's paper value."""
@@ -311,16 +274,14 @@ class FedMS(Chapter):
     def table1_rows(self, cifar10: bool = False) -> list[tuple[str, dict, dict]]:
         """(setting, paper, ours) per Dirichlet row of Table 1, MNIST or CIFAR-10: this build's rows,
         then the paper profile's rows that have stored runs."""
-        key = "cifar10_splits" if cifar10 else "splits"
-        methods_of = (lambda p: p["cifar10_methods"]) if cifar10 else table1_methods  # noqa: E731
-        stored = bool(self.stored and self.stored.results)
-        splits = list(dict.fromkeys(self.params[key] + (self.paper_params[key] if stored else [])))
-        methods = list(dict.fromkeys(methods_of(self.params) + (methods_of(self.paper_params) if stored else [])))
+        grids = [table1_grid(params, cifar10) for _, _, params in self.by_source()]
+        splits, methods = (list(dict.fromkeys(x for grid in grids for x in grid[i])) for i in (0, 1))
         name = ("CIFAR-10 (JPEG copy)" if "JPEG" in self.cifar_note() else "CIFAR-10") if cifar10 else None
         rows = []
         for split in splits:
             def make(p, split=split):
-                return {m: [run_config(p, split, m, s, cifar10=cifar10) for s in p["seeds"]] for m in methods_of(p)}
+                return {m: [run_config(p, split, m, s, cifar10) for s in p["seeds"]]
+                        for m in table1_grid(p, cifar10)[1]}
 
             paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
             rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, self.sources(make)))
@@ -328,9 +289,7 @@ class FedMS(Chapter):
 
     def cifar_note(self) -> str:
         """Where this build's (else the stored) CIFAR-10 runs read their data ("" when none ran)."""
-        runs = [r for r in self.runs + list(self.stored.results.values() if self.stored else [])
-                if r.config["dataset"] == "cifar10"]
-        return runs[0].meta["dataset_source"] if runs else ""
+        return self.data_source("cifar10")
 
     def table1(self):
         """Table 1 (MNIST): the frame and the numbers the text quotes (over the rows this build ran)."""
@@ -349,8 +308,8 @@ class FedMS(Chapter):
         """Which softmax of Eq. 12 lands nearer the paper, for this build and the stored runs."""
         import pandas as pd
 
-        sources = [self.ours] + ([OURS_STORED] if self.stored.results else [])
-        verdict = pd.DataFrame([{"source": src, **v} for src in sources for v in softmax_verdict(rows, src)])
+        verdict = pd.DataFrame([{"source": src, **v} for src, _, _ in self.by_source()
+                                for v in softmax_verdict(rows, src)])
         if not len(verdict):
             return None, {"t1_softmax_source": "—", "t1_softmax_verdict": "not run in this profile"}
         shown = verdict.source.iloc[-1]  # the stored paper-profile runs when they include the variants
@@ -379,7 +338,7 @@ class FedMS(Chapter):
         without = self.result(fig2_config(self.params, seed, False))
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
         for res, name in ((with_mav, "with all clients"), (without, "without the Maverick")):
-            ax1.plot(*accuracy_curve(res), label=name)
+            ax1.plot(*curve(res), label=name)
         ax1.set(xlabel="round", ylabel="test accuracy (%)", title="(a) accuracy")
         ax1.legend()
         mav = int(np.flatnonzero(np.asarray(with_mav.meta["client_roles"]) == "maverick")[0])
@@ -413,7 +372,7 @@ class FedMS(Chapter):
         for split in (self.params["splits"] if "table1" in self.params["experiments"] else []):
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
             for i, m in enumerate(methods):
-                ax1.plot(*accuracy_curve(self.result(run_config(self.params, split, m, seed))), color=f"C{i}",
+                ax1.plot(*curve(self.result(run_config(self.params, split, m, seed))), color=f"C{i}",
                          label=METHOD_LABELS[m])
             ax1.set(xlabel="round", ylabel="test accuracy (%)", title=f"(a) accuracy, Mavericks + {split}")
             ax1.legend(fontsize=7)
@@ -466,14 +425,11 @@ class FedMS(Chapter):
         import pandas as pd
 
         lines = []
-        sources = [(self.ours, self.results, self.params)]
-        if self.stored is not None and self.stored.results:
-            sources.append((OURS_STORED, self.stored.results, self.paper_params))
-        for source, results, params in sources:
+        for source, results, params in self.by_source():
             for split in (params["splits"] if "table1" in params["experiments"] else []):
                 for seed in params["seeds"]:
                     fedavg = results.get(run_config(params, split, "fedavg", seed).key())
-                    for m in table1_methods(params) if fedavg is not None else []:
+                    for m in table1_grid(params)[1] if fedavg is not None else []:
                         run = results.get(run_config(params, split, m, seed).key())
                         gap = 100 * (fedavg.final["accuracy"] - run.final["accuracy"]) if run else 0.0
                         if gap > threshold:

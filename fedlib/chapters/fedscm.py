@@ -15,15 +15,22 @@ The page (book/fedscm.ipynb) is ``FedSCM``: one method per table or figure.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import frames
-from ..methods import scm
+from ..book import load_profile, mean_std, pm, results_dir
+from ..cache import ResultCache
 from ..config import ScmConfig
-from ..scm_pipeline import method_labels
-from .base import Chapter
+from ..data import DataNotFoundError
+from ..methods import scm
+from ..queue import run_scm
+from ..results import store_run
+from ..scm_pipeline import method_labels, run_pipeline
+from . import unique_configs
+from .base import Chapter, dataset_label, queue_item
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -54,9 +61,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[ScmConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-def configs(params: dict[str, Any]) -> list[ScmConfig]:
-    """Every federation the chapter runs (Tables 1–4; the issue-22 variants: ``diagnosis_configs``)."""
-    return [c for e in params["experiments"] for c in experiment_configs(params, e)]
+configs = partial(unique_configs, experiment_configs)  # Tables 1–4 (the issue-22 variants: ``diagnosis_configs``)
 
 
 def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
@@ -151,8 +156,6 @@ def recovery_curve(values, vary: str, fixed: dict, trials: int, seed: int = 0, g
 
 def accuracy_rows(results: dict, cfgs: list[ScmConfig]) -> dict[str, tuple[float, float]]:
     """{method label: (mean, std) of target accuracy in %} over the runs (seeds) present."""
-    from ..book import mean_std
-
     present = [results[c.key()]["methods"] for c in cfgs if c.key() in results]
     return {label: mean_std(100 * r[label]["accuracy"] for r in present) for label in method_labels(cfgs[0])}
 
@@ -179,11 +182,6 @@ def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool
     """Run a profile's federations and keep each under ``results/runs/<key>.json`` with its
     provenance (``fedlib.results.store_run``; files that exist are not recomputed). ``diagnosis=True``
     runs the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
-    from ..book import load_profile, results_dir
-    from ..cache import ResultCache
-    from ..results import store_run
-    from ..scm_pipeline import run_pipeline
-
     store = ResultCache(results_dir(), protect=True)
     written = []
     params = load_profile("fedscm", profile)
@@ -201,9 +199,6 @@ def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool
 def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
     """Stored pipeline results (``results/runs/``) whose config is one of ``configs(params)``
     (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
-    from ..book import results_dir
-    from ..cache import ResultCache
-
     store = ResultCache(results_dir(), protect=True)
     out = {}
     for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
@@ -244,28 +239,22 @@ def constant_predictor_demo(trials: int, k: int = 50, n: int = 200, c: int = 10,
 
 # ----------------------------------------------------------------------------- the results queue
 
-DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "svhn": "SVHN", "fmnist": "F.MNIST"}
-
 
 def queue_items(params: dict[str, Any]) -> list:
     """Every federation of the profile for ``python -m fedlib results`` (fedlib.queue): one
     pipeline run backs a whole column of Table 2 (all methods); the seed-0 federation at
     ``stability_alpha`` also carries Table 1; headline: α = 0.1."""
-    from ..queue import QueueItem, run_scm
-
-    first = params["seeds"][0]
-    label = DATASET_LABELS.get(params["dataset"], params["dataset"])
-    items = []
+    item = partial(queue_item, "fedscm", params, runner=run_scm)
+    label, items = dataset_label(params["dataset"]), []
     for experiment in params["experiments"]:
         for c in experiment_configs(params, experiment):
             if experiment == "table2":
                 column = f"{label} α={c.alpha:g}" if c.alpha != 1 else f"{label} α=1.0"
                 backs = [("Table 2", "*", column)] + ([("Table 1", "*", "*")] if c.stability_runs else [])
-                items.append(QueueItem("fedscm", "Table 2", "all methods", column, c.seed, c, run_scm,
-                                       headline=c.alpha == 0.1, first_seed=c.seed == first, backs=tuple(backs)))
+                items.append(item("Table 2", "all methods", column, c, headline=c.alpha == 0.1, backs=tuple(backs)))
             else:
-                items.append(QueueItem("fedscm", "Table 4", "all methods", label, c.seed, c, run_scm, table_rank=1,
-                                       headline=True, first_seed=c.seed == first, backs=(("Table 4", "*", label),)))
+                items.append(item("Table 4", "all methods", label, c, table_rank=1, headline=True,
+                                  backs=(("Table 4", "*", label),)))
     return items
 
 
@@ -292,8 +281,6 @@ def _best(values: dict[str, tuple[float, float]], prefix: str) -> float:
 
 def _column(values: dict[str, tuple[float, float]], labels) -> dict[str, str]:
     """A table column: "mean ± std" per method label, "—" where there is none."""
-    from ..book import pm
-
     return {m: pm(*values.get(m, (np.nan, np.nan))) for m in labels}
 
 
@@ -312,7 +299,6 @@ class FedSCM(Chapter):
     the γ counts and issue 22's diagnosis. Its runs are pipeline results (dicts), not engine runs."""
 
     name = "fedscm"
-    experiment_configs = staticmethod(experiment_configs)
 
     @property
     def paper_name(self) -> str:
@@ -327,9 +313,6 @@ class FedSCM(Chapter):
     def run(self, configs=None) -> dict[str, dict]:
         """This build's federations by config key (none when the data is missing), then the stored
         paper-profile ones (``stored``); prints a summary."""
-        from ..data import DataNotFoundError
-        from ..scm_pipeline import run_pipeline
-
         configs, p, self.ours = self.configs() if configs is None else configs, self.params, "ours"
         try:
             self.results = {c.key(): run_pipeline(c) for c in configs}
@@ -552,9 +535,6 @@ class FedSCM(Chapter):
         variants, and the noise-model simulation; displays its tables and returns the glued values."""
         import pandas as pd
         from IPython.display import display
-
-        from ..data import DataNotFoundError
-        from ..scm_pipeline import run_pipeline
 
         if not self.results:
             return {**dict.fromkeys(["d_sum", "d_align", "d_tv", "d_overlap", "d_obj_sel", "d_obj_top",

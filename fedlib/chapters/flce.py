@@ -22,11 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import book, frames
+from .. import book, frames, models
 from ..config import RunConfig, make_config
 from ..contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
 from . import run_options, unique_configs
-from .base import Chapter
+from .base import Chapter, curve, dataset_label, queue_item
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
@@ -41,7 +41,6 @@ VARIANTS: dict[str, dict[str, Any]] = {  # §4.4
 FROM_FLCE_RUN = {"FLCE-CMC": {"complete": False}, "FLCE summed-CMC": {"over": "summed"}}
 SPLITS = {"IID": {"name": "iid"}, "Non-IID": None}  # Non-IID: Dir(alpha) from the parameters
 NOISE = ("feature", "label", "both")
-DATASET_LABELS = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "eurosat": "EuroSAT", "fmnist": "F.MNIST"}
 
 
 def split_spec(params: dict[str, Any], split: str, alpha: float | None = None) -> dict[str, Any]:
@@ -52,14 +51,9 @@ def split_spec(params: dict[str, Any], split: str, alpha: float | None = None) -
 
 def noise_spec(params: dict[str, Any], split: str, kind: str) -> dict[str, Any]:
     """The split with §4.7's noise on the first ``noisy_fraction`` of the clients."""
-    spec = split_spec(params, split)
+    noise = {f"{k}_noise": params[f"{k}_noise"] for k in ("feature", "label") if kind in (k, "both")}
     clients = list(range(int(round(params["noisy_fraction"] * params["n_clients"]))))
-    if kind in ("feature", "both"):
-        spec["feature_noise"] = params["feature_noise"]
-    if kind in ("label", "both"):
-        spec["label_noise"] = params["label_noise"]
-    spec["noisy_clients"] = clients
-    return spec
+    return {**split_spec(params, split), **noise, "noisy_clients": clients}
 
 
 def run_config(params: dict[str, Any], dataset: str, split: dict, method: str, seed: int,
@@ -95,9 +89,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-def configs(params: dict[str, Any]) -> list[RunConfig]:
-    """Every run of the chapter, without duplicates."""
-    return unique_configs(experiment_configs, params)
+configs = partial(unique_configs, experiment_configs)  # every run of the chapter once
 
 
 # ----------------------------------------------------------------------------- contributions
@@ -142,12 +134,10 @@ def last_rounds_mean(result, key: str, last: int) -> float:
 def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
     """Table 4 from our ResNet-20: parameters counted from the model, prototypes = C × 64.
     Ratio: prototypes / (model down + model up + prototypes), one client's traffic per round."""
-    from ..models import build_model
-
     rows = []
     for label, shape, classes in (("CIFAR-10", (3, 32, 32), 10), ("CIFAR-100", (3, 32, 32), 100),
                                   ("EuroSAT", (3, 64, 64), 10)):
-        model = build_model("resnet20", shape, classes)
+        model = models.build_model("resnet20", shape, classes)
         assert model.feature_dim == feature_dim
         params = sum(p.numel() for p in model.parameters())
         protos = classes * feature_dim
@@ -162,43 +152,37 @@ def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
     the paper cell it backs; headline row: the first dataset's Non-IID split."""
-    from ..queue import QueueItem, run_round
+    seeds, datasets, experiments, items = params["seeds"], params["datasets"], params["experiments"], []
+    d0 = dataset_label(datasets[0])
 
-    seeds, first, datasets = params["seeds"], params["seeds"][0], params["datasets"]
-    experiments, d0 = params["experiments"], DATASET_LABELS.get(datasets[0], datasets[0])
-    items = []
-
-    def item(table, row, column, seed, config, rank=0, backs=(), headline=None):
-        return QueueItem("flce", table, row, column, seed, config, run_round,
-                         headline=row == (headline or f"{d0} Non-IID"), table_rank=rank, first_seed=seed == first,
-                         backs=tuple(backs))
+    def item(table, row, column, config, rank=0, backs=(), headline=None):
+        return queue_item("flce", params, table, row, column, config, headline=row == (headline or f"{d0} Non-IID"),
+                          table_rank=rank, backs=tuple(backs))
 
     for d in datasets:
-        label = DATASET_LABELS.get(d, d)
+        label = dataset_label(d)
         for s in SPLITS:
-            row = f"{label} {s}"
+            row, spec = f"{label} {s}", split_spec(params, s)
             if "table2" in experiments:
                 for m in params["methods"]:
                     name = METHOD_LABELS[m]
                     backs = [("Table 2", row, f"{name} Acc"), ("Table 2", row, f"{name} F1")]
                     if m == "flce":  # FLCE's own run is Table 3's full model and its −CMC column
                         backs += [("Table 3", row, "FLCE"), ("Table 3", row, "FLCE-CMC"), ("Table 4", label, "*")]
-                    items += [item("Table 2", row, name, seed, run_config(params, d, split_spec(params, s), m, seed),
-                                   backs=backs) for seed in seeds]
+                    items += [item("Table 2", row, name, run_config(params, d, spec, m, seed), backs=backs)
+                              for seed in seeds]
             if "table3" in experiments:
-                items += [item("Table 3", row, v, seed,
-                               run_config(params, d, split_spec(params, s), "flce", seed, **VARIANTS[v]), 1)
+                items += [item("Table 3", row, v, run_config(params, d, spec, "flce", seed, **VARIANTS[v]), 1)
                           for v in [*params["ablations"], *params.get("simplifications", [])] for seed in seeds]
     if "fig4" in experiments:
-        items += [item("Fig. 4", f"{d0} Non-IID", "exact FedSV", seed, c, 2)
-                  for seed, c in zip(seeds, experiment_configs(params, "fig4"))]
+        items += [item("Fig. 4", f"{d0} Non-IID", "exact FedSV", c, 2) for c in experiment_configs(params, "fig4")]
     if "noise" in experiments:
-        items += [item("§4.7 noise", f"{d0} {s} {kind} noise", METHOD_LABELS[m], seed,
+        items += [item("§4.7 noise", f"{d0} {s} {kind} noise", METHOD_LABELS[m],
                        run_config(params, datasets[0], noise_spec(params, s, kind), m, seed), 2,
                        headline=f"{d0} Non-IID both noise")
                   for kind in NOISE for s in params["noise_splits"] for m in params["noise_methods"] for seed in seeds]
     if "fig9" in experiments:
-        items += [item("Fig. 9", f"{d0} Dir({a:g})", "FLCE", seed,
+        items += [item("Fig. 9", f"{d0} Dir({a:g})", "FLCE",
                        run_config(params, datasets[0], split_spec(params, "Non-IID", a), "flce", seed), 2,
                        backs=[("Fig. 9", f"{d0} Dir({a:g})", "*")])
                   for a in params["dirichlet_sweep"] for seed in seeds]
@@ -216,7 +200,6 @@ class FLCE(Chapter):
 
     name = "flce"
     labels = METHOD_LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """The runs (``Chapter.run``), then where each dataset's data came from."""
@@ -229,7 +212,7 @@ class FLCE(Chapter):
         return runs
 
     def label(self, dataset: str) -> str:
-        name = DATASET_LABELS.get(dataset, dataset)
+        name = dataset_label(dataset)
         if dataset == "cifar10" and "JPEG" in self.sources.get(dataset, ""):
             name += " (JPEG copy)"
         if dataset == "fmnist":
@@ -255,7 +238,7 @@ class FLCE(Chapter):
 
     @staticmethod
     def paper_row(dataset: str, split: str) -> str:  # the paper's CIFAR-10 beside the Fashion-MNIST stand-in
-        return f"{DATASET_LABELS[dataset] if dataset in ('cifar10', 'cifar100', 'eurosat') else 'CIFAR-10'} {split}"
+        return f"{dataset_label(dataset) if dataset in ('cifar10', 'cifar100', 'eurosat') else 'CIFAR-10'} {split}"
 
     def paper(self, table: str, dataset: str, split: str, column: str) -> float:
         return book.reference_value(self.reference, table, self.paper_row(dataset, split), column)[0]
@@ -397,8 +380,7 @@ class FLCE(Chapter):
             for j, kind in enumerate(NOISE):
                 spec = noise_spec(self.params, split, kind)
                 for m in methods:
-                    rounds, accuracy = self.run_of(d0, spec, m).series("accuracy")
-                    axes[i, j].plot(np.asarray(rounds) + 1, 100 * np.asarray(accuracy), label=METHOD_LABELS[m],
+                    axes[i, j].plot(*curve(self.run_of(d0, spec, m)), label=METHOD_LABELS[m],
                                     **(dict(lw=2.5, color="black") if m == "flce" else {}))
                     lines.append({"split": split, "noise": kind, "method": METHOD_LABELS[m],
                                   "final acc (%)": self.mean(self.accuracy, d0, spec, m),

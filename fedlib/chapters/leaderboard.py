@@ -22,6 +22,7 @@ per-client weight to the data-size share.
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ from .. import contributions
 from ..config import RunConfig, make_config
 from . import celm as celm_chapter
 from . import run_options
-from .base import Chapter
+from .base import Chapter, queue_item
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
 # the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
@@ -245,17 +246,13 @@ def reference_ranks(result) -> dict[str, float]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue); not a paper's
     table, so it ranks after the papers' main tables; headline: the Maverick split."""
-    from ..queue import QueueItem, run_round
-
-    first = params["seeds"][0]
-    items = [QueueItem("leaderboard", "Leaderboard", f"{d} {s}", label(m), seed, run_config(params, d, s, m, seed),
-                       run_round, headline=s == "Maverick", table_rank=2, first_seed=seed == first)
+    item = partial(queue_item, "leaderboard", params, table_rank=2)
+    items = [item("Leaderboard", f"{d} {s}", label(m), run_config(params, d, s, m, seed), headline=s == "Maverick")
              for d, s, m, seed in itertools.product(params["datasets"], params["splits"], params["methods"],
                                                     params["seeds"])]
     for d in params["datasets"]:
-        items += [QueueItem("leaderboard", "Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c),
-                            c.seed, c, run_round,
-                            table_rank=2, first_seed=c.seed == first) for c in uwa_configs(params, d)]
+        items += [item("Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c), c)
+                  for c in uwa_configs(params, d)]
     return items
 
 
@@ -281,7 +278,7 @@ class Leaderboard(Chapter):
         super().__init__(profile, params)
         self.datasets, self.frame = [], None
 
-    def configs(self, params=None, experiments=None) -> list[RunConfig]:
+    def configs(self, params=None) -> list[RunConfig]:
         """Per dataset, the parameter-averaging runs, then UWA's logit runs."""
         p = self.params if params is None else params
         return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)]
@@ -292,10 +289,6 @@ class Leaderboard(Chapter):
 
     def run(self) -> list:
         """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line."""
-        import torch
-
-        if self.params["threads"]:
-            torch.set_num_threads(self.params["threads"])
         super().run(quiet=True)
         self.datasets = [d for d in self.params["datasets"] if self.has(d)]
         self.frame = table(self.results, self.params, self.datasets)

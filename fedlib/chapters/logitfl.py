@@ -16,6 +16,7 @@ public set held out (``fedavg_config``).
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,12 +27,16 @@ from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
 from . import unique_configs
-from .base import OURS_STORED, Chapter
+from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
 LABELS = {"simple": "Simple avg.", "uwa": "UWA", "meta": "Meta-model", "fedavg": "FedAvg"}
 EXPERIMENTS = ("k_sweep", "cifar10", "public_size", "dropout", "uwa_tau")
+# ablation at k = ks[0] (its protocol setting) -> (the profile's values, aggregators (None: all), queue table, row)
+ABLATIONS = {"public_size": ("public_sizes_ablation", None, "Ablation: public set", "n={}"),
+             "dropout": ("dropouts", None, "Ablation: dropout", "p={}"),
+             "uwa_tau": ("uwa_taus", ("uwa",), "Ablation: UWA τ", "τ={:g}")}
 # the protocol settings every aggregator takes, and those only one takes (the methods' own fields)
 SHARED = tuple(LogitMethod.hyperparameters())
 METHOD_ONLY = {name.removeprefix("logit_"): tuple(f for f in cls.hyperparameters() if f not in SHARED)
@@ -90,20 +95,14 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         ks = params["cifar10_ks" if cifar10 else "ks"]
         runs = [logit_config(params, a, k, s, cifar10) for k in ks for a in aggregators for s in seeds]
         return runs + [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for k in ks for s in seeds]
-    if experiment == "public_size":
-        return [logit_config(params, a, k0, s, public_size=n) for n in params["public_sizes_ablation"]
-                for a in aggregators for s in seeds]
-    if experiment == "dropout":
-        return [logit_config(params, a, k0, s, dropout=p) for p in params["dropouts"] for a in aggregators
+    if experiment in ABLATIONS:
+        values, only, _, _ = ABLATIONS[experiment]
+        return [logit_config(params, a, k0, s, **{experiment: v}) for v in params[values] for a in only or aggregators
                 for s in seeds]
-    if experiment == "uwa_tau":
-        return [logit_config(params, "uwa", k0, s, uwa_tau=tau) for tau in params["uwa_taus"] for s in seeds]
     raise ValueError(f"experiments: unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
 
 
-def configs(params: dict[str, Any], experiments=None) -> list[RunConfig]:
-    """Every run of the chapter (or of ``experiments``), without duplicates."""
-    return unique_configs(experiment_configs, params, experiments)
+configs = partial(unique_configs, experiment_configs)  # configs(params, experiments=None): each run once
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -133,12 +132,6 @@ def communication(result) -> dict[str, float]:
     return {"up": up, "down": down, "total": up + down, "fedavg": fedavg, "ratio": fedavg / (up + down)}
 
 
-def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
-    """Rounds and ``key`` (%) per round: a test metric, or a diagnostic such as ``public_accuracy``."""
-    values = [(h["round"] + 1, h.get(key, (h.get("diagnostics") or {}).get(key))) for h in result.history]
-    return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
-
-
 # ----------------------------------------------------------------------------- stored runs
 
 
@@ -154,23 +147,14 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): the paper's
     headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
-    from ..queue import QueueItem, run_round
-
-    seeds, first, k0 = params["seeds"], params["seeds"][0], params["ks"][0]
-    data = {"mnist": "MNIST", "fmnist": "F.MNIST"}.get(params["dataset"], params["dataset"])
-    experiments = params["experiments"]
-    items = []
+    item = partial(queue_item, "logitfl", params)
+    seeds, k0, data = params["seeds"], params["ks"][0], dataset_label(params["dataset"])
+    experiments, items = params["experiments"], []
 
     def logit(table, row, agg, k, seed, rank=0, cifar10=False, headline=False, **overrides):
-        c = logit_config(params, agg, k, seed, cifar10, **overrides)
         backs = ((table, row, LABELS[agg]),) + ((("Headline", row, LABELS[agg]),) if headline else ())
-        return QueueItem("logitfl", table, row, LABELS[agg], seed, c, run_round, headline=headline, table_rank=rank,
-                         first_seed=seed == first, backs=backs)
-
-    def fedavg(table, row, k, seed, cifar10=False, headline=False):
-        c = fedavg_config(logit_config(params, "simple", k, seed, cifar10))
-        return QueueItem("logitfl", table, row, LABELS["fedavg"], seed, c, run_round, headline=headline,
-                         first_seed=seed == first)
+        return item(table, row, LABELS[agg], logit_config(params, agg, k, seed, cifar10, **overrides),
+                    headline=headline, table_rank=rank, backs=backs)
 
     sweeps = (("k_sweep", "k sweep", data, params["ks"]), ("cifar10", "CIFAR-10", "CIFAR-10", params["cifar10_ks"]))
     for experiment, table, name, ks in (sweep for sweep in sweeps if sweep[0] in experiments):
@@ -178,16 +162,12 @@ def queue_items(params: dict[str, Any]) -> list:
         for k in ks:
             items += [logit(table, f"{name} k={k}", a, k, s, cifar10=cifar10, headline=k == 2)
                       for a in params["aggregators"] for s in seeds]
-            items += [fedavg(table, f"{name} k={k}", k, s, cifar10=cifar10, headline=k == 2) for s in seeds]
-    if "public_size" in experiments:
-        items += [logit("Ablation: public set", f"{data} k={k0} n={n}", a, k0, s, 1, public_size=n)
-                  for n in params["public_sizes_ablation"] for a in params["aggregators"] for s in seeds]
-    if "dropout" in experiments:
-        items += [logit("Ablation: dropout", f"{data} k={k0} p={p}", a, k0, s, 1, dropout=p)
-                  for p in params["dropouts"] for a in params["aggregators"] for s in seeds]
-    if "uwa_tau" in experiments:
-        items += [logit("Ablation: UWA τ", f"{data} k={k0} τ={t:g}", "uwa", k0, s, 1, uwa_tau=t)
-                  for t in params["uwa_taus"] for s in seeds]
+            fedavg = (fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds)
+            items += [item(table, f"{name} k={k}", LABELS["fedavg"], c, headline=k == 2) for c in fedavg]
+    for experiment, (values, only, table, row) in ABLATIONS.items():
+        items += [logit(table, f"{data} k={k0} {row.format(v)}", a, k0, s, 1, **{experiment: v})
+                  for v in (params[values] if experiment in experiments else []) for a in only or params["aggregators"]
+                  for s in seeds]
     return items
 
 
@@ -263,18 +243,11 @@ def load_calibration(path=None) -> dict[str, Any]:
 
 def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: int = 3, shard: int = 0,
               shards: int = 1, path=None, progress: bool = True) -> dict[str, Any]:
-    """Run the calibration search on simple averaging and record every point.
-
-    Stage ``structure``: every public_logits x local_epochs with the rest as in the first protocol
-    (lr 0.05, one distillation epoch, T = 2), on the screening protocol; ``tuning``: one factor at a
-    time around the ``top`` best structures (each other lr, temperature and distillation epoch
-    count), screening protocol; ``confirm``: the ``confirm_top`` best screened points at the
-    profile's own protocol.
-    Each point (config, accuracy, accuracy per round, wall and CPU time) is written to
-    ``results/logitfl-calibration.json`` (atomically, after every run; points already recorded are
-    not rerun). ``shard``/``shards`` split a stage's points between processes (run the next stage
-    after all shards of the one before finished). Returns the record.
-    """
+    """Run the calibration search on simple averaging (each stage's points: ``_stage_points``, around the ``top``
+    best structures, confirming the ``confirm_top`` best screened points at the profile's own protocol) and record
+    every point (config, accuracy per round, wall and CPU time) in ``results/logitfl-calibration.json``, atomically
+    after each run; recorded points are not rerun. ``shard``/``shards`` split a stage's points between processes
+    (the next stage after all shards finished). Returns the record."""
     import datetime as dt
     import fcntl
     import hashlib
@@ -353,7 +326,6 @@ class LogitFL(Chapter):
 
     name = "logitfl"
     labels = LABELS
-    experiment_configs = staticmethod(experiment_configs)
 
     k0 = property(lambda self: self.params["ks"][0])  # the first k: the headline's and the ablations'
 

@@ -27,6 +27,7 @@ benchmarks/results/peers_nvidia-h200.json, the others guessed from it) times
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -84,10 +85,6 @@ class QueueItem:
         return self.config.dataset
 
     @property
-    def model(self) -> str:
-        return self.config.model
-
-    @property
     def cells(self) -> tuple[tuple[str, str, str], ...]:
         return self.backs or ((self.table, self.row, self.column),)
 
@@ -128,12 +125,6 @@ def run_scm(config) -> dict:
 # ----------------------------------------------------------------------------- the queue
 
 
-def chapter_names() -> list[str]:
-    from .chapters import CHAPTER_MODULES
-
-    return list(CHAPTER_MODULES)
-
-
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
     """Every item of a chapter's profile (its ``queue_items``), duplicates included."""
     from .book import load_profile
@@ -146,10 +137,11 @@ def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:
-    names = list(only) if only else chapter_names()
-    unknown = sorted(set(names) - set(chapter_names()))
-    if unknown:
-        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapter_names())}")
+    from .book import check_only
+    from .chapters import CHAPTER_MODULES
+
+    names = list(only) if only else list(CHAPTER_MODULES)
+    check_only(names, CHAPTER_MODULES)
     return [item for name in names for item in chapter_items(name, profile)]
 
 
@@ -173,18 +165,13 @@ def sharing(items: Iterable[QueueItem]) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def preference(item: QueueItem, first: list[tuple[str, str | None]] | None) -> int:
-    """Index of the first (chapter, table or None) in ``first`` that matches ``item``."""
-    for i, (chapter, table) in enumerate(first or []):
-        if item.chapter == chapter and (table is None or item.table == table):
-            return i
-    return len(first or [])
-
-
 def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] | None = None) -> tuple:
-    """Seed 0 first; then the ``first`` tables in their order; then headline rows, main
-    tables, cheap runs."""
-    return (not item.first_seed, preference(item, first), not item.headline, item.table_rank, cost, item.chapter,
+    """Seed 0 first; then the ``first`` (chapter, table or None) in their order; then headline
+    rows, main tables, cheap runs."""
+    first = first or []
+    rank = next((i for i, (chapter, table) in enumerate(first)
+                 if item.chapter == chapter and table in (None, item.table)), len(first))
+    return (not item.first_seed, rank, not item.headline, item.table_rank, cost, item.chapter,
             item.table, item.row, item.column, item.seed)
 
 
@@ -204,18 +191,11 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
-def stored_in(key: str) -> Path | None:
-    """The stored run with ``key``: where the queue writes, or already in the repository."""
+def is_stored(item: QueueItem) -> bool:
+    """Whether the run of ``item`` is stored where the queue writes, or already in the repository."""
     from .results import runs_dir
 
-    for root in (results_root(), repo_results()):
-        if (runs_dir(root) / f"{key}.json").is_file():
-            return runs_dir(root) / f"{key}.json"
-    return None
-
-
-def is_stored(item: QueueItem) -> bool:
-    return stored_in(item.key) is not None
+    return any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results()))
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
@@ -252,6 +232,11 @@ def data_missing(dataset: str) -> str | None:
     if any(p.exists() for p in places):
         return None
     return f"{dataset} data absent (looked in {', '.join(str(p) for p in places) or root})"
+
+
+def missing_data(items: Iterable[QueueItem]) -> dict[str, str | None]:
+    """Dataset -> why its data is absent here (None: present), for the datasets of ``items``."""
+    return {dataset: data_missing(dataset) for dataset in dict.fromkeys(i.dataset for i in items)}
 
 
 # ----------------------------------------------------------------------------- cost
@@ -307,11 +292,9 @@ class CostModel:
 
     @classmethod
     def from_results(cls, root: Path | None = None) -> "CostModel":
-        import json
-
-        model = cls()
         from .results import runs_dir
 
+        model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
         for path in sorted(p for r in roots for p in r.glob("*.json")):
             try:
@@ -337,17 +320,14 @@ class CostModel:
         """(seconds, how: 'measured (n runs)' or 'fallback')."""
         kind = device_kind(device)
         sig = self._signature(config, kind)
-        method = method_name(config)
-        levels = ((5, 1.0), (4, 1.0), (3, METHOD_FACTOR.get(method, 1.0)), (None, METHOD_FACTOR.get(method, 1.0)))
-        for depth, factor in levels:
-            if depth is None:  # same model, any runner
-                rates = [r for s, r in self.samples if s[0] == sig[0] and s[2] == sig[2]]
-            else:
-                rates = [r for s, r in self.samples if s[:depth] == sig[:depth]]
+        factor = METHOD_FACTOR.get(method_name(config), 1.0)
+        # the signature's fields that must match: all; then not the dataset; then the runner and model; the model
+        for fields, scale in (((0, 1, 2, 3, 4), 1.0), ((0, 1, 2, 3), 1.0), ((0, 1, 2), factor), ((0, 2), factor)):
+            rates = [r for s, r in self.samples if all(s[i] == sig[i] for i in fields)]
             if rates:
-                return STARTUP_SECONDS + statistics.median(rates) * work(config) * factor, f"measured ({len(rates)})"
+                return STARTUP_SECONDS + statistics.median(rates) * work(config) * scale, f"measured ({len(rates)})"
         per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(sig[2], FALLBACK_UNKNOWN_MODEL[kind])
-        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * METHOD_FACTOR.get(method, 1.0), "fallback"
+        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * factor, "fallback"
 
 
 # ----------------------------------------------------------------------------- planning
@@ -374,24 +354,13 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = list(items if items is not None else all_items(profile, only))
     shared = sharing(items)
-    items = unique(items)
-    if part != "all":
-        items = [i for i in items if i.gpu == (part == "gpu")]
-    if datasets:
-        items = [i for i in items if i.dataset in datasets]
-    if tables:
-        items = [i for i in items if i.table in tables]
-    if seeds is not None:
-        items = [i for i in items if i.seed in seeds]
+    items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
+             and (not datasets or i.dataset in datasets) and (not tables or i.table in tables)
+             and (seeds is None or i.seed in seeds)]
     model = cost_model or CostModel.from_results()
-    missing = {}
-    entries = []
-    for item in items:
-        if item.dataset not in missing:
-            missing[item.dataset] = data_missing(item.dataset)
-        cost, how = model.estimate(item.config, device)
-        chapters = shared.get(item.key, (item.chapter,))
-        entries.append(Entry(item, cost, how, is_stored(item), missing[item.dataset], chapters))
+    missing = missing_data(items)
+    entries = [Entry(i, *model.estimate(i.config, device), is_stored(i), missing[i.dataset],
+                     shared.get(i.key, (i.chapter,))) for i in items]
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
 
@@ -428,12 +397,11 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
             lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]")
         lines.append("")
     lines.append(f"{'chapter':12} {'table':28} {'stored':>6} {'pending':>7} {'absent':>6} {'pending h':>9}")
-    total = [0, 0, 0, 0.0]
-    for r in summary(entries, workers):
+    rows = summary(entries, workers)
+    for r in rows:
         lines.append(f"{r['chapter']:12} {r['table'][:28]:28} {r['stored']:6d} {r['pending']:7d} "
                      f"{r['not runnable']:6d} {r['pending hours']:9.1f}")
-        for i, k in enumerate(("stored", "pending", "not runnable", "pending hours")):
-            total[i] += r[k]
+    total = [sum(r[k] for r in rows) for k in ("stored", "pending", "not runnable", "pending hours")]
     lines.append(f"{'total':12} {'':28} {total[0]:6d} {total[1]:7d} {total[2]:6d} {total[3]:9.1f}"
                  f"  (hours with {workers} worker(s))")
     return "\n".join(lines)
@@ -480,12 +448,9 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
     total = len(pending)
     started = 0
 
-    def remaining_estimate() -> float:
-        left = sum(e.cost for e in pending) + sum(max(0.0, e.cost - (time.monotonic() - s)) for e, _, s, _ in running)
-        return left / max(1, workers)
-
     def stamp() -> str:
-        return f"elapsed {_hms(time.monotonic() - t0)}, remaining ≈ {_hms(remaining_estimate())}"
+        left = sum(e.cost for e in pending) + sum(max(0.0, e.cost - (time.monotonic() - s)) for e, _, s, _ in running)
+        return f"elapsed {_hms(time.monotonic() - t0)}, remaining ≈ {_hms(left / max(1, workers))}"
 
     hard_stop = None if budget is None else budget * (1 + grace) + 5.0
     while pending or running:

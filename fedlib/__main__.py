@@ -6,13 +6,21 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+from . import queue
+from .book import PROFILES, BookError, build, load_profile
+from .cache import atomic_write_text
+from .config import ConfigError, load_config, parse_yaml, shown
+from .data import DataCorruptError, DataNotFoundError
+from .run import run
+
+INPUT_ERRORS = (ConfigError, DataNotFoundError, DataCorruptError)  # shown as one line, not a traceback
 
 
 def _overrides(pairs: list[str]) -> dict:
     """``key=value`` (or ``split.alpha=0.5``) tokens as a nested dict; values are YAML scalars or
     flow collections (safe, no aliases). A malformed token raises a one-line ConfigError."""
-    from .config import ConfigError, parse_yaml, shown
-
     out: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -30,8 +38,6 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .book import PROFILES
-
     parser = argparse.ArgumentParser(prog="fedlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one config file and print a summary table")
@@ -79,7 +85,6 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
-        from .book import load_profile
         from .chapters import CHAPTER_MODULES, chapter_module
         from .migrate import adopt_unclipped, format_report, migrate_results
 
@@ -98,30 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         return _book(args)
     if args.command == "results":
         return _results(args)
-
-    from .config import ConfigError, load_config
-    from .data import DataCorruptError, DataNotFoundError
-    from .run import run
-
     try:
         config = load_config(args.config, **_overrides(args.overrides))  # nested keys merge into the file's
         result = run(config, cache=not args.no_cache)
-    except (ConfigError, DataNotFoundError, DataCorruptError) as err:
+    except INPUT_ERRORS as err:
         print(f"fedlib: {err}", file=sys.stderr)
         return 2
     print(result.summary())
     if args.json:
-        from pathlib import Path
-
-        from .cache import atomic_write_text
-
         atomic_write_text(Path(args.json), json.dumps(result.to_dict(), indent=1))
     return 0
 
 
 def _book(args) -> int:
-    from .book import BookError, build
-
     print(f"Building the book with profile {args.profile!r} (runs shown on stderr; results cached)", flush=True)
     try:
         index = build(args.profile, only=args.only, html=not args.no_html, force=args.force,
@@ -136,10 +130,6 @@ def _book(args) -> int:
 
 
 def _results(args) -> int:
-    from . import queue
-    from .config import ConfigError
-    from .data import DataCorruptError, DataNotFoundError
-
     only = args.only or ([args.chapter] if args.chapter else None)
     try:
         if args.run_one:
@@ -154,7 +144,7 @@ def _results(args) -> int:
         first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
         entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
                              tables=args.table, seeds=args.seed, first=first)
-    except (ValueError, FileNotFoundError, ConfigError, DataNotFoundError, DataCorruptError) as err:
+    except (ValueError, FileNotFoundError, *INPUT_ERRORS) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
     if args.list:

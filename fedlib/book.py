@@ -26,12 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+import torch
 import yaml
 
 from .cache import ResultCache, atomic_write_text, default_cache_root
+from .config import RunConfig, make_config
+from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
-from .results import RunResult, check_result, placement_free, result_check, runs_dir
+from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
 
 PROFILES = ("smoke", "quick", "paper")
 STATUS_PAGE = "status"
@@ -91,8 +95,6 @@ def _short(value: Any) -> str:
 
 
 def device_description() -> str:
-    import torch
-
     if torch.cuda.is_available():
         return f"CUDA ({torch.cuda.get_device_name(0)})"
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__})"
@@ -156,8 +158,6 @@ def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
     measurement under ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
     commit (and working-tree state), the device and the torch version; a warm rebuild shows the
     stored measurement (with its own date) instead of timing again. A timing is data like a run."""
-    import torch
-
     dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
                            capture_output=True, text=True).stdout
     ident = json.dumps({"script": script, "args": args, "commit": git_commit(), "dirty": dirty,
@@ -203,8 +203,6 @@ def reference_value(ref, table: str, row: str, column: str) -> tuple[float, floa
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    import numpy as np
-
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
@@ -307,8 +305,6 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
 
 def _parse_config(raw: Any):
     """A stored config as this version reads it, or None."""
-    from .config import make_config
-
     try:
         return make_config(raw)
     except Exception:  # noqa: BLE001 - a config this version cannot read any more
@@ -328,8 +324,6 @@ def stored_results(chapter: str, configs) -> Stored:
     unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
-    if not store.root.is_dir():
-        return out
     for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = payload.get("result") if payload else None
@@ -360,17 +354,9 @@ def stored_results(chapter: str, configs) -> Stored:
     return out
 
 
-def current_and_stale(chapter: str, configs) -> tuple[dict[str, Any], dict[str, dict]]:
-    """({key: RunResult} of current stored runs, {file name: {"config", "changed", "result"}} of stale
-    ones): pages show the first as results and may list the second, with what changed."""
-    stored = stored_results(chapter, configs)
-    return stored.results, stored.stale
-
-
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     """Run ``configs`` and keep each result under ``results/runs/<key>.json`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
-    from .results import store_run
     from .run import run
 
     store = ResultCache(results_dir(), protect=True)
@@ -463,17 +449,13 @@ def write_api_tables(stage: Path) -> list[Path]:
     import dataclasses
     import inspect as _inspect
 
-    from .config import RunConfig
-    from .methods import METHODS
-
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
     for name, info in RunConfig.model_fields.items():
         kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
-        default = "required" if info.is_required() else _short(info.get_default(call_default_factory=True)
-                                                                if info.default_factory else info.default)
+        default = "required" if info.is_required() else _short(info.get_default(call_default_factory=True))
         rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(info.description or '')} |")
     config_md = "\n".join(rows) + "\n"
 
@@ -483,8 +465,7 @@ def write_api_tables(stage: Path) -> list[Path]:
     sections = []
     for name in sorted(METHODS):
         cls = METHODS[name]
-        doc = _inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") \
-            else ""
+        doc = _inspect.cleandoc(cls.__doc__) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
         params = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         hyper = ", ".join(f"`{k}={_short(v)}`" for k, v in params.items()) or "none"
         cites = list(dict.fromkeys(m.group(0) for m in source.finditer(doc)))
@@ -505,7 +486,7 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     root = repo_root()
     parts = [book_dir() / f"{chapter}.ipynb", root / "params" / chapter / f"{profile}.yaml"]
     parts += sorted((root / "fedlib").rglob("*.py")) + sorted((book_dir() / "reference").glob("*.yaml"))
-    parts += sorted(results_dir().glob("*.json")) if results_dir().is_dir() else []  # one store for all
+    parts += sorted(results_dir().glob("*.json"))  # one store for all
     if chapter == STATUS_PAGE:
         parts += sorted((stage / "_headlines").glob("*.json"))
     for path in parts:
@@ -528,8 +509,7 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     fingerprint = _fingerprint(chapter, profile, stage)
     if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
-    params = {**load_profile(chapter, profile), "profile": profile} if chapter != STATUS_PAGE else {
-        "profile": profile}
+    params = {**(load_profile(chapter, profile) if chapter != STATUS_PAGE else {}), "profile": profile}
     env = {"FEDLIB_BOOK_STAGE": str(stage),
            # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}

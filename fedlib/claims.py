@@ -17,7 +17,7 @@ has none, from the build profile's runs in the result cache, labelled as reduced
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -150,7 +150,6 @@ class Verdict:
     paper_verdict: str = "—"
     worst: Margin | None = None
     seeds: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def margin_text(self, digits: int = 2) -> str:
         w = self.worst

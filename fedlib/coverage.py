@@ -46,13 +46,6 @@ class Cell:
     in_paper: bool
 
 
-def _absent_data(row: str, column: str) -> str | None:
-    for label, name in DATA_NAMES.items():
-        if row.startswith(label) or column.startswith(label):
-            return name
-    return None
-
-
 def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build_items=None, stored=None,
              reference=None) -> list[Cell]:
     """Every cell of ``chapter``'s paper tables (and its own tables) with its level.
@@ -84,7 +77,8 @@ def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build
 
 def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, str]:
     if not backing:
-        name = _absent_data(cell[1], cell[2])
+        name = next((n for label, n in DATA_NAMES.items() if cell[1].startswith(label) or cell[2].startswith(label)),
+                    None)
         return LEVELS[4], f"{name} data absent" if name else "no run of ours backs it"
     absent = sorted({missing[i.dataset] for i in backing if missing.get(i.dataset)})
     if absent and len(absent) == len({i.dataset for i in backing}):

@@ -35,7 +35,7 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
     store = ResultCache(runs_dir(root), protect=True)
-    for path in sorted(store.root.glob("*.json")) if store.root.is_dir() else []:
+    for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = (payload or {}).get("result")
         problem = problem or check_result(result)

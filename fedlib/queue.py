@@ -3,13 +3,11 @@
 Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item per run of
 its profile, saying which paper table, row and column the run backs, its seed, its config
 and the function that runs it (:func:`run_round` for every engine run, :func:`run_scm`). The
-queue knows nothing else about chapters: it orders the items, skips those already stored
-under ``results/runs/<key>.json`` (one store: a run two chapters share is stored once), estimates what each costs and runs them, one
-process per run, ``workers`` at a time, storing each result with its provenance as it
-finishes. A killed queue resumes where it stopped (stored files are never recomputed).
-
-Order (:func:`priority`): seed 0 before seeds 1–2; within that, each table's headline row
-first; then the paper's main tables before appendix ones; then cheap before expensive.
+queue knows nothing else about chapters: it orders the items (:func:`priority`), skips those
+already stored under ``results/runs/<key>.json`` (one store: a run two chapters share is
+stored once), estimates what each costs and runs them, one process per run, ``workers`` at a
+time, storing each result with its provenance as it finishes. A killed queue resumes where it
+stopped (stored files are never recomputed).
 
 Cost model (:class:`CostModel`): a run's *work* is the number of training-sample passes it
 makes (rounds x local epochs x the training samples of the clients of a round; the logit
@@ -37,6 +35,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from . import data
+from .book import check_only, load_profile, repo_root
+from .chapters import CHAPTER_MODULES, chapter_module
+from .results import runs_dir, store_run
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
 TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
@@ -127,9 +130,6 @@ def run_scm(config) -> dict:
 
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
     """Every item of a chapter's profile (its ``queue_items``), duplicates included."""
-    from .book import load_profile
-    from .chapters import chapter_module
-
     module = chapter_module(chapter)
     if not hasattr(module, "queue_items"):
         raise ValueError(f"{chapter}: the chapter module exposes no queue_items(params)")
@@ -137,9 +137,6 @@ def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:
-    from .book import check_only
-    from .chapters import CHAPTER_MODULES
-
     names = list(only) if only else list(CHAPTER_MODULES)
     check_only(names, CHAPTER_MODULES)
     return [item for name in names for item in chapter_items(name, profile)]
@@ -179,8 +176,6 @@ def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] |
 
 
 def repo_results() -> Path:
-    from .book import repo_root
-
     return repo_root() / "results"
 
 
@@ -193,16 +188,12 @@ def results_root() -> Path:
 
 def is_stored(item: QueueItem) -> bool:
     """Whether the run of ``item`` is stored where the queue writes, or already in the repository."""
-    from .results import runs_dir
-
     return any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results()))
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
     """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
     the run sits in the queue."""
-    from .results import store_run
-
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
     return store_run(item.key, canonical, result, results_root(),
@@ -215,8 +206,6 @@ def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
 
 def data_missing(dataset: str) -> str | None:
     """Why ``dataset`` cannot be loaded here (None: its files are present). No loading."""
-    from . import data
-
     root = data.default_data_root()
     if dataset == "synthetic" or dataset.startswith(data.IMAGEFOLDER_PREFIX):
         return None
@@ -292,8 +281,6 @@ class CostModel:
 
     @classmethod
     def from_results(cls, root: Path | None = None) -> "CostModel":
-        from .results import runs_dir
-
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
         for path in sorted(p for r in roots for p in r.glob("*.json")):
@@ -321,7 +308,7 @@ class CostModel:
         kind = device_kind(device)
         sig = self._signature(config, kind)
         factor = METHOD_FACTOR.get(method_name(config), 1.0)
-        # the signature's fields that must match: all; then not the dataset; then the runner and model; the model
+        # the most similar stored runs (the signature's fields that match; see the module docstring)
         for fields, scale in (((0, 1, 2, 3, 4), 1.0), ((0, 1, 2, 3), 1.0), ((0, 1, 2), factor), ((0, 2), factor)):
             rates = [r for s, r in self.samples if all(s[i] == sig[i] for i in fields)]
             if rates:
@@ -476,20 +463,17 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
         still = []
         for entry, proc, start, out in running:
             code = proc.poll()
-            if code is None:
-                if hard_stop is not None and time.monotonic() - t0 > hard_stop:
-                    proc.kill()
-                    proc.wait()
-                    outcome.killed.append(entry.item)
-                    log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
-                    out.close()
-                    continue
+            if code is None and (hard_stop is None or time.monotonic() - t0 <= hard_stop):
                 still.append((entry, proc, start, out))
                 continue
-            took = time.monotonic() - start
-            if code == 0:
+            if code is None:
+                proc.kill()
+                proc.wait()
+                outcome.killed.append(entry.item)
+                log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
+            elif code == 0:
                 outcome.stored.append(entry.item)
-                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(took)} "
+                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(time.monotonic() - start)} "
                     f"(est. {_hms(entry.cost)}) · {stamp()}")
             else:
                 out.seek(0)

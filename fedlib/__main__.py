@@ -6,13 +6,21 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
+
+from . import queue
+from .book import PROFILES, BookError, build, load_profile
+from .cache import atomic_write_text
+from .config import ConfigError, load_config, parse_yaml, shown
+from .data import DataCorruptError, DataNotFoundError
+from .run import run
+
+INPUT_ERRORS = (ConfigError, DataNotFoundError, DataCorruptError)  # shown as one line, not a traceback
 
 
 def _overrides(pairs: list[str]) -> dict:
     """``key=value`` (or ``split.alpha=0.5``) tokens as a nested dict; values are YAML scalars or
     flow collections (safe, no aliases). A malformed token raises a one-line ConfigError."""
-    from .config import ConfigError, parse_yaml, shown
-
     out: dict = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -38,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     p_run.add_argument("--json", metavar="FILE", help="also write the result as JSON")
     p_book = sub.add_parser("book", help="execute the chapters with papermill and build the HTML")
-    p_book.add_argument("--profile", default="quick", choices=("smoke", "quick", "paper"))
+    p_book.add_argument("--profile", default="quick", choices=PROFILES)
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
@@ -53,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     p_res.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the runs' device)")
     p_res.add_argument("--only", nargs="+", metavar="CHAPTER", help="only these chapters")
     p_res.add_argument("--chapter", help="one chapter (same as --only CHAPTER)")
-    p_res.add_argument("--profile", default="paper", choices=("smoke", "quick", "paper"))
+    p_res.add_argument("--profile", default="paper", choices=PROFILES)
     part = p_res.add_mutually_exclusive_group()
     part.add_argument("--cpu-only", action="store_true", help="only Fashion-MNIST/MNIST runs")
     part.add_argument("--gpu-only", action="store_true", help="only the other datasets' runs (CIFAR-10, ...)")
@@ -77,12 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
-        from .migrate import format_report, migrate_results
+        from .chapters import CHAPTER_MODULES, chapter_module
+        from .migrate import adopt_unclipped, format_report, migrate_results
 
         print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
-        from .book import load_profile
-        from .chapters import CHAPTER_MODULES, chapter_module
-        from .migrate import adopt_unclipped
 
         for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
             configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
@@ -97,50 +103,33 @@ def main(argv: list[str] | None = None) -> int:
         return _book(args)
     if args.command == "results":
         return _results(args)
-
-    from .config import ConfigError, load_config
-    from .data import DataCorruptError, DataNotFoundError
-    from .run import run
-
     try:
         config = load_config(args.config, **_overrides(args.overrides))  # nested keys merge into the file's
         result = run(config, cache=not args.no_cache)
-    except (ConfigError, DataNotFoundError, DataCorruptError) as err:
+    except INPUT_ERRORS as err:
         print(f"fedlib: {err}", file=sys.stderr)
         return 2
     print(result.summary())
     if args.json:
-        from .cache import atomic_write_text
-        from pathlib import Path
-
         atomic_write_text(Path(args.json), json.dumps(result.to_dict(), indent=1))
     return 0
 
 
 def _book(args) -> int:
-    from .book import BookError, build
-
     print(f"Building the book with profile {args.profile!r} (runs shown on stderr; results cached)", flush=True)
     try:
         index = build(args.profile, only=args.only, html=not args.no_html, force=args.force,
                       log=lambda line: print(line, flush=True), jobs=args.jobs)
-    except BookError as err:
+    except (BookError, ValueError, FileNotFoundError) as err:
         print(f"fedlib book: {err}", file=sys.stderr, flush=True)
-        if getattr(err, "index", None):
+        if getattr(err, "index", None):  # the pages that did build
             print(err.index)
-        return 1
-    except (ValueError, FileNotFoundError) as err:
-        print(f"fedlib book: {err}", file=sys.stderr)
         return 1
     print(index)
     return 0
 
 
 def _results(args) -> int:
-    from .config import ConfigError
-    from .data import DataCorruptError, DataNotFoundError
-    from . import queue
-
     only = args.only or ([args.chapter] if args.chapter else None)
     try:
         if args.run_one:
@@ -155,16 +144,15 @@ def _results(args) -> int:
         first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
         entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
                              tables=args.table, seeds=args.seed, first=first)
-    except (ValueError, FileNotFoundError, ConfigError, DataNotFoundError, DataCorruptError) as err:
+    except (ValueError, FileNotFoundError, *INPUT_ERRORS) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
     if args.list:
         print(queue.format_list(entries, args.workers, items=not args.summary))
         return 0
+    pending = [e for e in entries if not e.stored and not e.missing][:args.limit]
     if args.limit is not None:
-        keep = [e for e in entries if not e.stored and not e.missing][:args.limit]
-        entries = [e for e in entries if e.stored or e in keep]
-    pending = [e for e in entries if not e.stored and not e.missing]
+        entries = [e for e in entries if e.stored or e in pending]
     print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
           f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
           + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)

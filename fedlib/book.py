@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import numpy as np
+import torch
 import yaml
+
+from .cache import ResultCache, atomic_write_text, default_cache_root
+from .config import RunConfig, make_config
+from .methods import METHODS
+from .progress import ENV as PROGRESS_ENV
+from .progress import Board, ChapterBar, ProgressFile, format_seconds
+from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
 
 PROFILES = ("smoke", "quick", "paper")
 STATUS_PAGE = "status"
@@ -48,10 +58,14 @@ class BookError(RuntimeError):
 # ----------------------------------------------------------------------------- profiles
 
 
-def load_profile(chapter: str, profile: str) -> dict[str, Any]:
-    """The papermill parameters of one chapter and profile (YAML, safe loading)."""
+def _check_profile(profile: str) -> None:
     if profile not in PROFILES:
         raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
+
+
+def load_profile(chapter: str, profile: str) -> dict[str, Any]:
+    """The papermill parameters of one chapter and profile (YAML, safe loading)."""
+    _check_profile(profile)
     path = repo_root() / "params" / chapter / f"{profile}.yaml"
     if not path.is_file():
         raise FileNotFoundError(f"{chapter}: no parameter file {path}")
@@ -63,18 +77,15 @@ def load_profile(chapter: str, profile: str) -> dict[str, Any]:
 
 def protocol_differences(chapter: str, params: dict[str, Any]) -> list[str]:
     """How these parameters differ from the chapter's `paper` profile, one line each."""
-    try:
-        paper = load_profile(chapter, "paper")
-    except FileNotFoundError:
+    if not (repo_root() / "params" / chapter / "paper.yaml").is_file():
         return ["no paper profile recorded for this chapter"]
-    out = []
-    for key in sorted(set(paper) | set(params)):
-        if key in ("profile", "notes"):
-            continue
-        ours, theirs = params.get(key, "—"), paper.get(key, "—")
-        if ours != theirs:
-            out.append(f"`{key}`: {_short(ours)} (paper protocol: {_short(theirs)})")
-    return out
+    return [f"`{key}`: {ours} (paper protocol: {paper})" for key, ours, paper in
+            parameters_table(chapter, params).itertuples(index=False)]
+
+
+def _differing(old: dict, new: dict) -> list[str]:
+    """The keys whose values differ between ``old`` and ``new`` (a missing key reads "—"), sorted."""
+    return [k for k in sorted(set(old) | set(new)) if old.get(k, "—") != new.get(k, "—")]
 
 
 def _short(value: Any) -> str:
@@ -84,8 +95,6 @@ def _short(value: Any) -> str:
 
 
 def device_description() -> str:
-    import torch
-
     if torch.cuda.is_available():
         return f"CUDA ({torch.cuda.get_device_name(0)})"
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__})"
@@ -101,8 +110,7 @@ def parameters_table(chapter: str, params: dict[str, Any]):
     except FileNotFoundError:
         paper = {}
     rows = [(key, _short(params.get(key, "—")), _short(paper.get(key, "—")))
-            for key in sorted(set(paper) | set(params))
-            if key not in ("profile", "notes") and params.get(key, "—") != paper.get(key, "—")]
+            for key in _differing(paper, params) if key not in ("profile", "notes")]
     return pd.DataFrame(rows, columns=["parameter", "this build", "paper"])
 
 
@@ -124,21 +132,16 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
         protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
                     "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
                     f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
+    from . import __version__
     from .chapters import defenses
 
-    defended = defenses(chapter, params)
+    defended, commit = defenses(chapter, params), git_commit()
+    version = __version__ + (f" ({commit[:10]})" if commit else "")
     return HTML(
         f"<p><b>Profile:</b> <code>{escape(profile)}</code> &nbsp;·&nbsp; <b>Device:</b> "
-        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(_fedlib_version())}</p>{protocol}"
+        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(version)}</p>{protocol}"
         + (f"<p>{escape(defended).replace('**Defenses on:**', '<b>Defenses on:</b>')}</p>" if defended else "")
     )
-
-
-def _fedlib_version() -> str:
-    from . import __version__
-
-    commit = git_commit()
-    return f"{__version__}" + (f" ({commit[:10]})" if commit else "")
 
 
 def git_commit() -> str | None:
@@ -155,14 +158,6 @@ def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
     measurement under ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
     commit (and working-tree state), the device and the torch version; a warm rebuild shows the
     stored measurement (with its own date) instead of timing again. A timing is data like a run."""
-    import hashlib
-    import sys
-    import tempfile
-
-    import torch
-
-    from .cache import atomic_write_text, default_cache_root
-
     dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
                            capture_output=True, text=True).stdout
     ident = json.dumps({"script": script, "args": args, "commit": git_commit(), "dirty": dirty,
@@ -208,8 +203,6 @@ def reference_value(ref, table: str, row: str, column: str) -> tuple[float, floa
 
 
 def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    import numpy as np
-
     arr = np.asarray(list(values), dtype=float)
     if arr.size == 0:
         return float("nan"), float("nan")
@@ -283,8 +276,6 @@ class Stored:
 
 def results_dir(chapter: str | None = None) -> Path:
     """The one store of runs, ``results/runs/`` (shared by every chapter; ``chapter`` is ignored)."""
-    from .results import runs_dir
-
     return runs_dir()
 
 
@@ -301,17 +292,10 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
     """How a stored run's recorded variant differs from what ``config`` means now, one item each."""
     if "rule_versions" not in meta:
         return ["recorded before rule versions and data fingerprints (fedlib 74f3e69 converts it)"]
-    changes = []
-    from .results import placement_free
-
     old, new = _flat(placement_free(meta.get("resolved")) or {}), _flat(placement_free(config.resolved()))
-    for k in sorted(set(old) | set(new)):
-        if old.get(k, "—") != new.get(k, "—"):
-            changes.append(f"{k}: {_short(old.get(k, '—'))} -> {_short(new.get(k, '—'))}")
-    old_rules, new_rules = meta.get("rule_versions") or {}, config.rule_versions()
-    for k in sorted(set(old_rules) | set(new_rules)):
-        if old_rules.get(k) != new_rules.get(k):
-            changes.append(f"{k} rule version {old_rules.get(k, '—')} -> {new_rules.get(k, '—')}")
+    changes = [f"{k}: {_short(old.get(k, '—'))} -> {_short(new.get(k, '—'))}" for k in _differing(old, new)]
+    old, new = meta.get("rule_versions") or {}, config.rule_versions()
+    changes += [f"{k} rule version {old.get(k, '—')} -> {new.get(k, '—')}" for k in _differing(old, new)]
     old_data = meta.get("data") or {}
     if fingerprint.get("sha256") and old_data.get("sha256") != fingerprint.get("sha256"):
         changes.append(f"data: {old_data.get('source')} ({str(old_data.get('sha256'))[:10]}) -> "
@@ -321,8 +305,6 @@ def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
 
 def _parse_config(raw: Any):
     """A stored config as this version reads it, or None."""
-    from .config import make_config
-
     try:
         return make_config(raw)
     except Exception:  # noqa: BLE001 - a config this version cannot read any more
@@ -334,9 +316,6 @@ def stored_results(chapter: str, configs) -> Stored:
     ``configs``: current runs (key = resolved config + rule versions + data fingerprint, and the
     file's own record agreeing) and stale runs of the same configs made by another variant; runs of
     other configs are not this chapter's and are left out, unreadable files are listed as skipped."""
-    from .cache import ResultCache
-    from .run import RunResult, check_result, result_check
-
     wanted = {}  # key -> (config, fingerprint)
     for c in configs:
         fingerprint = c.data_fingerprint()
@@ -345,8 +324,6 @@ def stored_results(chapter: str, configs) -> Stored:
     unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
-    if not store.root.is_dir():
-        return out
     for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = payload.get("result") if payload else None
@@ -377,19 +354,10 @@ def stored_results(chapter: str, configs) -> Stored:
     return out
 
 
-def current_and_stale(chapter: str, configs) -> tuple[dict[str, Any], dict[str, dict]]:
-    """({key: RunResult} of current stored runs, {file name: {"config", "changed", "result"}} of stale
-    ones): pages show the first as results and may list the second, with what changed."""
-    stored = stored_results(chapter, configs)
-    return stored.results, stored.stale
-
-
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     """Run ``configs`` and keep each result under ``results/runs/<key>.json`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
-    from .cache import ResultCache
-    from .results import store_run
-    from .run import result_check, run
+    from .run import run
 
     store = ResultCache(results_dir(), protect=True)
     written = []
@@ -418,23 +386,17 @@ def headline_dir() -> Path:
 
 def record_headlines(chapter: str, profile: str, rows: list[dict[str, Any]]) -> Path:
     """Save a chapter's headline comparisons: each row has claim, paper, ours (and notes)."""
-    from .cache import atomic_write_text
-
     path = headline_dir() / f"{chapter}.json"
     atomic_write_text(path, json.dumps({"chapter": chapter, "profile": profile, "rows": rows}, indent=1))
     return path
-
-
-def load_headlines() -> list[dict[str, Any]]:
-    folder = headline_dir()
-    return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
 
 def headlines_table():
     """Every chapter's recorded headline rows (the status page), ours − paper beside them, formatted."""
     import pandas as pd
 
-    rows = [{"chapter": r["chapter"], "profile": r["profile"], **row} for r in load_headlines() for row in r["rows"]]
+    records = [json.loads(p.read_text()) for p in sorted(headline_dir().glob("*.json"))]
+    rows = [{"chapter": r["chapter"], "profile": r["profile"], **row} for r in records for row in r["rows"]]
     table = pd.DataFrame(rows, columns=["chapter", "claim", "paper", "ours", "unit", "profile"])
     table["ours − paper"] = table["ours"] - table["paper"]
     return table.style.format({"paper": "{:.2f}", "ours": "{:.2f}", "ours − paper": "{:+.2f}"}).hide(axis="index")
@@ -445,28 +407,23 @@ def headlines_table():
 
 def toc_chapters() -> list[str]:
     """Notebook chapters in _toc.yml order, the status page last."""
-    toc = yaml.safe_load((book_dir() / "_toc.yml").read_text())
-    files = []
-
-    def walk(node):
+    def files(node):
         if isinstance(node, dict):
-            if "file" in node:
-                files.append(node["file"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
+            yield from [node["file"]] if "file" in node else []
+            node = list(node.values())
+        for item in node if isinstance(node, list) else []:
+            yield from files(item)
 
-    walk(toc)
-    names = [f.removesuffix(".ipynb") for f in files if (book_dir() / f"{f.removesuffix('.ipynb')}.ipynb").is_file()]
+    names = [f.removesuffix(".ipynb") for f in files(yaml.safe_load((book_dir() / "_toc.yml").read_text()))]
+    names = [n for n in names if (book_dir() / f"{n}.ipynb").is_file()]
     return [n for n in names if n != STATUS_PAGE] + ([STATUS_PAGE] if STATUS_PAGE in names else [])
 
 
-def stage_dir(profile: str) -> Path:
-    """Where executed notebooks and the HTML go: $FEDLIB_BOOK_OUT/<profile> or book/_executed/<profile>."""
-    env = os.environ.get("FEDLIB_BOOK_OUT")
-    return (Path(env) if env else book_dir() / "_executed") / profile
+def check_only(only: list[str] | None, chapters) -> None:
+    """``--only`` names chapters: a ValueError names the first that is not one of ``chapters``."""
+    unknown = sorted(set(only or []) - set(chapters))
+    if unknown:
+        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
 
 
 def _stage_sources(stage: Path) -> None:
@@ -491,11 +448,6 @@ def write_api_tables(stage: Path) -> list[Path]:
     hyper-parameters, the source it follows and its docstring (equations included)."""
     import dataclasses
     import inspect as _inspect
-    import re
-
-    from .cache import atomic_write_text
-    from .config import RunConfig
-    from .methods import METHODS
 
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
@@ -503,8 +455,7 @@ def write_api_tables(stage: Path) -> list[Path]:
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
     for name, info in RunConfig.model_fields.items():
         kind = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
-        default = "required" if info.is_required() else _short(info.get_default(call_default_factory=True)
-                                                                if info.default_factory else info.default)
+        default = "required" if info.is_required() else _short(info.get_default(call_default_factory=True))
         rows.append(f"| `{name}` | `{cell(kind)}` | `{cell(default)}` | {cell(info.description or '')} |")
     config_md = "\n".join(rows) + "\n"
 
@@ -514,8 +465,7 @@ def write_api_tables(stage: Path) -> list[Path]:
     sections = []
     for name in sorted(METHODS):
         cls = METHODS[name]
-        doc = _inspect.cleandoc(cls.__doc__ or "") if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") \
-            else ""
+        doc = _inspect.cleandoc(cls.__doc__) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
         params = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         hyper = ", ".join(f"`{k}={_short(v)}`" for k, v in params.items()) or "none"
         cites = list(dict.fromkeys(m.group(0) for m in source.finditer(doc)))
@@ -525,11 +475,9 @@ def write_api_tables(stage: Path) -> list[Path]:
         sections.append(f"(method-{name})=\n### `{name}`: `{cls.__module__}.{cls.__name__}`\n\n"
                         f"Hyper-parameters: {hyper}.\n\n```text\n{doc or '(no docstring)'}\n```\n")
     methods_md = "\n".join(table) + "\n\n" + "\n".join(sections)
-    out = []
     for name, text in zip(API_TABLES, (config_md, methods_md)):
         atomic_write_text(stage / name, text)
-        out.append(stage / name)
-    return out
+    return [stage / name for name in API_TABLES]
 
 
 def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
@@ -538,7 +486,7 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     root = repo_root()
     parts = [book_dir() / f"{chapter}.ipynb", root / "params" / chapter / f"{profile}.yaml"]
     parts += sorted((root / "fedlib").rglob("*.py")) + sorted((book_dir() / "reference").glob("*.yaml"))
-    parts += sorted(results_dir().glob("*.json")) if results_dir().is_dir() else []  # one store for all
+    parts += sorted(results_dir().glob("*.json"))  # one store for all
     if chapter == STATUS_PAGE:
         parts += sorted((stage / "_headlines").glob("*.json"))
     for path in parts:
@@ -561,10 +509,7 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     fingerprint = _fingerprint(chapter, profile, stage)
     if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
-    params = {**load_profile(chapter, profile), "profile": profile} if chapter != STATUS_PAGE else {
-        "profile": profile}
-    from .progress import ENV as PROGRESS_ENV
-
+    params = {**(load_profile(chapter, profile) if chapter != STATUS_PAGE else {}), "profile": profile}
     env = {"FEDLIB_BOOK_STAGE": str(stage),
            # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
@@ -583,8 +528,6 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
         raise BookError(describe_failure(chapter, err, out)) from None
     finally:
         sockets.cleanup()
-    from .cache import atomic_write_text
-
     _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
@@ -623,7 +566,7 @@ def describe_failure(chapter: str, err, notebook: Path, traceback_lines: int = 1
     source = (getattr(err, "source", "") or "").strip().splitlines()
     first = next((line for line in source if line.strip() and not line.lstrip().startswith("#")), "")
     cell = f"cell {err.exec_count}" + (f" (`{first[:70]}`)" if first else "")
-    trace = _strip_ansi("".join(err.traceback or [])).rstrip().splitlines()[-traceback_lines:]
+    trace = re.sub(r"\x1b\[[0-9;]*m", "", "".join(err.traceback or [])).rstrip().splitlines()[-traceback_lines:]
     return (f"chapter {chapter!r} failed in {cell}: {err.ename}: {err.evalue}\n"
             + "\n".join("    " + line for line in trace) + f"\n(executed notebook: {notebook})")
 
@@ -650,15 +593,7 @@ def _tag_for_reading(path: Path) -> None:
                 tags.append("hide-output")
         if tags != list(cell.metadata.get("tags", [])):
             cell.metadata["tags"] = list(dict.fromkeys(tags))
-    from .cache import atomic_write_text
-
     atomic_write_text(path, nbformat.writes(nb))
-
-
-def _strip_ansi(text: str) -> str:
-    import re
-
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 TIMINGS = "timings.json"  # in the stage: each chapter's last execution (wall time, runs)
@@ -677,8 +612,6 @@ _TIMINGS_LOCK = threading.Lock()  # chapters executing in parallel threads finis
 
 
 def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
-    from .cache import atomic_write_text
-
     with _TIMINGS_LOCK:
         timings = load_timings(stage)
         timings[chapter] = record
@@ -688,8 +621,6 @@ def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
 def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
                        expected: dict[str, Any] | None, board) -> tuple[bool, dict[str, Any]]:
     """execute_chapter, its runs shown on ``board`` (fed by the kernel's progress events)."""
-    from .progress import ChapterBar, ProgressFile
-
     handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
     os.close(handle)
     channel = Path(name)
@@ -721,17 +652,13 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    from .progress import Board, format_seconds
-
-    if profile not in PROFILES:
-        raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
+    _check_profile(profile)
     if jobs < 1:
         raise ValueError(f"jobs: must be >= 1 (got {jobs})")
     chapters = toc_chapters()
-    unknown = sorted(set(only or []) - set(chapters))
-    if unknown:
-        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
-    stage = stage_dir(profile)
+    check_only(only, chapters)
+    env = os.environ.get("FEDLIB_BOOK_OUT")  # where executed notebooks and the HTML go
+    stage = (Path(env) if env else book_dir() / "_executed") / profile
     _stage_sources(stage)
     write_api_tables(stage)
     todo = [c for c in chapters
@@ -776,12 +703,10 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
                 err = BookError(f"chapter {chapter!r} failed: {type(err).__name__}: {err}")
             failures.append(str(err))
             summary[chapter] = ("FAILED", time.perf_counter() - t0)
-            board.clear()
-            log(f"  {label}: FAILED after {format_seconds(time.perf_counter() - t0)}\n{err}")
+            log(f"  {label}: FAILED after {format_seconds(summary[chapter][1])}\n{err}")
             return
         seconds = time.perf_counter() - t0
         summary[chapter] = ("executed" if ran else "unchanged", seconds)
-        board.clear()
         if ran:
             _save_timing(stage, chapter, {"wall": seconds, "runs": counts["runs"], "cached": counts["cached"],
                                           "jobs": jobs, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
@@ -840,8 +765,6 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
 
 def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
     """The time of each chapter (and the HTML) in this build, one line each, then the total."""
-    from .progress import format_seconds
-
     width = max([len(name) for name, _, _ in summary] + [5])
     lines = [f"  {name:<{width}}  {state:<9}  {format_seconds(seconds):>12}" for name, state, seconds in summary]
     return "\n".join(["Time per chapter:", *lines, f"  {'total':<{width}}  {'':<9}  {format_seconds(total):>12}"])

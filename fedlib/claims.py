@@ -17,10 +17,14 @@ has none, from the build profile's runs in the result cache, labelled as reduced
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from . import queue
+from .cache import ResultCache
+from .results import RunResult, run_of, runs_dir
 
 HOLDS, FAILS, PARTIAL, UNMEASURED = "holds", "does not hold", "partly measured", "not yet measured"
 
@@ -35,16 +39,10 @@ def _final(result: dict, key: str = "accuracy") -> float:
     return float("nan") if value is None else 100.0 * float(value)
 
 
-def _run(result: dict):
-    from .run import RunResult
-
-    return RunResult.from_dict(result)
-
-
 def _rare_class_accuracy(result: dict) -> float:
     from .chapters.celm import rare_class_accuracy
 
-    return rare_class_accuracy(_run(result))
+    return rare_class_accuracy(RunResult.from_dict(result))
 
 
 def _maverick_reward_gap(result: dict) -> float:
@@ -59,13 +57,13 @@ def _maverick_reward_gap(result: dict) -> float:
 def _maverick_participation(result: dict) -> float:
     from .chapters.fedms import participation
 
-    return participation(_run(result))["maverick"]
+    return participation(RunResult.from_dict(result))["maverick"]
 
 
 def _last_100_accuracy(result: dict) -> float:
     from .chapters.flce import last_rounds_mean
 
-    return last_rounds_mean(_run(result), "accuracy", 100)
+    return last_rounds_mean(RunResult.from_dict(result), "accuracy", 100)
 
 
 def _scm_accuracy(result: dict, label: str) -> float:
@@ -152,7 +150,6 @@ class Verdict:
     paper_verdict: str = "—"
     worst: Margin | None = None
     seeds: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def margin_text(self, digits: int = 2) -> str:
         w = self.worst
@@ -163,9 +160,13 @@ class Verdict:
 
 
 def _cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table 1",
-               metric: str = "accuracy") -> tuple[Comparison, ...]:
-    """``better`` against ``worse`` (columns) on each of ``rows`` of ``table``."""
-    return tuple(Comparison(row, Side((table, row, better), metric), Side((table, row, worse), metric)) for row in rows)
+               ref: str | None = None) -> tuple[Comparison, ...]:
+    """``better`` against ``worse`` (columns) on each of ``rows`` of ``table``; ``ref``: the reference
+    table holding the paper's values of those cells, when it is another."""
+    def side(row, column):
+        return Side((table, row, column), ref=(ref, row, column) if ref else None)
+
+    return tuple(Comparison(row, side(row, better), side(row, worse)) for row in rows)
 
 
 def _celm_rows(prefixes=("F.MNIST", "CIFAR-10")) -> list[str]:
@@ -193,16 +194,12 @@ CLAIMS: tuple[Claim, ...] = (
                                 ref=("Table 2", "F.MNIST Rare Class Acc.", m)))
                 for m in ("FedAvg", "CFFL", "CGSV", "ShapFed"))),
     Claim("logitfl", "UWA beats simple averaging at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
-          (Comparison("MNIST k=2", Side(("k sweep", "MNIST k=2", "UWA"), ref=("Headline", "MNIST k=2", "UWA")),
-                      Side(("k sweep", "MNIST k=2", "Simple avg."), ref=("Headline", "MNIST k=2", "Simple avg."))),)),
+          _cells_row(["MNIST k=2"], "UWA", "Simple avg.", "k sweep", ref="Headline")),
     Claim("logitfl", "The meta-model beats UWA at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
-          (Comparison("MNIST k=2", Side(("k sweep", "MNIST k=2", "Meta-model"), ref=("Headline", "MNIST k=2", "Meta-model")),
-                      Side(("k sweep", "MNIST k=2", "UWA"), ref=("Headline", "MNIST k=2", "UWA"))),)),
+          _cells_row(["MNIST k=2"], "Meta-model", "UWA", "k sweep", ref="Headline")),
     Claim("logitfl", "UWA beats simple averaging at every k (2, 5, 8)", "k sweep",
           "accuracy-versus-heterogeneity-k-classes-per-client",
-          tuple(Comparison(f"MNIST k={k}", Side(("k sweep", f"MNIST k={k}", "UWA"), ref=("Headline", f"MNIST k={k}", "UWA")),
-                           Side(("k sweep", f"MNIST k={k}", "Simple avg."),
-                                ref=("Headline", f"MNIST k={k}", "Simple avg."))) for k in (2, 5, 8))),
+          _cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
     Claim("fedms", "FedMS gives the Maverick a larger reward than GTG-Shapley (Fig. 2)", "Fig. 2",
           "fig-2-the-maverick-matters-and-ms-gtg-rewards-it",
           (Comparison("MS-GTG − GTG reward of the Maverick",
@@ -244,48 +241,25 @@ def claims_of(chapter: str) -> list[Claim]:
 Evidence = dict[Cell, dict[int, dict]]  # queue cell -> seed -> result dict
 
 
-def evidence_from(items, results_of: Callable[[Any], dict | None]) -> Evidence:
-    """Cells of the queue ``items`` (their own table/row/column) with the results present."""
+def evidence_in(store: ResultCache, chapter: str, profile: str) -> Evidence:
+    """The cells of the chapter's ``profile`` queue items (their own table/row/column) whose runs
+    ``store`` holds (nothing is computed)."""
     out: Evidence = {}
-    for item in items:
-        result = results_of(item)
-        if result is not None:
-            out.setdefault((item.table, item.row, item.column), {})[item.seed] = result
+    for item in queue.chapter_items(chapter, profile):
+        entry = store.get(item.key)
+        if entry is not None:
+            out.setdefault((item.table, item.row, item.column), {})[item.seed] = run_of(entry)
     return out
 
 
 def stored_evidence(chapter: str) -> Evidence:
-    """Stored paper-profile runs (``results/runs/``), through the queue's store adapter."""
-    from . import queue
-    from .cache import ResultCache
-    from .results import runs_dir
-
-    roots = [runs_dir(queue.repo_results())]
-
-    def read(item):
-        for root in roots:
-            if (root / f"{item.key}.json").is_file():
-                payload = ResultCache(root, protect=True).get(item.key)  # a reader never moves a stored run
-                if payload is not None:
-                    return payload["result"]
-        return None
-
-    return evidence_from(queue.chapter_items(chapter, "paper"), read)
+    """Stored paper-profile runs (``results/runs/``; a reader never moves a stored run)."""
+    return evidence_in(ResultCache(runs_dir(queue.repo_results()), protect=True), chapter, "paper")
 
 
 def cached_evidence(chapter: str, profile: str) -> Evidence:
-    """The build profile's runs already in the result cache (nothing is computed)."""
-    from . import queue
-    from .cache import ResultCache
-    from .results import run_of
-
-    runs = ResultCache()  # fedlib.run's and the FedSCM pipeline's cache
-
-    def read(item):
-        entry = runs.get(item.key)
-        return None if entry is None else run_of(entry)
-
-    return evidence_from(queue.chapter_items(chapter, profile), read)
+    """The build profile's runs already in the result cache (fedlib.run's and the FedSCM pipeline's)."""
+    return evidence_in(ResultCache(), chapter, profile)
 
 
 # ----------------------------------------------------------------------------- judging
@@ -304,11 +278,8 @@ def margins(claim: Claim, evidence: Evidence, reference=None) -> list[Margin]:
         better = evidence.get(comp.better.cell, {})
         worse = evidence.get(comp.worse.cell, {}) if comp.worse else None
         seeds = sorted(set(better) & set(worse)) if worse is not None else sorted(better)
-        values = []
-        for s in seeds:
-            v = comp.better.value(better[s]) - (comp.worse.value(worse[s]) if comp.worse else 0.0)
-            if not math.isnan(v):
-                values.append(v)
+        diffs = (comp.better.value(better[s]) - (comp.worse.value(worse[s]) if comp.worse else 0.0) for s in seeds)
+        values = [v for v in diffs if not math.isnan(v)]
         pb = _paper_value(reference, comp.better.ref or comp.better.cell)
         pw = _paper_value(reference, comp.worse.ref or comp.worse.cell) if comp.worse else 0.0
         out.append(Margin(comp.label, values, None if pb is None or pw is None else pb - pw))

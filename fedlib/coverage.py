@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from . import queue
+from .results import runs_dir
+
 LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced protocol only",
           "queued, not run yet", "not runnable here")
 COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0")))
@@ -28,6 +31,11 @@ def _matches(pattern: tuple[str, str, str], cell: tuple[str, str, str]) -> bool:
     return all(p == "*" or p == c for p, c in zip(pattern, cell))
 
 
+def _backs(item, cell: tuple[str, str, str], in_paper: bool) -> bool:
+    """Whether a queue item's run backs ``cell``: a paper cell its ``cells`` match, else its own cell."""
+    return any(_matches(p, cell) for p in item.cells) if in_paper else (item.table, item.row, item.column) == cell
+
+
 @dataclass
 class Cell:
     table: str
@@ -38,34 +46,20 @@ class Cell:
     in_paper: bool
 
 
-def _absent_data(row: str, column: str) -> str | None:
-    for label, name in DATA_NAMES.items():
-        if row.startswith(label) or column.startswith(label):
-            return name
-    return None
-
-
 def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build_items=None, stored=None,
              reference=None) -> list[Cell]:
     """Every cell of ``chapter``'s paper tables (and its own tables) with its level.
 
     ``stored``: keys stored under results/runs/ (default: read the folder)."""
-    from . import queue
     from .book import load_reference
 
     paper_items = queue.chapter_items(chapter, "paper") if paper_items is None else paper_items
     build_items = queue.chapter_items(chapter, build_profile) if build_items is None else build_items
     if stored is None:
-        from .results import runs_dir
-
         stored = {p.stem for p in runs_dir(queue.repo_results()).glob("*.json")}
     if reference is None:
         reference = load_reference(chapter)
-    missing = {}
-    for item in paper_items:
-        if item.dataset not in missing:
-            missing[item.dataset] = queue.data_missing(item.dataset)
-
+    missing = queue.missing_data(paper_items)
     ref_cells = [(t, r, c) for t, r, c in zip(reference.table, reference.row, reference.column)]
     ref_tables = set(reference.table)
     own = []  # the chapter's own cells: tables the paper gives no numbers for, or runs backing no paper cell
@@ -76,15 +70,15 @@ def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build
             own.append(cell)
     out = []
     for cell, in_paper in [(c, True) for c in dict.fromkeys(ref_cells)] + [(c, False) for c in own]:
-        backing = [i for i in paper_items if any(_matches(p, cell) for p in i.cells)] if in_paper else \
-            [i for i in paper_items if (i.table, i.row, i.column) == cell]
+        backing = [i for i in paper_items if _backs(i, cell, in_paper)]
         out.append(Cell(*cell, *_level(cell, backing, build_items, stored, missing, in_paper), in_paper))
     return out
 
 
 def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, str]:
     if not backing:
-        name = _absent_data(cell[1], cell[2])
+        name = next((n for label, n in DATA_NAMES.items() if cell[1].startswith(label) or cell[2].startswith(label)),
+                    None)
         return LEVELS[4], f"{name} data absent" if name else "no run of ours backs it"
     absent = sorted({missing[i.dataset] for i in backing if missing.get(i.dataset)})
     if absent and len(absent) == len({i.dataset for i in backing}):
@@ -94,9 +88,7 @@ def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, 
     if have:
         level = LEVELS[0] if have == seeds else LEVELS[1]
         return level, f"{len(have)} of {len(seeds)} seeds stored"
-    in_build = any(any(_matches(p, cell) for p in i.cells) if in_paper else (i.table, i.row, i.column) == cell
-                   for i in build_items)
-    if in_build:
+    if any(_backs(i, cell, in_paper) for i in build_items):
         return LEVELS[2], "the build profile's run"
     return LEVELS[3], f"{len(backing)} run(s) queued"
 

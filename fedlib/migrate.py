@@ -20,7 +20,10 @@ import json
 import os
 from pathlib import Path
 
+from .book import _parse_config, what_changed
 from .cache import ResultCache
+from .results import _key_provenance, check_result, result_check, runs_dir
+
 
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
                     today: str | None = None) -> dict[str, list]:
@@ -29,14 +32,10 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     Returns ``{"rekeyed": [(old, new)], "current": [key], "stale": [(file, why)]}``. A re-keyed
     file is written under the new key (atomically) before the old name is removed; nothing else
     is touched."""
-    from .book import _parse_config, repo_root, what_changed
-    from .results import RUNS_FOLDER, _key_provenance, check_result, result_check
-
-    root = Path(root) if root is not None else repo_root() / "results"
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
-    store = ResultCache(root / RUNS_FOLDER, protect=True)
-    for path in sorted(store.root.glob("*.json")) if store.root.is_dir() else []:
+    store = ResultCache(runs_dir(root), protect=True)
+    for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = (payload or {}).get("result")
         problem = problem or check_result(result)
@@ -83,20 +82,11 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     requested config and a provenance note; its history is byte-identical; the clipped run stays
     where it is. ``chapter`` only names whose configs these are. Returns
     ``[(source file, new key, note)]``."""
-    from .book import _parse_config, repo_root
-    from .run import _key_provenance, check_result, result_check
-
-    root = Path(root) if root is not None else repo_root() / "results"
     today = today or _dt.date.today().isoformat()
-    wanted = {}
-    for config in configs:
-        if getattr(config, "update_clip", 0) is None:
-            wanted[json.dumps({**config.resolved(), "update_clip": None}, sort_keys=True)] = config
-    from .results import RUNS_FOLDER
-
-    target_store = ResultCache(root / RUNS_FOLDER, protect=True)
+    wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
+    target_store = ResultCache(runs_dir(root), protect=True)
     adopted = []
-    for path in sorted(root.glob("*/*.json")):
+    for path in sorted(target_store.root.parent.glob("*/*.json")):
         payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
         result = (payload or {}).get("result")
         if problem or check_result(result):
@@ -104,7 +94,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
         stored = _parse_config(payload.get("config"))
         if stored is None or getattr(stored, "update_clip", None) is None:
             continue
-        config = wanted.get(json.dumps({**stored.resolved(), "update_clip": None}, sort_keys=True))
+        config = wanted.get(_unclipped(stored))
         if config is None or any(h.get("clipped") for h in result["history"]):
             continue
         fingerprint = config.data_fingerprint()
@@ -124,3 +114,8 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
                                "result": {**result, "config": config.to_dict(), "meta": meta}})
         # the clipped run stays: it is the answer to its own config (one store for every chapter)
     return adopted
+
+
+def _unclipped(config) -> str:
+    """A config's resolved form with update clipping off, as text (a lookup key)."""
+    return json.dumps({**config.resolved(), "update_clip": None}, sort_keys=True)

@@ -166,15 +166,22 @@ def accuracy_curves(results, metric="accuracy", ax=None) -> Figure:
         rounds, values = result.series(metric)
         ax.plot(np.asarray(rounds) + 1, 100 * np.asarray(values, dtype=float), marker="o", markersize=4,
                 label=label)
-    ax.set_xlabel("round", fontsize=10)
-    ax.set_ylabel(f"test {metric.replace('_', ' ')}", fontsize=10)
+    _round_axes(ax, "round", f"test {metric.replace('_', ' ')}", percent=True, legend=True)
+    return fig
+
+
+def _round_axes(ax, xlabel: str, ylabel: str, percent: bool, legend: bool) -> None:
+    """The axes of a per-round figure: integer rounds, a light grid, no top and right spines."""
+    ax.set_xlabel(xlabel, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=10)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}%"))
+    if percent:
+        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}%"))
     ax.tick_params(labelsize=9)
     ax.grid(True, color="#e5e5e5", linewidth=0.5)
     ax.spines[["top", "right"]].set_visible(False)
-    ax.legend(fontsize=9, frameon=False)
-    return fig
+    if legend:
+        ax.legend(fontsize=9, frameon=False)
 
 
 final_contributions = contribution_vector  # the one rule (fedlib.contributions), name kept for the explorer
@@ -256,16 +263,7 @@ def per_round_curves(frame, ax=None, percent: bool = False, ylabel: str = "") ->
     for column in numeric.columns:
         ax.plot(np.asarray(frame.index), scale * numeric[column].to_numpy(dtype=float), marker="o", markersize=3,
                 label=str(column))
-    ax.set_xlabel(str(frame.index.name or "round"), fontsize=10)
-    ax.set_ylabel(ylabel, fontsize=10)
-    if percent:
-        ax.yaxis.set_major_formatter(StrMethodFormatter("{x:g}%"))
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.tick_params(labelsize=9)
-    ax.grid(True, color="#e5e5e5", linewidth=0.5)
-    ax.spines[["top", "right"]].set_visible(False)
-    if len(numeric.columns) > 1:
-        ax.legend(fontsize=9, frameon=False)
+    _round_axes(ax, str(frame.index.name or "round"), ylabel, percent, legend=len(numeric.columns) > 1)
     return fig
 
 

@@ -71,18 +71,44 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
 
 
-class ChapterBar:
+class _StatusLine:
+    """A subclass's ``line()`` on ``stream`` (stderr): redrawn in place on a terminal; in a log
+    (not a TTY) written every ``log_every`` seconds at most."""
+
+    def __init__(self, stream, log_every: float, clock: Callable[[], float]):
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.log_every = log_every
+        self.clock = clock
+        self._last_log = clock()
+
+    def draw(self, force: bool = False) -> None:
+        now = self.clock()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line())
+        elif force or now - self._last_log >= self.log_every:
+            self.stream.write(self.line() + "\n")
+            self._last_log = now
+        self.stream.flush()
+
+    def clear(self) -> None:
+        if self.tty:
+            self.stream.write("\r\x1b[2K")
+            self.stream.flush()
+
+
+class ChapterBar(_StatusLine):
     """The runs of one chapter on a terminal: a bar over the runs announced so far, the cached
     ones, the elapsed time and an estimate of what is left of the whole build.
 
     ``expected_runs`` (from the last build) keeps the bar from jumping to 100 % when the
     chapter announces its runs in several batches; ``remaining_after`` is the stored time of the
-    chapters still to execute after this one. On a terminal the bar is redrawn in place; in a
-    log (not a TTY) a line is written every ``log_every`` seconds at most.
+    chapters still to execute after this one.
     """
 
     def __init__(self, label: str, expected_seconds: float | None, remaining_after: float, expected_runs: int = 0,
                  stream=None, log_every: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        super().__init__(stream, log_every, clock)
         self.label = label
         self.expected_seconds = expected_seconds
         self.remaining_after = remaining_after
@@ -90,13 +116,7 @@ class ChapterBar:
         self.expected_runs = expected_runs
         self.done = 0
         self.cached = 0
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.log_every = log_every
-        self.clock = clock
-        self.start = clock()
-        self._last_log = self.start
-        self._drawn = False
+        self.start = self._last_log
 
     def update(self, events: list[dict[str, Any]]) -> None:
         for event in events:
@@ -119,40 +139,27 @@ class ChapterBar:
             return None
         return own + self.remaining_after
 
-    def line(self) -> str:
+    def bar(self, width: int) -> tuple[str, int]:
+        """The bar of ``width`` characters and the runs it counts to."""
         total = max(self.announced, self.expected_runs)
-        width = 24
         filled = int(width * self.done / total) if total else 0
-        bar = "#" * filled + "." * (width - filled)
+        return "#" * filled + "." * (width - filled), total
+
+    def line(self) -> str:
+        bar, total = self.bar(24)
         runs = f"{self.done}/{total} runs" if total else "no runs yet"
         cached = f", {self.cached} cached" if self.cached else ""
         left = self.remaining()
         eta = f", about {format_seconds(left)} left" if left is not None else ""
         return f"    {self.label} [{bar}] {runs}{cached}, {format_seconds(self.clock() - self.start)}{eta}"
 
-    def draw(self, force: bool = False) -> None:
-        now = self.clock()
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.line())
-            self._drawn = True
-        elif force or now - self._last_log >= self.log_every:
-            self.stream.write(self.line() + "\n")
-            self._last_log = now
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.tty and self._drawn:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
-
     def short(self) -> str:
         """E.g. "celm [######......] 12/58" for a line shared with other chapters."""
-        total = max(self.announced, self.expected_runs)
-        filled = int(12 * self.done / total) if total else 0
-        return f"{self.label} [{'#' * filled}{'.' * (12 - filled)}] {self.done}/{total or '?'}"
+        bar, total = self.bar(12)
+        return f"{self.label} [{bar}] {self.done}/{total or '?'}"
 
 
-class Board:
+class Board(_StatusLine):
     """One status line for the chapters executing now (several when the build runs chapters in
     parallel): each chapter's bar and an estimate of the time left for the whole build, that is
     (what is left of the running chapters + the stored times of those still queued) / jobs."""
@@ -161,14 +168,10 @@ class Board:
                  clock: Callable[[], float] = time.monotonic):
         import threading
 
+        super().__init__(stream, log_every, clock)
         self.jobs = max(1, jobs)
         self.bars: dict[str, ChapterBar] = {}
         self.queued_seconds = 0.0
-        self.stream = stream if stream is not None else sys.stderr
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.log_every = log_every
-        self.clock = clock
-        self._last_log = clock()
         self.lock = threading.Lock()
 
     def remaining(self) -> float | None:
@@ -185,17 +188,6 @@ class Board:
         eta = "" if left is None else f" | about {format_seconds(left)} left" if left >= 1 else " | finishing"
         return "    " + " | ".join(bar.short() for bar in bars) + eta
 
-    def draw(self) -> None:
-        if not self.bars:
-            return
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.line())
-        elif self.clock() - self._last_log >= self.log_every:
-            self.stream.write(self.line() + "\n")
-            self._last_log = self.clock()
-        self.stream.flush()
-
-    def clear(self) -> None:
-        if self.tty:
-            self.stream.write("\r\x1b[2K")
-            self.stream.flush()
+    def draw(self, force: bool = False) -> None:
+        if self.bars:
+            super().draw(force)

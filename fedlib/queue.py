@@ -3,13 +3,11 @@
 Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item per run of
 its profile, saying which paper table, row and column the run backs, its seed, its config
 and the function that runs it (:func:`run_round` for every engine run, :func:`run_scm`). The
-queue knows nothing else about chapters: it orders the items, skips those already stored
-under ``results/runs/<key>.json`` (one store: a run two chapters share is stored once), estimates what each costs and runs them, one
-process per run, ``workers`` at a time, storing each result with its provenance as it
-finishes. A killed queue resumes where it stopped (stored files are never recomputed).
-
-Order (:func:`priority`): seed 0 before seeds 1–2; within that, each table's headline row
-first; then the paper's main tables before appendix ones; then cheap before expensive.
+queue knows nothing else about chapters: it orders the items (:func:`priority`), skips those
+already stored under ``results/runs/<key>.json`` (one store: a run two chapters share is
+stored once), estimates what each costs and runs them, one process per run, ``workers`` at a
+time, storing each result with its provenance as it finishes. A killed queue resumes where it
+stopped (stored files are never recomputed).
 
 Cost model (:class:`CostModel`): a run's *work* is the number of training-sample passes it
 makes (rounds x local epochs x the training samples of the clients of a round; the logit
@@ -27,6 +25,7 @@ benchmarks/results/peers_nvidia-h200.json, the others guessed from it) times
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -36,6 +35,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from . import data
+from .book import check_only, load_profile, repo_root
+from .chapters import CHAPTER_MODULES, chapter_module
+from .results import runs_dir, store_run
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
 TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
@@ -84,10 +88,6 @@ class QueueItem:
         return self.config.dataset
 
     @property
-    def model(self) -> str:
-        return self.config.model
-
-    @property
     def cells(self) -> tuple[tuple[str, str, str], ...]:
         return self.backs or ((self.table, self.row, self.column),)
 
@@ -128,17 +128,8 @@ def run_scm(config) -> dict:
 # ----------------------------------------------------------------------------- the queue
 
 
-def chapter_names() -> list[str]:
-    from .chapters import CHAPTER_MODULES
-
-    return list(CHAPTER_MODULES)
-
-
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
     """Every item of a chapter's profile (its ``queue_items``), duplicates included."""
-    from .book import load_profile
-    from .chapters import chapter_module
-
     module = chapter_module(chapter)
     if not hasattr(module, "queue_items"):
         raise ValueError(f"{chapter}: the chapter module exposes no queue_items(params)")
@@ -146,10 +137,8 @@ def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:
-    names = list(only) if only else chapter_names()
-    unknown = sorted(set(names) - set(chapter_names()))
-    if unknown:
-        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapter_names())}")
+    names = list(only) if only else list(CHAPTER_MODULES)
+    check_only(names, CHAPTER_MODULES)
     return [item for name in names for item in chapter_items(name, profile)]
 
 
@@ -173,18 +162,13 @@ def sharing(items: Iterable[QueueItem]) -> dict[str, tuple[str, ...]]:
     return {k: tuple(v) for k, v in out.items()}
 
 
-def preference(item: QueueItem, first: list[tuple[str, str | None]] | None) -> int:
-    """Index of the first (chapter, table or None) in ``first`` that matches ``item``."""
-    for i, (chapter, table) in enumerate(first or []):
-        if item.chapter == chapter and (table is None or item.table == table):
-            return i
-    return len(first or [])
-
-
 def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] | None = None) -> tuple:
-    """Seed 0 first; then the ``first`` tables in their order; then headline rows, main
-    tables, cheap runs."""
-    return (not item.first_seed, preference(item, first), not item.headline, item.table_rank, cost, item.chapter,
+    """Seed 0 first; then the ``first`` (chapter, table or None) in their order; then headline
+    rows, main tables, cheap runs."""
+    first = first or []
+    rank = next((i for i, (chapter, table) in enumerate(first)
+                 if item.chapter == chapter and table in (None, item.table)), len(first))
+    return (not item.first_seed, rank, not item.headline, item.table_rank, cost, item.chapter,
             item.table, item.row, item.column, item.seed)
 
 
@@ -192,8 +176,6 @@ def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] |
 
 
 def repo_results() -> Path:
-    from .book import repo_root
-
     return repo_root() / "results"
 
 
@@ -204,25 +186,14 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
-def stored_in(key: str) -> Path | None:
-    """The stored run with ``key``: where the queue writes, or already in the repository."""
-    from .results import runs_dir
-
-    for root in (results_root(), repo_results()):
-        if (runs_dir(root) / f"{key}.json").is_file():
-            return runs_dir(root) / f"{key}.json"
-    return None
-
-
 def is_stored(item: QueueItem) -> bool:
-    return stored_in(item.key) is not None
+    """Whether the run of ``item`` is stored where the queue writes, or already in the repository."""
+    return any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results()))
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
     """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
     the run sits in the queue."""
-    from .results import store_run
-
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
     return store_run(item.key, canonical, result, results_root(),
@@ -235,8 +206,6 @@ def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
 
 def data_missing(dataset: str) -> str | None:
     """Why ``dataset`` cannot be loaded here (None: its files are present). No loading."""
-    from . import data
-
     root = data.default_data_root()
     if dataset == "synthetic" or dataset.startswith(data.IMAGEFOLDER_PREFIX):
         return None
@@ -252,6 +221,11 @@ def data_missing(dataset: str) -> str | None:
     if any(p.exists() for p in places):
         return None
     return f"{dataset} data absent (looked in {', '.join(str(p) for p in places) or root})"
+
+
+def missing_data(items: Iterable[QueueItem]) -> dict[str, str | None]:
+    """Dataset -> why its data is absent here (None: present), for the datasets of ``items``."""
+    return {dataset: data_missing(dataset) for dataset in dict.fromkeys(i.dataset for i in items)}
 
 
 # ----------------------------------------------------------------------------- cost
@@ -307,11 +281,7 @@ class CostModel:
 
     @classmethod
     def from_results(cls, root: Path | None = None) -> "CostModel":
-        import json
-
         model = cls()
-        from .results import runs_dir
-
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
         for path in sorted(p for r in roots for p in r.glob("*.json")):
             try:
@@ -337,17 +307,14 @@ class CostModel:
         """(seconds, how: 'measured (n runs)' or 'fallback')."""
         kind = device_kind(device)
         sig = self._signature(config, kind)
-        method = method_name(config)
-        levels = ((5, 1.0), (4, 1.0), (3, METHOD_FACTOR.get(method, 1.0)), (None, METHOD_FACTOR.get(method, 1.0)))
-        for depth, factor in levels:
-            if depth is None:  # same model, any runner
-                rates = [r for s, r in self.samples if s[0] == sig[0] and s[2] == sig[2]]
-            else:
-                rates = [r for s, r in self.samples if s[:depth] == sig[:depth]]
+        factor = METHOD_FACTOR.get(method_name(config), 1.0)
+        # the most similar stored runs (the signature's fields that match; see the module docstring)
+        for fields, scale in (((0, 1, 2, 3, 4), 1.0), ((0, 1, 2, 3), 1.0), ((0, 1, 2), factor), ((0, 2), factor)):
+            rates = [r for s, r in self.samples if all(s[i] == sig[i] for i in fields)]
             if rates:
-                return STARTUP_SECONDS + statistics.median(rates) * work(config) * factor, f"measured ({len(rates)})"
+                return STARTUP_SECONDS + statistics.median(rates) * work(config) * scale, f"measured ({len(rates)})"
         per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(sig[2], FALLBACK_UNKNOWN_MODEL[kind])
-        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * METHOD_FACTOR.get(method, 1.0), "fallback"
+        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * factor, "fallback"
 
 
 # ----------------------------------------------------------------------------- planning
@@ -374,24 +341,13 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = list(items if items is not None else all_items(profile, only))
     shared = sharing(items)
-    items = unique(items)
-    if part != "all":
-        items = [i for i in items if i.gpu == (part == "gpu")]
-    if datasets:
-        items = [i for i in items if i.dataset in datasets]
-    if tables:
-        items = [i for i in items if i.table in tables]
-    if seeds is not None:
-        items = [i for i in items if i.seed in seeds]
+    items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
+             and (not datasets or i.dataset in datasets) and (not tables or i.table in tables)
+             and (seeds is None or i.seed in seeds)]
     model = cost_model or CostModel.from_results()
-    missing = {}
-    entries = []
-    for item in items:
-        if item.dataset not in missing:
-            missing[item.dataset] = data_missing(item.dataset)
-        cost, how = model.estimate(item.config, device)
-        chapters = shared.get(item.key, (item.chapter,))
-        entries.append(Entry(item, cost, how, is_stored(item), missing[item.dataset], chapters))
+    missing = missing_data(items)
+    entries = [Entry(i, *model.estimate(i.config, device), is_stored(i), missing[i.dataset],
+                     shared.get(i.key, (i.chapter,))) for i in items]
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
 
@@ -428,12 +384,11 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
             lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]")
         lines.append("")
     lines.append(f"{'chapter':12} {'table':28} {'stored':>6} {'pending':>7} {'absent':>6} {'pending h':>9}")
-    total = [0, 0, 0, 0.0]
-    for r in summary(entries, workers):
+    rows = summary(entries, workers)
+    for r in rows:
         lines.append(f"{r['chapter']:12} {r['table'][:28]:28} {r['stored']:6d} {r['pending']:7d} "
                      f"{r['not runnable']:6d} {r['pending hours']:9.1f}")
-        for i, k in enumerate(("stored", "pending", "not runnable", "pending hours")):
-            total[i] += r[k]
+    total = [sum(r[k] for r in rows) for k in ("stored", "pending", "not runnable", "pending hours")]
     lines.append(f"{'total':12} {'':28} {total[0]:6d} {total[1]:7d} {total[2]:6d} {total[3]:9.1f}"
                  f"  (hours with {workers} worker(s))")
     return "\n".join(lines)
@@ -480,12 +435,9 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
     total = len(pending)
     started = 0
 
-    def remaining_estimate() -> float:
-        left = sum(e.cost for e in pending) + sum(max(0.0, e.cost - (time.monotonic() - s)) for e, _, s, _ in running)
-        return left / max(1, workers)
-
     def stamp() -> str:
-        return f"elapsed {_hms(time.monotonic() - t0)}, remaining ≈ {_hms(remaining_estimate())}"
+        left = sum(e.cost for e in pending) + sum(max(0.0, e.cost - (time.monotonic() - s)) for e, _, s, _ in running)
+        return f"elapsed {_hms(time.monotonic() - t0)}, remaining ≈ {_hms(left / max(1, workers))}"
 
     hard_stop = None if budget is None else budget * (1 + grace) + 5.0
     while pending or running:
@@ -511,20 +463,17 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
         still = []
         for entry, proc, start, out in running:
             code = proc.poll()
-            if code is None:
-                if hard_stop is not None and time.monotonic() - t0 > hard_stop:
-                    proc.kill()
-                    proc.wait()
-                    outcome.killed.append(entry.item)
-                    log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
-                    out.close()
-                    continue
+            if code is None and (hard_stop is None or time.monotonic() - t0 <= hard_stop):
                 still.append((entry, proc, start, out))
                 continue
-            took = time.monotonic() - start
-            if code == 0:
+            if code is None:
+                proc.kill()
+                proc.wait()
+                outcome.killed.append(entry.item)
+                log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
+            elif code == 0:
                 outcome.stored.append(entry.item)
-                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(took)} "
+                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(time.monotonic() - start)} "
                     f"(est. {_hms(entry.cost)}) · {stamp()}")
             else:
                 out.seek(0)

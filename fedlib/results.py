@@ -8,6 +8,7 @@ import datetime as _dt
 import math
 import platform
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -195,10 +196,8 @@ RUNS_FOLDER = "runs"  # results/runs/<key>.json: every stored run, once, keyed b
 # (``stored_payload``): copying one to the other's folder is all it takes to keep a run.
 
 
-def runs_dir(results_root: "str | Path | None" = None) -> "Path":
+def runs_dir(results_root: str | Path | None = None) -> Path:
     """Where stored runs live: ``<results_root>/runs`` (default: the repository's ``results/``)."""
-    from pathlib import Path
-
     from .book import repo_root
 
     return Path(results_root if results_root is not None else repo_root() / "results") / RUNS_FOLDER

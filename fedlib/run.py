@@ -19,19 +19,17 @@ from .data import Dataset
 from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
 from .federation import DEFAULT_SERVER_VAL, Prepared, _load, _subsample, prepare, resolve_device  # noqa: F401
 from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
+from .progress import report as report_progress
 from .results import (  # noqa: F401
     RunResult,
     _fingerprint_of,
     _key_provenance,
-    _provenance,
-    _strict,
     check_result,
     entry_check,
     result_check,
     run_of,
     stored_payload,
 )
-from .progress import report as report_progress
 
 __all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
            "result_check", "exit_with_parent"]
@@ -104,7 +102,9 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
             report_progress("run", cached=True, wall=0.0)
         else:
             pending[i] = executor.submit(_run_in_worker, c.to_dict())
-    bar = _progress_bar(len(pending), progress)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(pending), desc="sweep", unit="run", disable=not progress or not pending)
     while pending:  # take results as they finish, in any order: each is cached at once
         done = [i for i, future in pending.items() if future.done()]
         if not done:
@@ -118,12 +118,6 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
             bar.update(1)
     bar.close()
     return [results[i] for i in range(len(configs))]
-
-
-def _progress_bar(total: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="sweep", unit="run", disable=not enabled or total == 0)
 
 
 def _run_in_worker(config: dict) -> dict:

@@ -107,9 +107,7 @@ class Explorer:
         self.button.disabled = True
         started = time.perf_counter()
         try:
-            results = {}
-            for method in methods:
-                results[method] = self._run_method(method)
+            results = {method: self._run_method(method) for method in methods}
         except _INPUT_ERRORS as error:
             self.progress.bar_style = "danger"
             self.status.value = f"⚠ {str(error).splitlines()[0]}"

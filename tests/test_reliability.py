@@ -539,7 +539,8 @@ def test_23_a_stored_run_of_an_older_rule_is_listed_stale_not_current(tmp_path, 
     assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
     version = ShapFed.rule_version
     monkeypatch.setattr(ShapFed, "rule_version", version + ".1")
-    current, stale = book.current_and_stale("demo", [cfg])
+    stored = book.stored_results("demo", [cfg])
+    current, stale = stored.results, stored.stale
     assert current == {} and list(stale) == [written[0].name]
     assert stale[written[0].name]["changed"] == [f"shapfed rule version {version} -> {version}.1"]
     assert f"shapfed rule version {version} -> {version}.1" in book.stored_results("demo", [cfg]).describe()

@@ -147,3 +147,25 @@ def test_first_protocol_runs_stay_readable_after_calibration():
     assert "logit protocol's own loop" in simple.meta["rekeyed"]
     assert simple.final["accuracy"] == pytest.approx(0.596, abs=1e-4)
     assert results[chapter.logit_config(first, "meta", 2, 0).key()].final["accuracy"] == pytest.approx(0.96, abs=1e-4)
+
+
+def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_over_seeds():
+    """Stored paper-profile rows: per k, the mean ± population std of the stored seeds' final accuracy
+    (hand-derived: 60 and 70 -> 65.00 ± 5.00); a k without stored runs has no row."""
+    from fedlib.chapters.logitfl import LogitFL, row_configs
+    from fedlib.run import RunResult
+
+    chapter = LogitFL("smoke", book.load_profile("logitfl", "smoke"))
+    configs = row_configs(chapter.paper_params, 2)
+    accuracy = {"simple": (0.6, 0.7), "uwa": (0.8, 0.9), "meta": (0.95, 0.97), "fedavg": (0.85, 0.87)}
+    runs = {c.key(): RunResult(config=c.to_dict(), history=[], final={"accuracy": accuracy[m][i]}, meta={})
+            for m, cs in configs.items() for i, c in enumerate(cs[:2])}
+    chapter.stored = book.Stored(results=runs, provenance={}, skipped=[])
+    mine = {"simple": (50.0, float("nan")), "uwa": (55.0, float("nan")), "meta": (70.0, float("nan")),
+            "fedavg": (60.0, float("nan"))}
+    table, stored = chapter.k_sweep_table({2: mine})
+    frame = table.data
+    assert list(frame.index) == [("ours (smoke)", 2), ("stored paper profile, seeds [0, 1]", 2)]
+    assert frame.loc[("stored paper profile, seeds [0, 1]", 2), "Simple avg."] == "65.00 ± 5.00"
+    assert frame.loc[("ours (smoke)", 2), "Meta-model"] == "70.00"
+    assert stored[2]["meta"] == pytest.approx((96.0, 1.0)) and list(stored) == [2]

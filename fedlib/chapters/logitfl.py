@@ -440,12 +440,30 @@ class LogitFL(Chapter):
                                        orient="index").rename(columns=LABELS).rename_axis(index)
         return bold_best(frame, list(frame.columns)), rows
 
+    def k_sweep_table(self, by_k: dict):
+        """Final accuracy per k (bold: the best): this build's rows, then the stored paper-profile runs'
+        mean ± std over their seeds."""
+        import pandas as pd
+
+        rows = {(self.ours, k): r for k, r in by_k.items()}
+        for k in self.paper_params["ks"] if self.stored is not None else []:
+            configs = row_configs(self.paper_params, k)
+            stored = frames.seed_mean_std(self.stored.results, configs)
+            seeds = sorted({c.seed for cs in configs.values() for c in cs if c.key() in self.stored.results})
+            if seeds:
+                rows[(f"{OURS_STORED}, seeds {seeds}", k)] = stored
+        frame = pd.DataFrame.from_dict({key: {m: pm(*v) for m, v in r.items()} for key, r in rows.items()},
+                                       orient="index").rename(columns=LABELS)
+        frame.index = pd.MultiIndex.from_tuples(list(rows), names=["source", "k"])
+        return bold_best(frame, list(frame.columns)), {k: r for (source, k), r in rows.items() if source != self.ours}
+
     def k_sweep(self):
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""
         import matplotlib.pyplot as plt
 
         ks, seed, methods = self.params["ks"], self.params["seeds"][0], [*self.params["aggregators"], "fedavg"]
-        table, by_k = self.accuracy_table({k: {"k": k} for k in ks}, "k")
+        by_k = {k: row(self.params, self.results, k=k) for k in ks}
+        table, stored = self.k_sweep_table(by_k)
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
         for m in methods:
             axes[0].plot(ks, [by_k[k][m][0] for k in ks], marker="o", label=LABELS[m])
@@ -460,8 +478,15 @@ class LogitFL(Chapter):
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend()
+        stored_text = ""
+        if stored:
+            stored_text = (f"On the stored paper-profile runs (mean over seeds), the meta-model is best for "
+                           f"{sum(max(methods, key=lambda m: r[m][0]) == 'meta' for r in stored.values())} of "
+                           f"{len(stored)} values of k and UWA beats simple averaging for "
+                           f"{sum(r['uwa'][0] > r['simple'][0] for r in stored.values())} of {len(stored)}.")
         return table, fig, {"k_meta_best": sum(max(methods, key=lambda m: by_k[k][m][0]) == "meta" for k in ks),
-                            "k_uwa_wins": sum(by_k[k]["uwa"][0] > by_k[k]["simple"][0] for k in ks), "k_n": len(ks)}
+                            "k_uwa_wins": sum(by_k[k]["uwa"][0] > by_k[k]["simple"][0] for k in ks), "k_n": len(ks),
+                            "k_stored_text": stored_text}
 
     def cifar10(self):
         """The CIFAR-10 rows (None: not run), a line on the data, and the best method."""

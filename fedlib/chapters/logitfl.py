@@ -321,6 +321,22 @@ def calibrated_choice(record: dict[str, Any]) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------- the page
 
 
+def _accuracy_frame(rows: dict, index):
+    """{row label: {method: (mean, std)}} as a table of "mean ± std" (bold: each row's best); ``index``
+    names the row level(s) (tuple labels make a MultiIndex)."""
+    import pandas as pd
+
+    frame = pd.DataFrame.from_dict({label: {m: pm(*v) for m, v in r.items()} for label, r in rows.items()},
+                                   orient="index").rename(columns=LABELS).rename_axis(index)
+    return bold_best(frame, list(frame.columns))
+
+
+def _k_sweep_counts(by_k: dict, methods: list[str]) -> tuple[int, int]:
+    """For {k: {method: (mean, std)}}: how many k have the meta-model best, and UWA ahead of simple averaging."""
+    return (sum(max(methods, key=lambda m: r[m][0]) == "meta" for r in by_k.values()),
+            sum(r["uwa"][0] > r["simple"][0] for r in by_k.values()))
+
+
 class LogitFL(Chapter):
     """The logit-FL page: calibration, headline, k sweep, CIFAR-10, communication, UWA weights, ablations."""
 
@@ -433,18 +449,12 @@ class LogitFL(Chapter):
 
     def accuracy_table(self, settings: dict, index: str, **row_args):
         """Final accuracy (bold: the best) per setting {label: row() arguments}, and the rows."""
-        import pandas as pd
-
         rows = {label: row(self.params, self.results, **row_args, **args) for label, args in settings.items()}
-        frame = pd.DataFrame.from_dict({label: {m: pm(*v) for m, v in r.items()} for label, r in rows.items()},
-                                       orient="index").rename(columns=LABELS).rename_axis(index)
-        return bold_best(frame, list(frame.columns)), rows
+        return _accuracy_frame(rows, index), rows
 
     def k_sweep_table(self, by_k: dict):
         """Final accuracy per k (bold: the best): this build's rows, then the stored paper-profile runs'
         mean ± std over their seeds."""
-        import pandas as pd
-
         rows = {(self.ours, k): r for k, r in by_k.items()}
         for k in self.paper_params["ks"] if self.stored is not None else []:
             configs = row_configs(self.paper_params, k)
@@ -452,10 +462,8 @@ class LogitFL(Chapter):
             seeds = sorted({c.seed for cs in configs.values() for c in cs if c.key() in self.stored.results})
             if seeds:
                 rows[(f"{OURS_STORED}, seeds {seeds}", k)] = stored
-        frame = pd.DataFrame.from_dict({key: {m: pm(*v) for m, v in r.items()} for key, r in rows.items()},
-                                       orient="index").rename(columns=LABELS)
-        frame.index = pd.MultiIndex.from_tuples(list(rows), names=["source", "k"])
-        return bold_best(frame, list(frame.columns)), {k: r for (source, k), r in rows.items() if source != self.ours}
+        return (_accuracy_frame(rows, ["source", "k"]),
+                {k: r for (source, k), r in rows.items() if source != self.ours})
 
     def k_sweep(self):
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""
@@ -478,14 +486,14 @@ class LogitFL(Chapter):
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend()
+        meta_best, uwa_wins = _k_sweep_counts(by_k, methods)
         stored_text = ""
         if stored:
+            stored_meta, stored_uwa = _k_sweep_counts(stored, methods)
             stored_text = (f"On the stored paper-profile runs (mean over seeds), the meta-model is best for "
-                           f"{sum(max(methods, key=lambda m: r[m][0]) == 'meta' for r in stored.values())} of "
-                           f"{len(stored)} values of k and UWA beats simple averaging for "
-                           f"{sum(r['uwa'][0] > r['simple'][0] for r in stored.values())} of {len(stored)}.")
-        return table, fig, {"k_meta_best": sum(max(methods, key=lambda m: by_k[k][m][0]) == "meta" for k in ks),
-                            "k_uwa_wins": sum(by_k[k]["uwa"][0] > by_k[k]["simple"][0] for k in ks), "k_n": len(ks),
+                           f"{stored_meta} of {len(stored)} values of k and UWA beats simple averaging for "
+                           f"{stored_uwa} of {len(stored)}.")
+        return table, fig, {"k_meta_best": meta_best, "k_uwa_wins": uwa_wins, "k_n": len(ks),
                             "k_stored_text": stored_text}
 
     def cifar10(self):

@@ -465,8 +465,7 @@ class _ShapleyMethod(Method):
 
     def round_utility(self, state: RoundState, updates: ClientUpdates, classwise: bool = True) -> CoalitionUtility:
         fed = self.fed
-        return coalition_utility(fed.model, updates.flat, updates.buffers,
-                                 torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32),
+        return coalition_utility(fed.model, updates.flat, updates.buffers, self.client_sizes(updates),
                                  fed.x_val, fed.y_val, fed.n_classes, state.global_flat,
                                  state.global_buffers, classwise=classwise)
 
@@ -478,9 +477,13 @@ class _ShapleyMethod(Method):
         return lambda coalitions: utility.per_class(coalitions).double() @ freq
 
     @staticmethod
-    def fedavg_weights(updates: ClientUpdates) -> torch.Tensor:
-        """Sample-count weights of the round's clients (a client reporting 0 samples counts 1)."""
-        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+    def client_sizes(updates: ClientUpdates) -> torch.Tensor:
+        """The round's clients' sample counts (a client reporting 0 samples counts 1), float32."""
+        return torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+
+    def fedavg_weights(self, updates: ClientUpdates) -> torch.Tensor:
+        """Sample-count weights of the round's clients."""
+        sizes = self.client_sizes(updates)
         return sizes / sizes.sum()
 
     def eps_rules(self) -> tuple:
@@ -570,7 +573,7 @@ class FedMS(_ShapleyMethod):
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         n = len(clients)
         u = self.round_utility(state, updates)
-        sizes = torch.as_tensor(np.maximum(updates.sizes, 1), dtype=torch.float32)
+        sizes = self.client_sizes(updates)
         if state.round == 0 and self.init_all:  # footnote 1: initial scores from the updates
             singles = torch.eye(n, dtype=torch.bool)
             every = torch.ones(1, n, dtype=torch.bool)

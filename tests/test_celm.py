@@ -314,7 +314,8 @@ def _study_run(accuracy, removed_by_round, n=5):
 def test_cffl_study_rows_and_conclusion_by_hand():
     """FedAvg 80 %; coefficient 1/3 removes client 3 in round index 2 and clients 0, 1 in index 3 (after
     rounds 3 and 4), 1/6 removes client 3 only, removal off ends at 30 %: 50 points below FedAvg with every
-    client kept, more than 5, so the threshold is not what holds CFFL back. With removal off at 78 % it is."""
+    client kept, more than 5, so the threshold is not what holds CFFL back. With removal off at 78 % (and
+    1/3 at 40 %, 40 points below) it is; with 1/3 at 77 % there is no shortfall to explain."""
     from fedlib.chapters.celm import CFFL_VARIANTS, cffl_study_frame
 
     labels = ["uniform FedAvg"] + [label for label, _ in CFFL_VARIANTS]
@@ -328,9 +329,13 @@ def test_cffl_study_rows_and_conclusion_by_hand():
     assert (values["cs_removed_third"], values["cs_removed_sixth"], values["cs_off_gap"]) == (3, 1, -50.0)
     assert values["cs_off_reaches_fedavg"] == "no" and "3 of 5 clients (the last after round 4), ending at 40.0 %" in text
     assert "is not what holds" in text
+    assert table.loc["uniform FedAvg", "clients removed"] == "—"
     runs[3] = _study_run(0.78, [[]] * 4)
     _, text, values = cffl_study_frame(list(zip(labels, runs)))
     assert values["cs_off_reaches_fedavg"] == "yes" and "the removals are what hold it back" in text
+    runs[1] = _study_run(0.77, [[]] * 4)  # 1/3 only 3 points below FedAvg: no shortfall to explain
+    _, text, values = cffl_study_frame(list(zip(labels, runs)))
+    assert values["cs_off_reaches_fedavg"] == "yes" and "no shortfall for the removals to explain" in text
 
 
 def test_cffl_study_configs_share_one_reduced_protocol():

@@ -361,22 +361,50 @@ def maverick(
     min_size: int = 1,
     n_classes: int | None = None,
     maverick_classes=None,
+    maverick_share: float = 1.0,
 ) -> Partition:
     """FedMS §5.1 Maverick scenario "Mavericks + Dir(gamma)".
 
-    The last ``n_mavericks`` clients each own all samples of one class (seeded random
-    choice, or ``maverick_classes``). Every other class is spread over ALL clients,
-    Mavericks included, with Dir(gamma) proportions per class, so non-Mavericks hold only
-    non-Maverick classes. Clients with fewer than ``min_size`` samples of the shared
-    classes are repaired as in :func:`dirichlet`, within the shared classes.
+    The last ``n_mavericks`` clients each own one class (seeded random choice, or
+    ``maverick_classes``): floor(``maverick_share`` x its size) samples of it, drawn at random;
+    the rest of that class is left out, since no other client may hold it (FedMS Fig. 1: the
+    Mavericks' share of data is a reading of its circle sizes; default 1, the whole class).
+    Every other class is spread over ALL clients, Mavericks included, with Dir(gamma)
+    proportions per class, so non-Mavericks hold only non-Maverick classes. Clients with fewer
+    than ``min_size`` samples of the shared classes are repaired as in :func:`dirichlet`,
+    within the shared classes.
+
+    MNIST (N=50, 2 Mavericks): with ``maverick_share`` 1 a Maverick holds its whole class
+    (about 6,000) plus about 1/50 of the shared classes; with 1/50 it holds as much of its
+    class as an average client holds of a shared one (about 120).
     """
     labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(gamma > 0, f"gamma must be > 0, got {gamma}")
     _require(min_size >= 0, f"min_size must be >= 0, got {min_size}")
+    _require(0 < maverick_share <= 1, f"maverick_share must be in (0, 1], got {maverick_share}")
     counts, shared = _maverick_columns(class_sizes, n_clients, n_mavericks, maverick_classes, rng)
+    if maverick_share < 1:
+        owned = np.floor(maverick_share * counts[:, ~shared]).astype(np.int64)
+        _require(np.all(owned.sum(0) >= 1),
+                 f"maverick_share {maverick_share} leaves a Maverick no sample of its class")
+        counts[:, ~shared] = owned
     counts[:, shared] = _dirichlet_counts(class_sizes[shared], n_clients, gamma, min_size, rng)
     roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
     return _partition(labels, counts, roles, rng)
+
+
+def _key_only_when_set(fn: Callable, *names: str) -> Callable:
+    """Show ``names`` to configs as parameters without a default, so that a config's resolved split
+    (its cache key) holds them only where it sets them: the runs stored before they existed keep
+    their keys. Their defaults still apply when a config leaves them out."""
+    sig = inspect.signature(fn)
+    fn.__signature__ = sig.replace(parameters=[
+        p.replace(default=inspect.Parameter.empty, kind=inspect.Parameter.KEYWORD_ONLY) if p.name in names else p
+        for p in sig.parameters.values()])
+    return fn
+
+
+_key_only_when_set(maverick, "maverick_share")
 
 
 def maverick_iid(

@@ -197,6 +197,8 @@ def queue_items(params: dict[str, Any]) -> list:
         data = "CIFAR-10" if cifar10 else dataset_label(params["dataset"])
         items += [item("Table 1", f"{data} {s}", METHOD_LABELS[m], run_config(params, s, m, seed, cifar10),
                        headline=s == "Dir(0.1)") for s in splits for m in methods for seed in seeds]
+    if "table1" in experiments:  # FedAvg under the readings of §5.1, seed 0 (issue 30)
+        items += maverick_reading_items(params)
     if "table2" in experiments:
         items += [item("Table 2", METHOD_LABELS[m], "participation", adversarial_config(params, m, seed),
                        headline=m == "fedms", table_rank=1, backs=(("Table 2", METHOD_LABELS[m], "*"),))
@@ -463,9 +465,16 @@ def _integer_rounds(*axes) -> None:
 # Readings of FedMS §5.1 / Fig. 1 that change what FedAvg's Table 1 number is, calibrated on FedAvg
 # only (never on FedMS). Run readings change the run; score readings only how a run is read.
 MAVERICK_RUN_READINGS: dict[str, dict[str, Any]] = {
-    # the chapter's protocol: sample-count weights (McMahan et al.), 2,000 training samples held out
-    # as the server's validation set, the whole test set
+    # the chapter's protocol: sample-count weights (Eq. 3), 2,000 training samples held out
+    # as the server's validation set, the whole test set, each Maverick holds its whole class
     "n_i weights, validation held out of training": {"method": "fedavg", "validation": "train"},
+    # Fig. 1's circle sizes read as a Maverick holding only part of its class (``maverick_share``;
+    # the rest of the class is left out): 1/N, as much as an average client holds of a shared class
+    # (equal circles), and 10 %; otherwise the chapter's protocol
+    "Mavericks hold 1/N of their class, n_i weights": {"method": "fedavg", "validation": "train",
+                                                       "maverick_share": "1/N"},
+    "Mavericks hold 10 % of their class, n_i weights": {"method": "fedavg", "validation": "train",
+                                                        "maverick_share": 0.1},
     # FedAvg averaging the K selected clients equally (1/K each)
     "uniform weights, validation held out of training": {"method": "fedavg_uniform", "validation": "train"},
     # §5.1: "we randomly split 20 % of testing samples as validation dataset": FedAvg trains on all
@@ -479,18 +488,28 @@ MAVERICK_SCORE_READINGS: dict[str, int | None] = {"last round": 1, "mean of the 
 TEST_SHARE = 0.8  # the share of the test set left for testing when the validation set comes from it
 
 
+def maverick_share(params: dict[str, Any], reading: str) -> float:
+    """The share of its class each Maverick holds under a run reading (1: the whole class)."""
+    share = MAVERICK_RUN_READINGS[reading].get("maverick_share", 1.0)
+    return 1.0 / params["n_clients"] if share == "1/N" else float(share)
+
+
 def maverick_reading_config(params: dict[str, Any], split: str, reading: str, seed: int) -> RunConfig:
     """FedAvg on the Table 1 protocol under one of ``MAVERICK_RUN_READINGS`` (the first is Table 1's own
     FedAvg run, the same key)."""
     spec = MAVERICK_RUN_READINGS[reading]
     base = run_config(params, split, "fedavg", seed)
-    if spec["validation"] == "train" and spec["method"] == "fedavg":
+    share = maverick_share(params, reading)
+    if spec["validation"] == "train" and spec["method"] == "fedavg" and share == 1.0:
         return base
-    fields = base.model_dump(exclude={"method"})
+    fields = base.model_dump(exclude={"method", "split"})
     if spec["validation"] == "test":
         n_test = params["test_samples"] or 10_000
         fields.update(server_val=None, test_samples=int(round(TEST_SHARE * n_test)))
-    return make_config(**fields, method=method_spec(spec["method"], split))
+    split_spec = {"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]}
+    if share != 1.0:
+        split_spec["maverick_share"] = share
+    return make_config(**fields, split=split_spec, method=method_spec(spec["method"], split))
 
 
 def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, str, RunConfig]]:

@@ -37,6 +37,47 @@ def test_reading_configs_change_only_what_their_reading_names(params):
     assert sum(i.headline for i in items) == 1 and {i.table for i in items} == {"Maverick readings"}
 
 
+def test_share_readings_change_only_the_mavericks_share(params):
+    """1/N of 50 clients is 0.02; 10 % is 0.1; everything else is Table 1's FedAvg run (Dir(1))."""
+    by = {(s, r): c for s, r, c in fedms.maverick_reading_configs(params)}
+    table1 = fedms.run_config(params, "Dir(1)", "fedavg", params["seeds"][0])
+    for reading, share in (("Mavericks hold 1/N of their class, n_i weights", 0.02),
+                           ("Mavericks hold 10 % of their class, n_i weights", 0.1)):
+        config = by[("Dir(1)", reading)]
+        assert fedms.maverick_share(params, reading) == share
+        assert config.resolved()["split"] == {**table1.resolved()["split"], "maverick_share": share}
+        assert {k: v for k, v in config.resolved().items() if k != "split"} == \
+            {k: v for k, v in table1.resolved().items() if k != "split"}
+    assert "maverick_share" not in table1.resolved()["split"]  # Table 1's keys are as stored
+
+
+def test_the_profile_share_reaches_table1_but_not_the_readings(params):
+    """A profile with maverick_share 0.02 runs every Table 1 method on it; the readings keep their own
+    shares (the first is still the whole class), so their keys do not move with the profile."""
+    shared = {**params, "maverick_share": 0.02}
+    assert fedms.run_config(shared, "Dir(10)", "fedms", 0).resolved()["split"]["maverick_share"] == 0.02
+    assert [c.key() for *_, c in fedms.maverick_reading_configs(shared)] == \
+        [c.key() for *_, c in fedms.maverick_reading_configs(params)]
+    assert fedms.maverick_split(params, "Dir(0.1)", 1.0) == {"name": "maverick", "n_mavericks": 2, "gamma": 0.1}
+
+
+def test_the_readings_are_in_the_chapters_queue(params):
+    keys = {i.key for i in fedms.queue_items(params)}
+    assert {c.key() for *_, c in fedms.maverick_reading_configs(params)} <= keys
+    assert "table1" in params["experiments"]
+    without = {i.key for i in fedms.queue_items({**params, "experiments": ["fig2"]})}
+    assert not {c.key() for *_, c in fedms.maverick_reading_configs(params)} & without
+
+
+def test_maverick_class_accuracy_by_hand():
+    """3 clients x 4 classes; the Maverick (client 2) alone holds class 3, and also holds class 0:
+    only class 3 counts, at 25 %."""
+    run = RunResult(config={}, history=[], final={"accuracy": 0.7, "per_class_accuracy": [0.9, 0.8, 0.7, 0.25]},
+                    meta={"client_roles": ["benign", "benign", "maverick"],
+                          "client_class_counts": [[5, 5, 5, 0], [5, 5, 5, 0], [3, 0, 0, 7]]})
+    assert fedms.maverick_class_accuracy(run) == pytest.approx(25.0)
+
+
 def test_reading_score_by_hand():
     run = _run([0.5, 0.6, 0.7, 0.8])
     assert fedms.reading_score(run, 1) == pytest.approx(80.0)

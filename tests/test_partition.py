@@ -155,6 +155,44 @@ def test_maverick_classes_are_exclusive(fmnist_labels):
     assert p.sizes.min() >= 1
 
 
+def test_maverick_share_counts_by_hand():
+    """10 classes of 101 samples, 5 clients, Mavericks (clients 3, 4) own classes 2 and 7. Share 0.25:
+    floor(0.25 x 101) = 25 samples of each Maverick class, 76 of each left out; the 8 shared classes
+    keep all 101 samples each: 8 x 101 + 2 x 25 = 858 samples used. Share 1 is the default, sample
+    for sample."""
+    labels = np.random.default_rng(2).permutation(np.repeat(np.arange(10), 101))
+    p = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=0.25)
+    np.testing.assert_array_equal(p.counts[:, [2, 7]], [[0, 0], [0, 0], [0, 0], [25, 0], [0, 25]])
+    shared = np.setdiff1d(np.arange(10), [2, 7])
+    np.testing.assert_array_equal(p.counts[:, shared].sum(0), [101] * 8)
+    assert p.counts.sum() == 858 and sum(len(i) for i in p.indices) == 858
+    assert np.all(labels[p.indices[3]][np.isin(labels[p.indices[3]], [2, 7])] == 2)
+    whole = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7])
+    same = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=1.0)
+    np.testing.assert_array_equal(whole.counts[:, [2, 7]], [[0, 0], [0, 0], [0, 0], [101, 0], [0, 101]])
+    assert all(np.array_equal(a, b) for a, b in zip(whole.indices, same.indices))
+
+
+def test_maverick_share_is_a_run_parameter_that_enters_the_key_only_when_set():
+    """A config without maverick_share resolves (and keys) as before the parameter existed; one that
+    sets it carries it in its resolved split and runs with it (MNIST-sized: 50 clients, share 1/50)."""
+    from fedlib.config import make_config
+
+    base = dict(dataset="mnist", n_clients=50, split={"name": "maverick", "n_mavericks": 2, "gamma": 10.0})
+    plain = make_config(**base)
+    assert "maverick_share" not in plain.resolved()["split"]
+    assert set(plain.resolved()["split"]) == {"name", "n_mavericks", "gamma", "min_size", "maverick_classes"}
+    shared = make_config(**{**base, "split": {**base["split"], "maverick_share": 0.02}})
+    assert shared.resolved()["split"]["maverick_share"] == 0.02 and shared.key({}) != plain.key({})
+    labels = np.random.default_rng(3).permutation(np.repeat(np.arange(10), 6000))
+    p = P._call_with_params(P.maverick, "maverick", {"n_mavericks": 2, "gamma": 10.0, "maverick_share": 0.02},
+                            labels=labels, n_clients=50, seed=0, n_classes=10)
+    exclusive = np.flatnonzero(p.counts[:48].sum(0) == 0)
+    assert exclusive.size == 2
+    own = p.counts[48:][:, exclusive]  # Maverick 48 owns the lower class (sorted random choice)
+    np.testing.assert_array_equal(own, [[120, 0], [0, 120]])  # floor(0.02 x 6000)
+
+
 def test_maverick_iid_documented_counts(fmnist_labels):
     p = P.maverick_iid(fmnist_labels, seed=0, maverick_class=8)
     np.testing.assert_array_equal(p.sizes, [10800] * 4 + [16800])
@@ -294,6 +332,9 @@ ERRORS = [
     ("n_free_riders", lambda y: P.free_rider(P.iid(y, 2, seed=0), 3)),
     ("x", lambda y: P.adversarial(y, gamma=1.0, seed=0)),
     ("maverick_classes", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_classes=[10])),
+    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.0)),
+    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=1.5)),
+    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.005)),  # floor(0.5) = 0
     ("free_rider_fraction", lambda y: P.celm_free_rider(y, seed=0, free_rider_fraction=0.0)),
 ]
 

@@ -75,8 +75,16 @@ def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar
     method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
     extra = {**params.get("method_params", {}).get(method, {}), **variant}
     return _config(params, seed, cifar10, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
-                   split={"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]},
-                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra))
+                   split=maverick_split(params, split), method=method_spec(method, split, "cifar10" if cifar10
+                                                                          else params["dataset"], extra))
+
+
+def maverick_split(params: dict[str, Any], split: str, share: float | None = None) -> dict[str, Any]:
+    """Table 1's split spec: Mavericks + Dir(γ); each Maverick holds ``share`` of its class (default the
+    profile's ``maverick_share``, absent: 1, the whole class; 1 stays out of the spec and the key)."""
+    share = float(params.get("maverick_share", 1.0) if share is None else share)
+    spec = {"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]}
+    return spec if share == 1.0 else {**spec, "maverick_share": share}
 
 
 def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunConfig:
@@ -440,6 +448,48 @@ class FedMS(Chapter):
                                           **diagnose_shortfall(run, fedavg)})
         return pd.DataFrame(lines).set_index(["source", "setting", "seed", "method"]) if lines else None
 
+    def maverick_readings(self):
+        """FedAvg's Table 1 under every reading of §5.1 (issue 30), from the stored paper-profile runs of
+        seed 0: the candidates' numbers and gaps (a cell without a stored run says so), the chosen
+        reading by ``calibrate_maverick_readings``'s rule (FedAvg only), and the Maverick classes'
+        last-round accuracy of each run. The frame is None when no candidate has a stored run."""
+        from .. import book
+
+        params = self.paper_params
+        rows = maverick_reading_configs(params)
+        stored = book.stored_results(self.name, [c for *_, c in rows]).results
+        frame, chosen = calibrate_maverick_readings(params, stored, self.reference)
+        n_runs = sum(c.key() in stored for *_, c in rows)
+        values = {"mr_runs": n_runs, "mr_candidates": len(rows), "mr_chosen": "none (no candidate has a run)",
+                  "mr_chosen_dir10": float("nan"), "mr_chosen_gap": float("nan"),
+                  "mr_protocol": "the protocol stays as it was"}
+        if chosen is None:
+            return None, values
+        for split, reading, config in rows:  # the evidence: do the runs miss the Maverick classes?
+            run = stored.get(config.key())
+            frame.loc[(reading, slice(None)), f"{split} Maverick classes, last round (%)"] = (
+                maverick_class_accuracy(run) if run is not None else np.nan)
+        line = frame.loc[chosen]
+        within = bool(line["Dir(10) within 3 points"])
+        share = maverick_share(params, chosen[0])
+        adopted = within and float(params.get("maverick_share", 1.0)) == share
+        values.update({"mr_chosen": f"{chosen[0]}, read as the {chosen[1]}",
+                       "mr_chosen_dir10": float(line["Dir(10) ours"]), "mr_chosen_gap": float(line["mean |ours − paper|"]),
+                       "mr_protocol": ("it is the paper profile's protocol (params/fedms/paper.yaml: maverick_share "
+                                       f"{share:g})" if adopted else
+                                       "it lands within 3 points of the paper on Dir(10), but the paper profile does "
+                                       "not use it yet" if within else
+                                       "no candidate measured lands within 3 points of the paper on Dir(10), so the "
+                                       "protocol stays as it was")})
+        shown = frame.copy()
+        for column in [c for c in shown.columns if c.endswith("ours") or "Maverick classes" in c]:
+            shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
+        papers = [c for c in shown.columns if c.endswith(" paper")]
+        names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}
+        shown = shown.drop(columns=papers).rename(columns=names)
+        shown["chosen"] = [i == chosen for i in shown.index]
+        return shown, values
+
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""
         out = [{"claim": f"FedMS accuracy, MNIST {label} (Table 1)", "paper": paper["fedms"][0],
@@ -498,18 +548,12 @@ def maverick_reading_config(params: dict[str, Any], split: str, reading: str, se
     """FedAvg on the Table 1 protocol under one of ``MAVERICK_RUN_READINGS`` (the first is Table 1's own
     FedAvg run, the same key)."""
     spec = MAVERICK_RUN_READINGS[reading]
-    base = run_config(params, split, "fedavg", seed)
-    share = maverick_share(params, reading)
-    if spec["validation"] == "train" and spec["method"] == "fedavg" and share == 1.0:
-        return base
-    fields = base.model_dump(exclude={"method", "split"})
+    fields = run_config(params, split, "fedavg", seed).model_dump(exclude={"method", "split"})
     if spec["validation"] == "test":
         n_test = params["test_samples"] or 10_000
         fields.update(server_val=None, test_samples=int(round(TEST_SHARE * n_test)))
-    split_spec = {"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]}
-    if share != 1.0:
-        split_spec["maverick_share"] = share
-    return make_config(**fields, split=split_spec, method=method_spec(spec["method"], split))
+    return make_config(**fields, split=maverick_split(params, split, maverick_share(params, reading)),
+                       method=method_spec(spec["method"], split))
 
 
 def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, str, RunConfig]]:
@@ -525,6 +569,14 @@ def maverick_reading_items(params: dict[str, Any], seed: int | None = None) -> l
     return [queue_item("fedms", params, "Maverick readings", f"MNIST {split}", reading, config, table_rank=1,
                        headline=split == "Dir(10)" and reading == next(iter(MAVERICK_RUN_READINGS)))
             for split, reading, config in maverick_reading_configs(params, seed)]
+
+
+def maverick_class_accuracy(result) -> float:
+    """Mean last-round test accuracy (%) of the classes only the Mavericks hold."""
+    counts = np.asarray(result.meta["client_class_counts"])
+    mavericks = np.asarray(result.meta["client_roles"]) == "maverick"
+    classes = (counts[mavericks].sum(0) > 0) & (counts[~mavericks].sum(0) == 0)
+    return float(100.0 * np.asarray(result.final["per_class_accuracy"])[classes].mean())
 
 
 def reading_score(result, last: int | None) -> float:
@@ -558,6 +610,7 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
                 line[f"{split} ours"], line[f"{split} paper"] = ours, paper
                 if np.isfinite(ours):
                     gaps.append(abs(ours - paper))
+            line["splits with a run"] = len(gaps)
             line["mean |ours − paper|"] = float(np.mean(gaps)) if gaps else float("nan")
             line["Dir(10) within 3 points"] = bool(abs(line.get("Dir(10) ours", np.nan)
                                                        - line.get("Dir(10) paper", np.nan)) <= 3.0)

@@ -56,6 +56,8 @@ def test_the_profile_share_reaches_table1_but_not_the_readings(params):
     shares (the first is still the whole class), so their keys do not move with the profile."""
     shared = {**params, "maverick_share": 0.02}
     assert fedms.run_config(shared, "Dir(10)", "fedms", 0).resolved()["split"]["maverick_share"] == 0.02
+    cifar = fedms.run_config(shared, "Dir(10)", "fedms", 0, cifar10=True)  # calibrated on MNIST only
+    assert cifar.key() == fedms.run_config(params, "Dir(10)", "fedms", 0, cifar10=True).key()
     assert [c.key() for *_, c in fedms.maverick_reading_configs(shared)] == \
         [c.key() for *_, c in fedms.maverick_reading_configs(params)]
     assert fedms.maverick_split(params, "Dir(0.1)", 1.0) == {"name": "maverick", "n_mavericks": 2, "gamma": 0.1}
@@ -109,3 +111,38 @@ def test_calibration_picks_the_smallest_mean_gap_by_hand(params):
     assert np.isnan(frame.loc[("n_i weights, validation from the test set", "last round"), "mean |ours − paper|"])
     _, none = fedms.calibrate_maverick_readings(params, {}, load_reference("fedms"))
     assert none is None
+
+
+def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monkeypatch):
+    """Stored: the 1/N reading on all three splits at 80 % in every round (Maverick classes at 0 %).
+    Gaps 0.87 / 1.00 / 5.45 -> mean 2.44, chosen (last round, the first of its ties); Dir(10) lands within
+    3 points, but the paper profile has no maverick_share, so the page says it does not use it yet."""
+    from fedlib import book
+    from fedlib.chapters.fedms import FedMS
+
+    reading = "Mavericks hold 1/N of their class, n_i weights"
+    meta = {"client_roles": ["benign", "maverick"], "client_class_counts": [[5, 0], [1, 4]]}
+    run = RunResult(config={}, history=[{"round": t, "accuracy": 0.8} for t in range(10)],
+                    final={"accuracy": 0.8, "per_class_accuracy": [1.0, 0.0]}, meta=meta)
+    stored = {c.key(): run for _, r, c in fedms.maverick_reading_configs(params) if r == reading}
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    chapter = FedMS("paper", params)
+    chapter.paper_params = params
+    frame, values = chapter.maverick_readings()
+    assert len(frame) == len(fedms.MAVERICK_RUN_READINGS) * len(fedms.MAVERICK_SCORE_READINGS)
+    assert values["mr_runs"] == 3 and values["mr_candidates"] == 18
+    assert values["mr_chosen"] == f"{reading}, read as the last round"
+    assert values["mr_chosen_dir10"] == pytest.approx(80.0) and values["mr_chosen_gap"] == pytest.approx(2.44)
+    assert values["mr_protocol"].startswith("it lands within 3 points of the paper on Dir(10), but the paper")
+    line = frame.loc[(reading, "last round")]
+    assert line["Dir(10) ours (paper 79.13)"] == "80.00" and line["Dir(0.1) Maverick classes, last round (%)"] == "0.00"
+    assert line["chosen"] and frame["chosen"].sum() == 1
+    assert frame.loc[("uniform weights, validation from the test set", "last round"),
+                     "Dir(1) ours (paper 79.00)"] == "no stored run yet"
+    chapter.paper_params = {**params, "maverick_share": 0.02}
+    assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it is the paper profile's protocol")
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored({}, {}, []))
+    assert chapter.maverick_readings() == (None, {**values, "mr_runs": 0, "mr_chosen": "none (no candidate has a run)",
+                                                  "mr_chosen_dir10": pytest.approx(float("nan"), nan_ok=True),
+                                                  "mr_chosen_gap": pytest.approx(float("nan"), nan_ok=True),
+                                                  "mr_protocol": "the protocol stays as it was"})

@@ -63,12 +63,14 @@ def test_the_profile_share_reaches_table1_but_not_the_readings(params):
     assert fedms.maverick_split(params, "Dir(0.1)", 1.0) == {"name": "maverick", "n_mavericks": 2, "gamma": 0.1}
 
 
-def test_the_readings_are_in_the_chapters_queue(params):
-    keys = {i.key for i in fedms.queue_items(params)}
-    assert {c.key() for *_, c in fedms.maverick_reading_configs(params)} <= keys
-    assert "table1" in params["experiments"]
-    without = {i.key for i in fedms.queue_items({**params, "experiments": ["fig2"]})}
-    assert not {c.key() for *_, c in fedms.maverick_reading_configs(params)} & without
+def test_the_readings_are_an_experiment_of_the_paper_profile_and_its_queue(params):
+    readings = {c.key() for *_, c in fedms.maverick_reading_configs(params)}
+    assert "maverick_readings" in params["experiments"]
+    assert readings <= {i.key for i in fedms.queue_items(params)} and readings <= {c.key() for c in fedms.configs(params)}
+    without = {**params, "experiments": ["table1"]}  # the smoke and quick builds do not run them
+    assert "Maverick readings" not in {i.table for i in fedms.queue_items(without)}
+    assert len(readings - {c.key() for c in fedms.configs(without)}) == 15  # all but Table 1's 3 FedAvg runs
+    assert "maverick_readings" not in load_profile("fedms", "quick")["experiments"]
 
 
 def test_maverick_class_accuracy_by_hand():

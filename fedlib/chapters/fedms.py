@@ -9,6 +9,8 @@ batch 64, SGD lr 0.05, the server's validation set held out of the training set)
                   the Maverick, Shapley rewards by GTG and MS-GTG               (Fig. 2)
   table2          58 clients with 2 label-flipping, 2 random-data, 2 random-update clients
                   and 2 free-riders, Mavericks + Dir(0.1): participation rates  (Table 2)
+  maverick_readings  FedAvg on Table 1's splits under readings of §5.1 (the Mavericks' share of
+                  their class, FedAvg's weights, where the validation set comes from), seed 0
 Figs. 3–5 (rewards of Mavericks vs non-Mavericks under FedMS, S-FedAvg and GreedyFed) are
 read from the Table 1 runs.
 """
@@ -116,6 +118,8 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [fig2_config(params, seed, w) for w in (True, False) for seed in seeds]
     if experiment == "table2":
         return [adversarial_config(params, m, seed) for m in methods for seed in seeds]
+    if experiment == "maverick_readings":
+        return [config for *_, config in maverick_reading_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
@@ -206,7 +210,7 @@ def queue_items(params: dict[str, Any]) -> list:
         data = "CIFAR-10" if cifar10 else dataset_label(params["dataset"])
         items += [item("Table 1", f"{data} {s}", METHOD_LABELS[m], run_config(params, s, m, seed, cifar10),
                        headline=s == "Dir(0.1)") for s in splits for m in methods for seed in seeds]
-    if "table1" in experiments:  # FedAvg under the readings of §5.1, seed 0 (issue 30)
+    if "maverick_readings" in experiments:  # FedAvg under the readings of §5.1, seed 0 (issue 30)
         items += maverick_reading_items(params)
     if "table2" in experiments:
         items += [item("Table 2", METHOD_LABELS[m], "participation", adversarial_config(params, m, seed),

@@ -148,3 +148,12 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
                                                   "mr_chosen_dir10": pytest.approx(float("nan"), nan_ok=True),
                                                   "mr_chosen_gap": pytest.approx(float("nan"), nan_ok=True),
                                                   "mr_protocol": "the protocol stays as it was"})
+
+
+def test_table1_score_reads_runs_as_the_profile_says(params):
+    run = _run([0.5, 0.6, 0.7, 0.8])
+    assert fedms.table1_score(params) is None  # the paper profile without table1_score: the final accuracy
+    assert fedms.table1_score({**params, "table1_score": "mean of the last 10 rounds"})(run) == pytest.approx(65.0)
+    assert fedms.table1_score({**params, "table1_score": "mean over all rounds"}, cifar10=True) is None
+    with pytest.raises(ValueError, match="^table1_score: must be one of 'last round', "):
+        fedms.table1_score({**params, "table1_score": "best round"})

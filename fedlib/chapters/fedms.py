@@ -82,6 +82,15 @@ def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar
                    method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra))
 
 
+def table1_score(params: dict[str, Any], cifar10: bool = False):
+    """How a Table 1 run is read (for ``frames.seed_mean_std``): the profile's ``table1_score``, a name of
+    ``MAVERICK_SCORE_READINGS`` calibrated on MNIST (absent: the last round); None is the final accuracy."""
+    name = params.get("table1_score", "last round")
+    if name not in MAVERICK_SCORE_READINGS:
+        raise ValueError(f"table1_score: must be one of {', '.join(map(repr, MAVERICK_SCORE_READINGS))} (got {name!r})")
+    return None if cifar10 or name == "last round" else partial(reading_score, last=MAVERICK_SCORE_READINGS[name])
+
+
 def maverick_split(params: dict[str, Any], split: str, share: float | None = None) -> dict[str, Any]:
     """Table 1's split spec: Mavericks + Dir(γ); each Maverick holds ``share`` of its class (default the
     profile's ``maverick_share``, absent: 1, the whole class; 1 stays out of the spec and the key)."""
@@ -299,7 +308,9 @@ class FedMS(Chapter):
                         for m in table1_grid(p, cifar10)[1]}
 
             paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
-            rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, self.sources(make)))
+            ours = {source: frames.seed_mean_std(results, make(p), table1_score(p, cifar10))
+                    for source, results, p in self.by_source()}
+            rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, ours))
         return self.measured(rows)
 
     def cifar_note(self) -> str:
@@ -316,7 +327,9 @@ class FedMS(Chapter):
         values = {"t1_best_ours": sum(best_method(o) == "fedms" for _, o in ran),
                   "t1_best_paper": sum(best_method(p) == "fedms" for p, _ in ran if "fedms" in p),
                   "t1_rows": len(ran), "t1_gain": float(np.nanmean(gain)) if gain else float("nan"),
-                  "t1_dir1_fedms": dir1.get("fedms", (float("nan"),))[0]}
+                  "t1_dir1_fedms": dir1.get("fedms", (float("nan"),))[0],
+                  "t1_score": self.params.get("table1_score", "last round"),
+                  "t1_score_paper": self.paper_params.get("table1_score", "last round")}
         return self.comparison(rows), rows, values
 
     def softmax_table(self, rows):

@@ -11,7 +11,9 @@ from fedlib.run import RunResult
 
 @pytest.fixture(scope="module")
 def params():
-    return {**load_profile("fedms", "paper"), "splits": ["Dir(10)", "Dir(1)", "Dir(0.1)"]}
+    """The paper profile under the chapter's original protocol (no table1_reading / table1_score)."""
+    paper = {k: v for k, v in load_profile("fedms", "paper").items() if k not in ("table1_reading", "table1_score")}
+    return {**paper, "splits": ["Dir(10)", "Dir(1)", "Dir(0.1)"]}
 
 
 def _run(accuracies):
@@ -51,16 +53,27 @@ def test_share_readings_change_only_the_mavericks_share(params):
     assert "maverick_share" not in table1.resolved()["split"]  # Table 1's keys are as stored
 
 
-def test_the_profile_share_reaches_table1_but_not_the_readings(params):
-    """A profile with maverick_share 0.02 runs every Table 1 method on it; the readings keep their own
-    shares (the first is still the whole class), so their keys do not move with the profile."""
-    shared = {**params, "maverick_share": 0.02}
-    assert fedms.run_config(shared, "Dir(10)", "fedms", 0).resolved()["split"]["maverick_share"] == 0.02
-    cifar = fedms.run_config(shared, "Dir(10)", "fedms", 0, cifar10=True)  # calibrated on MNIST only
+def test_the_profiles_table1_reading_sets_the_share_for_every_method_and_weights_for_fedavg(params):
+    """table1_reading "Mavericks hold 1/N ...": every MNIST method runs on share 0.02 (FedAvg's run is the
+    stored reading run); "uniform weights, validation from the test set": FedAvg becomes fedavg_uniform on
+    80 % of the test set, FedMS keeps its method and validation; CIFAR-10 and the readings' own configs do
+    not move with the profile."""
+    share = {**params, "table1_reading": "Mavericks hold 1/N of their class, n_i weights"}
+    assert fedms.run_config(share, "Dir(10)", "fedms", 0).resolved()["split"]["maverick_share"] == 0.02
+    by = {(s, r): c for s, r, c in fedms.maverick_reading_configs(params)}
+    assert fedms.run_config(share, "Dir(1)", "fedavg", 0).key() == \
+        by[("Dir(1)", "Mavericks hold 1/N of their class, n_i weights")].key()
+    cifar = fedms.run_config(share, "Dir(10)", "fedms", 0, cifar10=True)  # calibrated on MNIST only
     assert cifar.key() == fedms.run_config(params, "Dir(10)", "fedms", 0, cifar10=True).key()
-    assert [c.key() for *_, c in fedms.maverick_reading_configs(shared)] == \
-        [c.key() for *_, c in fedms.maverick_reading_configs(params)]
+    uniform = {**params, "table1_reading": "uniform weights, validation from the test set"}
+    fedavg, fedms_run = (fedms.run_config(uniform, "Dir(0.1)", m, 0) for m in ("fedavg", "fedms"))
+    assert (fedavg.method.name, fedavg.server_val, fedavg.test_samples) == ("fedavg_uniform", None, 8000)
+    assert fedms_run.key() == fedms.run_config(params, "Dir(0.1)", "fedms", 0).key()
+    for profile in (share, uniform):
+        assert [c.key() for *_, c in fedms.maverick_reading_configs(profile)] == [c.key() for c in by.values()]
     assert fedms.maverick_split(params, "Dir(0.1)", 1.0) == {"name": "maverick", "n_mavericks": 2, "gamma": 0.1}
+    with pytest.raises(ValueError, match="^table1_reading: must be one of 'n_i weights, validation held out"):
+        fedms.run_config({**params, "table1_reading": "median"}, "Dir(1)", "fedavg", 0)
 
 
 def test_the_readings_are_an_experiment_of_the_paper_profile_and_its_queue(params):
@@ -118,7 +131,7 @@ def test_calibration_picks_the_smallest_mean_gap_by_hand(params):
 def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monkeypatch):
     """Stored: the 1/N reading on all three splits at 80 % in every round (Maverick classes at 0 %).
     Gaps 0.87 / 1.00 / 5.45 -> mean 2.44, chosen (last round, the first of its ties); Dir(10) lands within
-    3 points, but the paper profile has no maverick_share, so the page says it does not use it yet."""
+    3 points, but the paper profile does not name it, so the page says it does not use it yet."""
     from fedlib import book
     from fedlib.chapters.fedms import FedMS
 
@@ -141,7 +154,7 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     assert line["chosen"] and frame["chosen"].sum() == 1
     assert frame.loc[("uniform weights, validation from the test set", "last round"),
                      "Dir(1) ours (paper 79.00)"] == "no stored run yet"
-    chapter.paper_params = {**params, "maverick_share": 0.02}
+    chapter.paper_params = {**params, "table1_reading": reading, "table1_score": "last round"}
     assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it is the paper profile's protocol")
     monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored({}, {}, []))
     assert chapter.maverick_readings() == (None, {**values, "mr_runs": 0, "mr_chosen": "none (no candidate has a run)",

@@ -73,13 +73,29 @@ def _config(params: dict[str, Any], seed: int, cifar10: bool = False, **fields) 
 
 def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
     """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round.
-    ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``). The profile's ``maverick_share`` was
-    calibrated on MNIST, so CIFAR-10 keeps the whole class."""
+    ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``). The profile's ``table1_reading`` (a name of
+    ``MAVERICK_RUN_READINGS``, calibrated on MNIST FedAvg; absent: the first, the chapter's original protocol)
+    sets the Mavericks' share of their class for every method, and FedAvg's weights and validation/test split
+    for FedAvg; CIFAR-10 keeps the first reading."""
     method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
+    reading = next(iter(MAVERICK_RUN_READINGS)) if cifar10 else table1_reading(params)
+    spec, fields = MAVERICK_RUN_READINGS[reading], {}
+    if method == "fedavg":
+        method = spec["method"]
+        if spec["validation"] == "test":
+            fields = {"server_val": None, "test_samples": int(round(TEST_SHARE * (params["test_samples"] or 10_000)))}
     extra = {**params.get("method_params", {}).get(method, {}), **variant}
     return _config(params, seed, cifar10, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
-                   split=maverick_split(params, split, 1.0 if cifar10 else None),
-                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra))
+                   split=maverick_split(params, split, maverick_share(params, reading)),
+                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra), **fields)
+
+
+def table1_reading(params: dict[str, Any]) -> str:
+    """The profile's ``table1_reading`` (absent: the first run reading, the chapter's original protocol)."""
+    name = params.get("table1_reading", next(iter(MAVERICK_RUN_READINGS)))
+    if name not in MAVERICK_RUN_READINGS:
+        raise ValueError(f"table1_reading: must be one of {', '.join(map(repr, MAVERICK_RUN_READINGS))} (got {name!r})")
+    return name
 
 
 def table1_score(params: dict[str, Any], cifar10: bool = False):
@@ -91,12 +107,11 @@ def table1_score(params: dict[str, Any], cifar10: bool = False):
     return None if cifar10 or name == "last round" else partial(reading_score, last=MAVERICK_SCORE_READINGS[name])
 
 
-def maverick_split(params: dict[str, Any], split: str, share: float | None = None) -> dict[str, Any]:
-    """Table 1's split spec: Mavericks + Dir(γ); each Maverick holds ``share`` of its class (default the
-    profile's ``maverick_share``, absent: 1, the whole class; 1 stays out of the spec and the key)."""
-    share = float(params.get("maverick_share", 1.0) if share is None else share)
+def maverick_split(params: dict[str, Any], split: str, share: float = 1.0) -> dict[str, Any]:
+    """Table 1's split spec: Mavericks + Dir(γ), each Maverick holding ``share`` of its class (1, the whole
+    class, stays out of the spec and the key, as before the share existed)."""
     spec = {"name": "maverick", "n_mavericks": params["n_mavericks"], "gamma": SPLITS[split]}
-    return spec if share == 1.0 else {**spec, "maverick_share": share}
+    return spec if share == 1.0 else {**spec, "maverick_share": float(share)}
 
 
 def fig2_config(params: dict[str, Any], seed: int, with_maverick: bool) -> RunConfig:
@@ -489,12 +504,11 @@ class FedMS(Chapter):
                 maverick_class_accuracy(run) if run is not None else np.nan)
         line = frame.loc[chosen]
         within = bool(line["Dir(10) within 3 points"])
-        share = maverick_share(params, chosen[0])
-        adopted = within and float(params.get("maverick_share", 1.0)) == share
+        adopted = within and (table1_reading(params), params.get("table1_score", "last round")) == chosen
         values.update({"mr_chosen": f"{chosen[0]}, read as the {chosen[1]}",
                        "mr_chosen_dir10": float(line["Dir(10) ours"]), "mr_chosen_gap": float(line["mean |ours − paper|"]),
-                       "mr_protocol": ("it is the paper profile's protocol (params/fedms/paper.yaml: maverick_share "
-                                       f"{share:g})" if adopted else
+                       "mr_protocol": ("it is the paper profile's protocol (params/fedms/paper.yaml: table1_reading "
+                                       "and table1_score)" if adopted else
                                        "it lands within 3 points of the paper on Dir(10), but the paper profile does "
                                        "not use it yet" if within else
                                        "no candidate measured lands within 3 points of the paper on Dir(10), so the "
@@ -563,15 +577,9 @@ def maverick_share(params: dict[str, Any], reading: str) -> float:
 
 
 def maverick_reading_config(params: dict[str, Any], split: str, reading: str, seed: int) -> RunConfig:
-    """FedAvg on the Table 1 protocol under one of ``MAVERICK_RUN_READINGS`` (the first is Table 1's own
-    FedAvg run, the same key)."""
-    spec = MAVERICK_RUN_READINGS[reading]
-    fields = run_config(params, split, "fedavg", seed).model_dump(exclude={"method", "split"})
-    if spec["validation"] == "test":
-        n_test = params["test_samples"] or 10_000
-        fields.update(server_val=None, test_samples=int(round(TEST_SHARE * n_test)))
-    return make_config(**fields, split=maverick_split(params, split, maverick_share(params, reading)),
-                       method=method_spec(spec["method"], split))
+    """FedAvg on the Table 1 protocol under one of ``MAVERICK_RUN_READINGS``: Table 1's FedAvg run of a
+    profile whose ``table1_reading`` is ``reading`` (the first reading: Table 1's original FedAvg run)."""
+    return run_config({**params, "table1_reading": reading}, split, "fedavg", seed)
 
 
 def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, str, RunConfig]]:

@@ -156,11 +156,35 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
                      "Dir(1) ours (paper 79.00)"] == "no stored run yet"
     chapter.paper_params = {**params, "table1_reading": reading, "table1_score": "last round"}
     assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it is the paper profile's protocol")
+    assert values["mr_chosen_mav"] == pytest.approx(0.0) and values["mr_runner_up"] == "none"  # one run reading
     monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored({}, {}, []))
-    assert chapter.maverick_readings() == (None, {**values, "mr_runs": 0, "mr_chosen": "none (no candidate has a run)",
-                                                  "mr_chosen_dir10": pytest.approx(float("nan"), nan_ok=True),
-                                                  "mr_chosen_gap": pytest.approx(float("nan"), nan_ok=True),
-                                                  "mr_protocol": "the protocol stays as it was"})
+    frame, empty = chapter.maverick_readings()
+    assert frame is None and empty["mr_runs"] == 0 and empty["mr_chosen"] == "none (no candidate has a run)"
+    assert empty["mr_protocol"] == "the protocol stays as it was" and np.isnan(empty["mr_chosen_gap"])
+
+
+def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkeypatch):
+    """1/N at 80 % in every round (mean gap 2.44) and uniform weights at 79 % (gaps 0.13, 0, 4.45 -> 1.527):
+    uniform is chosen, 1/N is the runner-up; Maverick classes 0 % (1/N) and 50 % (uniform)."""
+    from fedlib import book
+    from fedlib.chapters.fedms import FedMS
+
+    def run(accuracy, maverick_class):
+        return RunResult(config={}, history=[{"round": t, "accuracy": accuracy} for t in range(10)],
+                         final={"accuracy": accuracy, "per_class_accuracy": [1.0, maverick_class]},
+                         meta={"client_roles": ["benign", "maverick"], "client_class_counts": [[5, 0], [1, 4]]})
+
+    share, uniform = "Mavericks hold 1/N of their class, n_i weights", "uniform weights, validation held out of training"
+    stored = {c.key(): run(0.8, 0.0) if r == share else run(0.79, 0.5)
+              for _, r, c in fedms.maverick_reading_configs(params) if r in (share, uniform)}
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    chapter = FedMS("paper", params)
+    chapter.paper_params = params
+    _, values = chapter.maverick_readings()
+    assert values["mr_chosen"] == f"{uniform}, read as the last round" and values["mr_chosen_gap"] == pytest.approx((0.13 + 0 + 4.45) / 3)
+    assert values["mr_runner_up"] == f"{share}, read as the last round"
+    assert values["mr_runner_up_gap"] == pytest.approx(2.44)
+    assert (values["mr_chosen_mav"], values["mr_runner_up_mav"]) == (pytest.approx(50.0), pytest.approx(0.0))
 
 
 def test_table1_score_reads_runs_as_the_profile_says(params):

@@ -72,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
+    p_res.add_argument("--run-pack", nargs="+", metavar="CHAPTER:KEY", help=argparse.SUPPRESS)  # one pack worker
+    p_res.add_argument("--pack", choices=("auto", "on", "off"), default="auto",
+                       help="train runs that share data, model and rounds as one population (fedlib/packing.py); "
+                            "auto: on for a CUDA device, off on a CPU")
+    p_res.add_argument("--max-rows", type=int, metavar="N",
+                       help="with packs: at most N client rows per round in one pack (default: 4096 on CUDA, 64 on "
+                            "a CPU; each pack process still bounds it by the device's free memory)")
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
     p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
@@ -138,6 +145,9 @@ def _results(args) -> int:
             path = queue.run_one(args.chapter, args.run_one, args.profile, args.device)
             print(f"stored {path}")
             return 0
+        if args.run_pack:
+            queue.run_packed(args.run_pack, args.profile, args.device, log=lambda line: print(line, flush=True))
+            return 0
         if args.workers < 1:
             raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
         part = "cpu" if args.cpu_only else "gpu" if args.gpu_only else "all"
@@ -153,6 +163,16 @@ def _results(args) -> int:
     pending = [e for e in entries if not e.stored and not e.missing][:args.limit]
     if args.limit is not None:
         entries = [e for e in entries if e.stored or e in pending]
+    packed = args.pack == "on" or (args.pack == "auto" and "cuda" in args.device)
+    if packed:
+        if args.max_rows is not None and args.max_rows < 1:
+            print(f"fedlib results: --max-rows: must be >= 1 (got {args.max_rows})", file=sys.stderr)
+            return 2
+        max_rows = args.max_rows or (4096 if "cuda" in args.device else 64)
+        entries = queue.plan_packs(entries, args.device, max_rows=max_rows)
+        packs = [u for u in entries if isinstance(u, queue.Pack)]
+        print(f"packs: {len(packs)} pack(s) of {sum(len(p.entries) for p in packs)} runs "
+              f"(at most {max_rows} client rows per round), {len(entries) - len(packs)} single run(s)", flush=True)
     print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
           f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
           + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)

@@ -287,17 +287,28 @@ class CostModel:
             try:
                 payload = json.loads(path.read_text())["payload"]
                 config, wall = payload["config"], float(payload.get("wall_time") or 0)
-                model.add(config, wall, payload.get("device"))
+                pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
+                model.add(config, wall, payload.get("device"), int(pack.get("size", 1)))
             except (ValueError, KeyError, TypeError, OSError):
                 continue
         return model
 
-    def add(self, config, wall_time: float, device: str | None) -> None:
+    packed: list[tuple[tuple, float]] = field(default_factory=list)  # the same, of runs trained in packs
+
+    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1) -> None:
+        """One stored run; a run of a pack of ``pack_size`` took the pack's wall time, shared by its runs."""
         if wall_time < 1.0:  # served from a cache, not a measurement
             return
         w = work(config)
         if w > 0:
-            self.samples.append((self._signature(config, device_kind(device)), wall_time / w))
+            sample = (self._signature(config, device_kind(device)), wall_time / w / pack_size)
+            (self.packed if pack_size > 1 else self.samples).append(sample)
+
+    def packed_rate(self, config, device: str = "cpu") -> float | None:
+        """Median seconds per sample pass of stored packed runs with the same signature, or None."""
+        sig = self._signature(config, device_kind(device))
+        rates = [r for s, r in self.packed if s == sig]
+        return statistics.median(rates) if rates else None
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
@@ -328,6 +339,34 @@ class Entry:
     stored: bool
     missing: str | None  # why it cannot run here
     chapters: tuple[str, ...] = ()  # every chapter whose runs include this one
+
+    @property
+    def items(self) -> list[QueueItem]:
+        return [self.item]
+
+    def describe(self) -> str:
+        return self.item.describe()
+
+
+@dataclass
+class Pack:
+    """Pending runs trained as one population in one worker (``fedlib.packing``): the unit of work
+    of a packed queue. Its runs share data, model, batch size, local epochs and rounds."""
+
+    entries: list[Entry]
+    cost: float  # seconds for the whole pack (see :func:`pack_cost`)
+    how: str
+    stored: bool = False
+    missing: str | None = None
+
+    @property
+    def items(self) -> list[QueueItem]:
+        return [e.item for e in self.entries]
+
+    def describe(self) -> str:
+        first = self.entries[0].item
+        tables = ", ".join(dict.fromkeys(f"{e.item.chapter} {e.item.table}" for e in self.entries))
+        return f"pack of {len(self.entries)} ({tables}; {first.config.model}, {first.dataset})"
 
 
 def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "all", datasets=None,
@@ -407,6 +446,99 @@ def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu")
     return store_payload(item, item.runner(config), profile)
 
 
+def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", log=print) -> list[Path]:
+    """Run the items ``chapter:key`` as packs (``fedlib.run.run_pack``) on ``device``; each run is stored
+    as it finishes, so a killed pack loses only the runs not yet finished."""
+    from .run import run_pack
+
+    items = []
+    for spec in specs:
+        chapter, sep, key = spec.partition(":")
+        if not sep:
+            raise ValueError(f"--run-pack: expected CHAPTER:KEY (got {spec!r})")
+        by_key = {i.key: i for i in chapter_items(chapter, profile)}
+        if key not in by_key:
+            raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
+        if by_key[key].runner is not run_round:
+            raise ValueError(f"{chapter}: {key} is not an engine run; it cannot be packed")
+        items.append(by_key[key])
+    configs = [i.config if device == "cpu" else i.config.model_copy(update={"device": device}) for i in items]
+    paths: list[Path] = []
+
+    def stored(i: int, result: dict) -> None:
+        paths.append(store_payload(items[i], result, profile))
+        log(f"stored {paths[-1]} ({items[i].describe()})")
+
+    run_pack(configs, on_done=stored)
+    return paths
+
+
+# ----------------------------------------------------------------------------- packs
+
+# Until a packed GPU run is stored (meta.pack), a pack of R runs on CUDA is assumed to take the time of
+# R / min(R, ASSUMED_GPU_PACK_SPEEDUP) separate runs: an assumption (issue #28's goal), shown as "assumed".
+ASSUMED_GPU_PACK_SPEEDUP = 20.0
+
+
+def item_value(item: QueueItem) -> float:
+    """What storing a run is worth: the paper cells it backs, doubled for a first seed (it makes a cell
+    measured) and for a headline row, divided by 1 + the table's rank (appendix tables count less)."""
+    return len(item.cells) * (2.0 if item.first_seed else 1.0) * (2.0 if item.headline else 1.0) / (1 + item.table_rank)
+
+
+def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tuple[float, str]:
+    """(seconds, how) of one pack: the measured seconds per sample pass of stored packed runs like these
+    when there are any; else the separate runs' estimates, which on a CPU add up (it is arithmetic-bound)
+    and on CUDA are divided by the assumed speed-up."""
+    rates = cost_model.packed_rate(entries[0].item.config, device)
+    if rates is not None:
+        return STARTUP_SECONDS + rates * sum(work(e.item.config) for e in entries), "measured pack"
+    separate = sum(e.cost - STARTUP_SECONDS for e in entries)
+    if device_kind(device) == "cuda":
+        return STARTUP_SECONDS + separate / min(len(entries), ASSUMED_GPU_PACK_SPEEDUP), "assumed pack speed-up"
+    return STARTUP_SECONDS + separate, "separate estimates"
+
+
+def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, max_runs: int | None = None,
+               cost_model: "CostModel | None" = None) -> list[Entry | Pack]:
+    """The pending runnable entries grouped into packs, most valuable per device-second first.
+
+    Engine runs with equal ``fedlib.packing.pack_signature`` join one pack, taken in queue order, up
+    to ``max_rows`` client rows per round (clients per round x runs) and ``max_runs`` runs; other runs
+    (FedSCM's one-shot pipeline) stay single. Units are ordered by their best member's place (seed 0
+    before seeds 1-2, then ``--first``), then by value (:func:`item_value`) per estimated second."""
+    from .packing import pack_signature
+
+    model = cost_model or CostModel.from_results()
+    pending = [e for e in entries if not e.stored and not e.missing]
+    groups: dict[tuple, list[list[Entry]]] = {}
+    singles: list[Entry] = []
+    for e in pending:
+        if e.item.runner is not run_round:
+            singles.append(e)
+            continue
+        packs = groups.setdefault(pack_signature(e.item.config), [[]])
+        current = packs[-1]
+        rows = sum(x.item.config.per_round for x in current) + e.item.config.per_round
+        if current and (rows > max_rows or (max_runs is not None and len(current) >= max_runs)):
+            packs.append(current := [])
+        current.append(e)
+    units: list[Entry | Pack] = list(singles)
+    for packs in groups.values():
+        for members in packs:
+            units.append(members[0] if len(members) == 1 else Pack(members, *pack_cost(members, device, model)))
+    place = {id(e): n for n, e in enumerate(pending)}
+
+    def order(unit) -> tuple:
+        members = unit.entries if isinstance(unit, Pack) else [unit]
+        best = min(place[id(e)] for e in members)
+        first_seed = any(e.item.first_seed for e in members)
+        value = sum(item_value(e.item) for e in members)
+        return (not first_seed, -value / max(unit.cost, 1e-9), best)
+
+    return sorted(units, key=order)
+
+
 @dataclass
 class Outcome:
     stored: list[QueueItem] = field(default_factory=list)
@@ -415,14 +547,17 @@ class Outcome:
     elapsed: float = 0.0
 
 
-def _command(entry: Entry, profile: str, device: str) -> list[str]:
+def _command(entry: Entry | Pack, profile: str, device: str) -> list[str]:
+    if isinstance(entry, Pack):
+        return [sys.executable, "-m", "fedlib", "results", "--run-pack",
+                *[f"{i.chapter}:{i.key}" for i in entry.items], "--profile", profile, "--device", device]
     return [sys.executable, "-m", "fedlib", "results", "--run-one", entry.item.key, "--chapter", entry.item.chapter,
             "--profile", profile, "--device", device]
 
 
-def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None = None, workers: int = 1,
+def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float | None = None, workers: int = 1,
               device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5) -> Outcome:
-    """Run the pending entries, ``workers`` processes at a time, in order.
+    """Run the pending entries (single runs or :class:`Pack` s), ``workers`` processes at a time, in order.
 
     With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
     when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
@@ -456,7 +591,7 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
             out = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(command(pick, profile, device), stdout=out, stderr=subprocess.STDOUT, env=env)
             running.append((pick, proc, time.monotonic(), out))
-            log(f"[start {started}/{total}] {pick.item.describe()} (≈ {_hms(pick.cost)}) · {stamp()}")
+            log(f"[start {started}/{total}] {pick.describe()} (≈ {_hms(pick.cost)}) · {stamp()}")
         if not running:
             break
         time.sleep(poll)
@@ -469,17 +604,17 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
             if code is None:
                 proc.kill()
                 proc.wait()
-                outcome.killed.append(entry.item)
-                log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
+                outcome.killed.extend(entry.items)
+                log(f"[stopped] {entry.describe()}: past the budget, not stored")
             elif code == 0:
-                outcome.stored.append(entry.item)
-                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(time.monotonic() - start)} "
+                outcome.stored.extend(entry.items)
+                log(f"[done  {len(outcome.stored)}] {entry.describe()} in {_hms(time.monotonic() - start)} "
                     f"(est. {_hms(entry.cost)}) · {stamp()}")
             else:
                 out.seek(0)
                 tail = " | ".join(out.read().strip().splitlines()[-3:])
-                outcome.failed.append((entry.item, tail))
-                log(f"[FAILED] {entry.item.describe()} (exit {code}): {tail}")
+                outcome.failed.extend((item, tail) for item in entry.items)
+                log(f"[FAILED] {entry.describe()} (exit {code}): {tail}")
             out.close()
         running = still
         if budget is not None and pending and not running:

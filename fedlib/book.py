@@ -24,9 +24,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
@@ -36,6 +35,7 @@ from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
 from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
+from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
 
 PROFILES = ("smoke", "quick", "paper")
 STATUS_PAGE = "status"
@@ -200,19 +200,6 @@ def reference_value(ref, table: str, row: str, column: str) -> tuple[float, floa
     if hit.empty:
         raise KeyError(f"reference: no entry for {table} / {row} / {column}")
     return float(hit.value.iloc[0]), float(hit["std"].iloc[0])
-
-
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    arr = np.asarray(list(values), dtype=float)
-    if arr.size == 0:
-        return float("nan"), float("nan")
-    return float(arr.mean()), float(arr.std(ddof=0)) if len(arr) > 1 else float("nan")
-
-
-def pm(mean: float, std: float, digits: int = 2) -> str:
-    if mean != mean:  # NaN
-        return "—"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std == std else "")
 
 
 def bold_best(frame, columns: list[str], higher_is_better: bool = True):

@@ -44,5 +44,5 @@ def comparison(rows: list[tuple[str, dict, dict]], labels: dict[str, str], digit
     lines = []
     for label, paper, ours in rows:
         for source, values in {"paper": paper, **ours}.items():
-            lines.append({index: label, "source": source, **{labels[m]: pm(*v, digits) for m, v in values.items()}})
+            lines.append({index: label, "source": source, **{labels[m]: pm(*v, digits=digits) for m, v in values.items()}})
     return pd.DataFrame(lines).set_index([index, "source"]).fillna("—")  # a method a source did not run

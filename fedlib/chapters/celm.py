@@ -33,6 +33,7 @@ from .. import frames, partition
 from ..book import bold_best, reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..stats import mean_std, pm
 from . import run_options, unique_configs
 from .base import Chapter, dataset_label
 
@@ -627,7 +628,7 @@ class CELM(Chapter):
 
         def spread(part, source):
             return {"source": f"{source}, seeds {list(seeds)}",
-                    **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in names}}
+                    **{m: pm(*mean_std(part[m]), digits=3) for m in names}}
 
         lines, inside, means, papers = [], dict.fromkeys(names, 0), {}, {}
         for dataset, paper_row, split in TABLE4_ROWS:

@@ -421,9 +421,9 @@ class LogitFL(Chapter):
         simple = [100 * r.final["accuracy"] for c in row_configs(self.paper_params, self.k0)["simple"]
                   if (r := self.stored.results.get(c.key()))]
         if simple:
-            mean, std = mean_std(simple)
+            mean, std, n = mean_std(simple)
             text += (f" Stored paper-profile runs at the profile's protocol: simple averaging "
-                     f"{pm(mean, std) if len(simple) > 1 else f'{mean:.2f}'} % over {len(simple)} seed(s) ("
+                     f"{pm(mean, std, n)} % (mean ± sd (seeds)) ("
                      + ("" if abs(mean - PAPER_SIMPLE) <= 3 else "not ") + "within 3 points of the paper).")
         return first_frame, choice, {"cal_text": text}
 

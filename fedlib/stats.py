@@ -33,6 +33,20 @@ class Spread(NamedTuple):
     n: int
 
 
+class SeedSpread(Spread):
+    """A :class:`Spread` that keeps its values by seed (``by_seed``), so that methods can be
+    compared on the seeds they share."""
+
+    by_seed: dict
+
+    @classmethod
+    def of(cls, by_seed: dict) -> "SeedSpread":
+        kept = {s: float(v) for s, v in by_seed.items() if v == v}
+        spread = cls(*mean_std(kept.values()))
+        spread.by_seed = kept
+        return spread
+
+
 def mean_std(values: Iterable[float]) -> Spread:
     """Mean ± sample std (ddof 1) over ``values``, with their count; NaNs are left out."""
     arr = np.asarray(list(values), dtype=float)

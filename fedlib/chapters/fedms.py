@@ -158,9 +158,10 @@ def reward_series(result, key: str = "rewards") -> dict[str, np.ndarray]:
             "cumulative_other": np.cumsum(total["other"]) / n_other}
 
 
-def best_method(values: dict[str, tuple[float, float]]) -> str | None:
-    finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-    return max(finite, key=finite.get) if finite else None
+def best_method(values: dict[str, tuple]) -> str | None:
+    """The best method of ``values`` on the seeds they share (the first of a tie); None: none comparable."""
+    best = frames.best_on_shared_seeds(values)
+    return next((m for m in values if m in best), None)
 
 
 def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import frames
-from ..book import bold_best, git_commit, load_profile, mean_std, pm, results_dir, stored_results
+from ..book import git_commit, load_profile, mean_std, pm, results_dir, stored_results
 from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
@@ -322,13 +322,15 @@ def calibrated_choice(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _accuracy_frame(rows: dict, index):
-    """{row label: {method: (mean, std)}} as a table of "mean ± std" (bold: each row's best); ``index``
-    names the row level(s) (tuple labels make a MultiIndex)."""
+    """{row label: {method: Spread}} as a table of "mean ± sd (n)" (bold: each row's best, on the seeds
+    the row's methods share); ``index`` names the row level(s) (tuple labels make a MultiIndex)."""
     import pandas as pd
 
-    frame = pd.DataFrame.from_dict({label: {m: pm(*v) for m, v in r.items()} for label, r in rows.items()},
-                                   orient="index").rename(columns=LABELS).rename_axis(index)
-    return bold_best(frame, list(frame.columns))
+    def table(cell):
+        return pd.DataFrame.from_dict({label: {m: cell(v) for m, v in r.items()} for label, r in rows.items()},
+                                      orient="index").rename(columns=LABELS).rename_axis(index)
+
+    return frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v))
 
 
 def _k_sweep_counts(by_k: dict, methods: list[str]) -> tuple[int, int]:
@@ -432,16 +434,19 @@ class LogitFL(Chapter):
         import pandas as pd
 
         aggregators = self.params["aggregators"]
-        paper = {m: 100 * v[0] for m, v in self.paper_values("Headline", "MNIST k=2", LABELS).items()}  # FedAvg: NaN
+        paper = {m: v[0] for m, v in self.paper_values("Headline", "MNIST k=2", LABELS).items()}  # %; FedAvg: NaN
         sources = self.sources(lambda p: row_configs(p, self.k0))
         head, stored_head = sources[self.ours], sources.get(OURS_STORED, {})
-        lines = {"paper (LeNet, full protocol)": {m: pm(paper[m], float("nan")) for m in head},
-                 self.ours: {m: pm(*v) for m, v in head.items()}}
+        lines = {"paper (LeNet, full protocol)": {m: (paper[m], float("nan")) for m in head}, self.ours: head}
         if any(v[0] == v[0] for v in stored_head.values()):
             seeds = sorted({r.config["seed"] for r in self.stored.results.values()})
-            lines[f"{OURS_STORED} (seeds {seeds})"] = {m: pm(*v) for m, v in stored_head.items()}
-        frame = pd.DataFrame.from_dict(lines, orient="index").rename(columns=LABELS).rename_axis("source")
-        return bold_best(frame, list(frame.columns)), {
+            lines[f"{OURS_STORED} (seeds {seeds})"] = stored_head
+
+        def table(cell):
+            return (pd.DataFrame.from_dict({k: {m: cell(v) for m, v in line.items()} for k, line in lines.items()},
+                                           orient="index").rename(columns=LABELS).rename_axis("source"))
+
+        return frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v)), {
             "head_k": self.k0, "head_best": LABELS[max(aggregators, key=lambda a: head[a][0])],
             "head_uwa_gain": head["uwa"][0] - head["simple"][0], "head_meta_gain": head["meta"][0] - head["simple"][0],
             "paper_uwa_gain": paper["uwa"] - paper["simple"], "paper_meta_gain": paper["meta"] - paper["simple"],
@@ -589,7 +594,7 @@ class LogitFL(Chapter):
         import pandas as pd
 
         aggregators, lines, headlines = self.params["aggregators"], [], []
-        paper = {a: 100 * v[0] for a, v in self.paper_values("Headline", "MNIST k=2", aggregators).items()}
+        paper = {a: v[0] for a, v in self.paper_values("Headline", "MNIST k=2", aggregators).items()}  # %
         for k in self.params["ks"]:
             sources = self.sources(lambda p: row_configs(p, k, with_fedavg=False))
             for a in aggregators:

@@ -296,6 +296,9 @@ def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
     return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
 
 
+_INDEXES: dict[Path, tuple[tuple, "StoredIndex"]] = {}  # root -> (its listing, its index)
+
+
 @dataclass
 class StoredIndex:
     """The stored runs of a folder, by what made them (resolved config without placement, rule
@@ -307,9 +310,17 @@ class StoredIndex:
 
     @classmethod
     def read(cls, root: Path | None = None) -> "StoredIndex":
+        """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
+        file there changed (name, size or modification time)."""
         store = ResultCache(runs_dir(queue.repo_results()) if root is None else root, protect=True)
+        paths = sorted(store.root.glob("*.json"))
+        listing = tuple((p.name, *((s := p.stat()).st_size, s.st_mtime_ns)) for p in paths)
+        cached = _INDEXES.get(store.root)
+        if cached is not None and cached[0] == listing:
+            return cached[1]
         index = cls(store.root)
-        for path in sorted(store.root.glob("*.json")):
+        _INDEXES[store.root] = (listing, index)
+        for path in paths:
             payload, problem = store.read(path.stem)
             result = run_of(payload) if payload else None
             problem = problem or check_result(result)

@@ -540,8 +540,10 @@ def scorecard(chapter: str, profile: str | None = None):
     n_holds = int((frame["ours"] == HOLDS).sum())
     head = (f"<p><b>Scorecard.</b> {len(frame)} claim(s) of the paper, judged on stored paper-profile runs "
             f"(the build profile's runs only where none is stored): {n_holds} hold(s). {METHOD_NOTE} The deciding "
-            f"comparison is shown; every comparison follows.</p>")
-    return HTML(head + _coloured(frame).to_html() + _coloured(comparisons(results), "verdict").to_html())
+            f"comparison is shown; every comparison follows, then the numbers behind them.</p>")
+    cells = numbers(chapter, profile)[NUMBER_COLUMNS].drop(columns="paper").rename(columns={"paper ± std": "paper"})
+    return HTML(head + _coloured(frame).to_html() + _coloured(comparisons(results), "verdict").to_html()
+                + f"<p>{REPRODUCTION_NOTE}</p>" + cells.style.hide(axis="index").to_html())
 
 
 def count(judged: list[Verdict]) -> dict[str, int]:
@@ -571,6 +573,9 @@ def show_verdicts(profile: str | None = None) -> dict[str, int]:
     return count(judged)
 
 
+REPRODUCTION_NOTE = (f"A cell of ours reproduces the paper's when |ours − paper| ≤ max({stats.TOLERANCE_POINTS:g} points, "
+                     f"the paper's std, our 95 % t-interval's half-width); below {stats.MIN_SEEDS} seeds the "
+                     "answer is indicative.")
 NUMBER_COLUMNS = ["table", "row", "column", "metric", "paper", "paper ± std", "ours ± sd (n)", "reproduces", "from"]
 
 
@@ -591,8 +596,9 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
                 if side is None or (side.cell, side.metric, side.arg) in seen:
                     continue
                 seen.add((side.cell, side.metric, side.arg))
-                ref = side.ref or side.cell
-                paper, paper_std = _paper_entry(reference, ref) or (float("nan"), float("nan"))
+                entry = _paper_entry(reference, side.ref or side.cell)
+                ref = (side.ref or side.cell) if entry is not None else side.cell  # the paper's cell, else ours
+                paper, paper_std = entry or (float("nan"), float("nan"))
                 source, values = "—", []
                 for name, ev in (("stored paper profile", stored), (f"{profile} profile (reduced)", build or {})):
                     runs = ev.get(side.cell, {})

@@ -275,3 +275,18 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
         judged[here] = (v.verdict, v.margin_text(), v.worst.interval_text(), v.data_note)
     assert judged["absent"][:3] == judged["present"][:3] == (claims.HOLDS, "+3.00 ± 1.00 (3) (r1)", "[+0.52, +5.48]")
     assert judged["absent"][3] == claims.DATA_ABSENT and judged["present"][3] == ""
+
+
+def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypatch):
+    from fedlib import queue
+
+    config = _synthetic_config(seed=0)
+    _store(tmp_path / "runs", config, 0.8)
+    item = queue.QueueItem("celm", "Table 1", "r1", "A", 0, config, queue.run_round)
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path)
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
+    monkeypatch.setattr(queue, "data_missing", lambda dataset: f"{dataset} data absent")
+    assert not (tmp_path / "runs" / f"{item.key}.json").exists() and queue.is_stored(item)
+    other = queue.QueueItem("celm", "Table 1", "r1", "A", 1, _synthetic_config(seed=1), queue.run_round)
+    assert not queue.is_stored(other)

@@ -494,7 +494,8 @@ def table(results: list[Verdict], links: bool = False, page: str = ""):
             where = f'<a href="{page}#{v.claim.anchor}">{where}</a>'
         source = v.source + (f"; {v.data_note}" if v.data_note else "")
         rows.append({"claim": v.claim.text, "decided by": where, "paper": v.paper_verdict,
-                     "paper's margin": v.paper_margin_text(), "ours": v.verdict, "our margin ± sd (n)": v.margin_text(),
+                     "paper's margin": v.paper_margin_text(), "ours": v.verdict,
+                     "our margin ± sd (n)": v.margin_text(),
                      "95 % interval": v.worst.interval_text() if v.worst is not None else "—", "from": source})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
@@ -573,9 +574,9 @@ def show_verdicts(profile: str | None = None) -> dict[str, int]:
     return count(judged)
 
 
-REPRODUCTION_NOTE = (f"A cell of ours reproduces the paper's when |ours − paper| ≤ max({stats.TOLERANCE_POINTS:g} points, "
-                     f"the paper's std, our 95 % t-interval's half-width); below {stats.MIN_SEEDS} seeds the "
-                     "answer is indicative.")
+REPRODUCTION_NOTE = (f"A cell of ours reproduces the paper's when |ours − paper| ≤ "
+                     f"max({stats.TOLERANCE_POINTS:g} points, the paper's std, our 95 % t-interval's half-width); "
+                     f"below {stats.MIN_SEEDS} seeds the answer is indicative.")
 NUMBER_COLUMNS = ["table", "row", "column", "metric", "paper", "paper ± std", "ours ± sd (n)", "reproduces", "from"]
 
 
@@ -611,7 +612,8 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
                 rows.append({"table": ref[0], "row": ref[1], "column": ref[2] if side.arg is None else side.arg,
                              "metric": label, "paper": paper, "paper ± std": stats.pm(paper, paper_std),
                              "ours ± sd (n)": stats.pm(*spread) if values else "—",
-                             "reproduces": stats.reproduction_text(values, None if paper != paper else paper, paper_std),
+                             "reproduces": stats.reproduction_text(values, paper if paper == paper else None,
+                                                                   paper_std),
                              "from": source, "ours": spread.mean, "± std": spread.std if spread.n > 1 else None,
                              "seeds": spread.n})
     return pd.DataFrame(rows, columns=NUMBER_COLUMNS + ["ours", "± std", "seeds"])

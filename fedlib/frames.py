@@ -38,7 +38,8 @@ def scale_of(scales: dict[str, str], table: str, column: str) -> str:
     return scales.get(f"{table} / {column}", scales[table])
 
 
-def seed_mean_std(results: dict, per_method: dict[str, list], value: Callable | None = None) -> dict[str, SeedSpread]:
+def seed_mean_std(results: dict, per_method: dict[str, list],
+                  value: Callable | None = None) -> dict[str, SeedSpread]:
     """Mean, sample std (ddof 1) and count over seeds of a per-run value for each method, keeping
     the value of each seed (``stats.SeedSpread``; ``per_method``: method -> its seeds' configs);
     default the final test accuracy in %. Runs not in ``results`` (and, for the default, runs

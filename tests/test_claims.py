@@ -1,4 +1,5 @@
-"""Claims judged on synthetic stored runs with known margins: each verdict class as constructed, the\nspread and interval texts, and which stored runs count (never another protocol's or a superseded rule's)."""
+"""Claims judged on synthetic stored runs with known margins: each verdict class as constructed, the
+spread and interval texts, and which stored runs count (never another protocol's or a superseded rule's)."""
 
 import math
 

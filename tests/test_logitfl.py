@@ -170,3 +170,13 @@ def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_ov
     assert frame.loc[("stored paper profile, seeds [0, 1]", 2), "Simple avg."] == "65.00 ± 7.07 (2)"
     assert frame.loc[("ours (smoke)", 2), "Meta-model"] == "70.00"
     assert stored[2]["meta"] == pytest.approx((96.0, 2 ** 0.5, 2)) and list(stored) == [2]
+
+
+def test_the_k_sweep_counts_compare_methods_on_the_seeds_they_share():
+    from fedlib.chapters.logitfl import _k_sweep_counts
+    from fedlib.stats import SeedSpread
+
+    # the meta-model's mean (77) is the highest, but on seed 0, the one all four share, UWA leads (65)
+    by_k = {2: {"simple": SeedSpread.of({0: 60.0, 1: 70.0}), "uwa": SeedSpread.of({0: 65.0}),
+                "meta": SeedSpread.of({0: 64.0, 1: 90.0}), "fedavg": SeedSpread.of({0: 50.0})}}
+    assert _k_sweep_counts(by_k, ["simple", "uwa", "meta", "fedavg"]) == (0, 1)

@@ -291,3 +291,17 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
     assert not (tmp_path / "runs" / f"{item.key}.json").exists() and queue.is_stored(item)
     other = queue.QueueItem("celm", "Table 1", "r1", "A", 1, _synthetic_config(seed=1), queue.run_round)
     assert not queue.is_stored(other)
+
+
+def test_a_chapter_reads_a_gpu_run_stored_under_its_cpu_key_without_the_data(tmp_path, monkeypatch):
+    """The queue stores a GPU run under the chapter's (CPU) key; with the data absent here the chapter
+    (``book.stored_results``) and the claims both find it by the fingerprint it recorded."""
+    from fedlib import book
+
+    config = _synthetic_config(seed=0)
+    _store(tmp_path, config, 0.8, resolved={**config.resolved(), "device": "cuda"}, config_key="gpu-own-key")
+    monkeypatch.setattr(book, "results_dir", lambda chapter=None: tmp_path)
+    monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
+    stored = book.stored_results("celm", [config])
+    assert list(stored.results) == [config.key()] and stored.provenance[config.key()]["data_unverified"]
+    assert claims.StoredIndex.read(tmp_path).run_of(config)[0]["final"]["accuracy"] == 0.8

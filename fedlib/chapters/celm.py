@@ -476,10 +476,6 @@ class CELM(Chapter):
         return [(label.format(split=split), self.paper_values(table, f"{prefix} {SPLITS[split][1]}", methods),
                  self.sources(method_configs(SPLITS[split][0], methods, **options))) for split in splits]
 
-    def styled(self, rows):
-        """The comparison frame of ``rows``, the best method per line in bold (on the seeds they share)."""
-        return frames.styled_comparison(rows, self.labels, index=self.index)
-
     def table1(self):
         """Table 1 on the profile's dataset: the styled frame, its rows and the numbers the text quotes."""
         rows = self.split_rows("Table 1", self.params["splits"])

@@ -117,8 +117,9 @@ def interval_text(values: Iterable[float], digits: int = 2) -> str:
 
 def tolerance(ours: Iterable[float], paper_std: float | None = None) -> float:
     """max(2 points, the paper's std, our interval's half-width)."""
+    ours = list(ours)
     return max(TOLERANCE_POINTS, paper_std if paper_std is not None and paper_std == paper_std else 0.0,
-               half_width(ours) if list(ours) else 0.0)
+               half_width(ours) if ours else 0.0)
 
 
 def reproduces(ours: Iterable[float], paper: float | None, paper_std: float | None = None) -> bool | None:

@@ -187,8 +187,15 @@ def results_root() -> Path:
 
 
 def is_stored(item: QueueItem) -> bool:
-    """Whether the run of ``item`` is stored where the queue writes, or already in the repository."""
-    return any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results()))
+    """Whether the run of ``item`` is stored where the queue writes, or already in the repository
+    (there also when its data is not on this machine: by the fingerprint the run recorded)."""
+    if any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results())):
+        return True
+    if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
+        return False
+    from .claims import StoredIndex
+
+    return StoredIndex.read().run_of(item.config) is not None
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:

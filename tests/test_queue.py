@@ -57,6 +57,16 @@ class FakeConfig:
                 "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
                 "method": self.method or {"name": "fedavg"}, "seed": self.seed}
 
+    # what a stored run is matched on when its data is absent here (fedlib.claims.StoredIndex)
+    def resolved(self):
+        return self.to_dict()
+
+    def rule_versions(self):
+        return {"engine": "fake"}
+
+    def data_fingerprint(self):
+        return {"sha256": None}
+
 
 def fake_item(name, seed=0, headline=False, rank=0, rounds=10, dataset="fmnist", model="mlp", method="fedavg"):
     config = FakeConfig(dataset=dataset, model=model, rounds=rounds, seed=seed, name=name, method={"name": method})

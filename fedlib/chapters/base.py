@@ -154,6 +154,10 @@ class Chapter:
         """The paper-vs-ours frame: per row a 'paper' line and one per source, a column per method."""
         return frames.comparison(rows, self.labels, digits, index=self.index)
 
+    def styled(self, rows: list[tuple[str, dict, dict]]):
+        """The comparison frame of ``rows``, the best method per line in bold (on the seeds they share)."""
+        return frames.styled_comparison(rows, self.labels, index=self.index)
+
     # -- the page --------------------------------------------------------------------------
     def header(self):
         return book.chapter_header(self.name, self.profile, self.params)

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from .. import frames, partition
-from ..book import bold_best, reference_value
+from ..book import reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..stats import mean_std, pm
 from . import run_options, unique_configs
 from .base import Chapter, dataset_label
 
@@ -228,10 +229,10 @@ def choose_pls_allocation(matches, target: tuple[float, float] = (0.508, 0.586))
 
 
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm") -> tuple[int, int, int]:
-    """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
+    """(rows where ``method`` is best in ours (on the seeds the methods share), rows where it is best
+    in the paper, rows compared)."""
     def is_best(values):
-        finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-        return method in finite and finite[method] == max(finite.values())
+        return method in frames.best_on_shared_seeds(values)
 
     compared = [(paper, ours[source]) for _, paper, ours in rows  # the rows ``source`` ran
                 if any(v[0] == v[0] for v in ours.get(source, {}).values())]
@@ -475,11 +476,6 @@ class CELM(Chapter):
         return [(label.format(split=split), self.paper_values(table, f"{prefix} {SPLITS[split][1]}", methods),
                  self.sources(method_configs(SPLITS[split][0], methods, **options))) for split in splits]
 
-    def styled(self, rows):
-        """The comparison frame of ``rows``, the best method per line in bold."""
-        frame = self.comparison(rows)
-        return bold_best(frame, list(frame.columns))
-
     def table1(self):
         """Table 1 on the profile's dataset: the styled frame, its rows and the numbers the text quotes."""
         rows = self.split_rows("Table 1", self.params["splits"])
@@ -627,7 +623,7 @@ class CELM(Chapter):
 
         def spread(part, source):
             return {"source": f"{source}, seeds {list(seeds)}",
-                    **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in names}}
+                    **{m: pm(*mean_std(part[m]), digits=3) for m in names}}
 
         lines, inside, means, papers = [], dict.fromkeys(names, 0), {}, {}
         for dataset, paper_row, split in TABLE4_ROWS:
@@ -711,8 +707,7 @@ class CELM(Chapter):
                                     for s in self.params["seeds"]] for label, f in fractions.items()}
             rows.append((split, frames.paper_values(self.reference, "Table 8", f"{self.prefix} {row}", fractions, str),
                          {self.ours: frames.seed_mean_std(self.results, per_fraction)}))
-        table = frames.comparison(rows, {label: label for label in fractions}, index="split")
-        return bold_best(table, list(table.columns))
+        return frames.styled_comparison(rows, {label: label for label in fractions}, index="split")
 
     def fig6(self):
         """Fig. 6: CELM's final accuracy (%) over the probe steps L x Adam step size η grid."""

@@ -34,7 +34,7 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     is touched."""
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
-    store = ResultCache(runs_dir(root), protect=True)
+    store = ResultCache(_existing_runs(root), protect=True)
     for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = (payload or {}).get("result")
@@ -66,6 +66,15 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     return report
 
 
+def _existing_runs(root: str | Path | None) -> Path:
+    """``root/runs``; a root without one is a one-line FileNotFoundError (nothing to migrate there)."""
+    folder = runs_dir(root)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--root {root if root is not None else folder.parent}: no stored runs "
+                                f"(no folder {folder})")
+    return folder
+
+
 def format_report(report: dict[str, list]) -> str:
     lines = [f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
              f"left stale {len(report['stale'])}"]
@@ -84,7 +93,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     ``[(source file, new key, note)]``."""
     today = today or _dt.date.today().isoformat()
     wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
-    target_store = ResultCache(runs_dir(root), protect=True)
+    target_store = ResultCache(_existing_runs(root), protect=True)
     adopted = []
     for path in sorted(target_store.root.parent.glob("*/*.json")):
         payload, problem = ResultCache(path.parent, protect=True).read(path.stem)

@@ -93,7 +93,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     ``[(source file, new key, note)]``."""
     today = today or _dt.date.today().isoformat()
     wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
-    target_store = ResultCache(_existing_runs(root), protect=True)
+    target_store = ResultCache(runs_dir(root), protect=True)
     adopted = []
     for path in sorted(target_store.root.parent.glob("*/*.json")):
         payload, problem = ResultCache(path.parent, protect=True).read(path.stem)

@@ -617,7 +617,14 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
                 break
             pending.remove(pick)
             if claims:
-                held, owner = claim(pick.item.key)
+                try:
+                    held, owner = claim(pick.item.key)
+                except OSError as err:  # a read-only or full store: nothing could be stored either
+                    from .cache import write_failure
+
+                    outcome.failed.append((pick.item, write_failure(err, _claim_path(pick.item.key))))
+                    log(f"[FAILED] {pick.item.describe()}: cannot claim it ({outcome.failed[-1][1]})")
+                    continue
                 if not held:
                     outcome.claimed.append(pick.item)
                     log(f"[claimed] {pick.item.describe()}: run by pid {owner.get('pid')} on {owner.get('host')}; "

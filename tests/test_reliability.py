@@ -1017,8 +1017,13 @@ def test_33_8_fedscm_rates_are_bounded_and_minus_zero_is_zero():
 
 @pytest.mark.parametrize("cache", ["no", 1, None, "False"])
 def test_33_8_cache_takes_only_booleans_or_a_store(cache):
+    from fedlib.config import ScmConfig
+    from fedlib.scm_pipeline import run_pipeline
+
     with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
         fedlib.run(make_config(TINY), cache=cache, progress=False)
+    with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
+        run_pipeline(ScmConfig.make({"dataset": "synthetic", "n_clients": 12}), cache=cache)
 
 
 BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one line)

@@ -279,18 +279,26 @@ def claim_owner(key: str, root: Path | None = None) -> dict | None:
     """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none."""
     from .cache import read_regular
 
+    path = _claim_path(key, root)
     try:
-        owner = json.loads(read_regular(_claim_path(key, root), limit=4096))
+        owner = json.loads(read_regular(path, limit=4096))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
-        return {"pid": None, "host": None, "since": None}  # unreadable: held (never taken over blindly)
-    return owner if isinstance(owner, dict) else {"pid": None, "host": None, "since": None}
+        owner = None
+    if isinstance(owner, dict):
+        return owner
+    try:  # unreadable (being written, or its writer died mid-write): held, until a minute old
+        since = os.lstat(path).st_mtime
+    except OSError:
+        since = time.time()
+    return {"pid": None, "host": None, "since": since}
 
 
 def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
     """Claim the run ``key`` for this process: an atomic exclusive create of ``runs/.<key>.claim``
-    holding the pid and host. A claim whose owner is dead (same host, pid gone) is taken over.
+    holding the pid and host. A claim whose owner is dead (same host, pid gone), or an unreadable
+    one over a minute old, is taken over; another host's claim holds until it is released.
     Returns (claimed, the current owner when not)."""
     import socket
 
@@ -306,6 +314,7 @@ def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
                 continue  # released meanwhile: try again
             dead = (owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
                     and not _alive(owner["pid"]))
+            dead = dead or (owner.get("pid") is None and time.time() - float(owner.get("since") or 0) > 60)
             if not dead:
                 return False, owner
             stale = path.with_name(f"{path.name}.stale-{os.getpid()}")

@@ -914,6 +914,10 @@ def test_33_4_two_queues_on_one_store_claim_each_run(tmp_path, monkeypatch):
     assert json.loads((runs / ".gone.claim").read_text())["pid"] == os.getpid()
     fedlib_queue.release("gone", runs.parent)
     assert not (runs / ".gone.claim").exists() and (runs / ".held.claim").exists()
+    (runs / ".cut.claim").write_text("")  # a writer died between creating and filling its claim
+    assert fedlib_queue.claim("cut", runs.parent)[0] is False  # held while it may be being written
+    os.utime(runs / ".cut.claim", (time.time() - 120, time.time() - 120))
+    assert fedlib_queue.claim("cut", runs.parent) == (True, None)
 
 
 class _FakeConfig:

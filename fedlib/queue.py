@@ -186,10 +186,65 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
+def answers(item: QueueItem, payload: dict) -> str | None:
+    """None when a stored entry (checksum already verified) is a valid run of ``item``: the right
+    schema, and it answers the item's key (its resolved config, rule versions and data, as the
+    chapters judge it: ``fedlib.results.result_check``); else what is wrong."""
+    from .config import RunConfig, ScmConfig
+    from .results import check_result, placement_free, result_check, run_of
+
+    if not isinstance(payload, dict):
+        return "not a stored run"
+    run = run_of(payload)
+    config = item.config
+    if isinstance(config, RunConfig):
+        problem = check_result(run)
+        if problem:
+            return problem
+        fingerprint = config.data_fingerprint()
+        if not fingerprint.get("sha256"):  # data absent here: the file's own record of its data
+            fingerprint = run["meta"].get("data") or {}
+        return result_check(config, fingerprint)(run)
+    stored_config = payload.get("config")
+    if isinstance(config, ScmConfig):
+        if not isinstance(run.get("methods"), dict):
+            return "not a FedSCM pipeline result"
+        try:
+            stored = ScmConfig.make(stored_config)
+        except ValueError:
+            return "its config is not a valid FedSCM config"
+        same = placement_free(stored.resolved()) == placement_free(config.resolved())
+        return None if same else "its config is not the requested one"
+    return None if stored_config == config.to_dict() else "its config is not the requested one"
+
+
+def stored_state(item: QueueItem) -> tuple[bool, str | None]:
+    """(stored, problem): whether a valid run of ``item`` is stored where the queue writes or in the
+    repository, judged by content (checksum, schema, answering the key; regular files of bounded
+    size only, read without moving anything); else the problem of a damaged file (None: no file)."""
+    from .cache import ResultCache
+
+    found = None
+    for root in dict.fromkeys((results_root(), repo_results())):
+        store = ResultCache(runs_dir(root), protect=True)
+        payload, problem = store.read(item.key)
+        if payload is None and problem is None:
+            continue
+        if problem is None:
+            try:
+                problem = answers(item, payload)
+            except Exception as err:  # noqa: BLE001 - a malformed entry is a damaged one
+                problem = f"invalid content ({type(err).__name__})"
+        if problem is None:
+            return True, None
+        found = found or f"{store.path(item.key)}: {problem}"
+    return False, found
+
+
 def is_stored(item: QueueItem) -> bool:
-    """Whether the run of ``item`` is stored where the queue writes, or already in the repository
-    (there also when its data is not on this machine: by the fingerprint the run recorded)."""
-    if any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results())):
+    """Whether a valid run of ``item`` is stored (:func:`stored_state`); when its data is not on this
+    machine, also by the fingerprint the run recorded (``fedlib.claims.StoredIndex``)."""
+    if stored_state(item)[0]:
         return True
     if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
         return False
@@ -200,12 +255,102 @@ def is_stored(item: QueueItem) -> bool:
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
     """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
-    the run sits in the queue."""
+    the run sits in the queue. A damaged file or another run's there is set aside first (renamed)."""
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
-    return store_run(item.key, canonical, result, results_root(),
+    return store_run(item.key, canonical, result, results_root(), check=lambda entry: answers(item, entry),
                      queue={"profile": profile, "table": item.table, "row": item.row, "column": item.column,
                             "seed": item.seed})
+
+
+# ----------------------------------------------------------------------------- claims
+
+CLAIM_SUFFIX = ".claim"  # runs/.<key>.claim: {"pid", "host", "since"} of the queue running <key>
+
+
+def _claim_path(key: str, root: Path | None = None) -> Path:
+    return runs_dir(root if root is not None else results_root()) / f".{key}{CLAIM_SUFFIX}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def claim_owner(key: str, root: Path | None = None) -> dict | None:
+    """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none."""
+    from .cache import read_regular
+
+    path = _claim_path(key, root)
+    try:
+        owner = json.loads(read_regular(path, limit=4096))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict):
+        return owner
+    try:  # unreadable (being written, or its writer died mid-write): held, until a minute old
+        since = os.lstat(path).st_mtime
+    except OSError:
+        since = time.time()
+    return {"pid": None, "host": None, "since": since}
+
+
+def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
+    """Claim the run ``key`` for this process: an atomic exclusive create of ``runs/.<key>.claim``
+    holding the pid and host. A claim whose owner is dead (same host, pid gone), or an unreadable
+    one over a minute old, is taken over; another host's claim holds until it is released.
+    Returns (claimed, the current owner when not)."""
+    import socket
+
+    path = _claim_path(key, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            owner = claim_owner(key, root)
+            if owner is None:
+                continue  # released meanwhile: try again
+            dead = (owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
+                    and not _alive(owner["pid"]))
+            dead = dead or (owner.get("pid") is None and time.time() - float(owner.get("since") or 0) > 60)
+            if not dead:
+                return False, owner
+            stale = path.with_name(f"{path.name}.stale-{os.getpid()}")
+            try:
+                os.replace(path, stale)  # one taker wins the rename; the others find it gone
+            except FileNotFoundError:
+                continue
+            try:
+                moved = json.loads(stale.read_text())
+            except (OSError, ValueError):
+                moved = {}
+            if moved.get("pid") != owner.get("pid"):  # a live taker's fresh claim: put it back
+                try:
+                    os.link(stale, path)
+                except FileExistsError:
+                    pass
+            stale.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(mine)
+        return True, None
+    return False, claim_owner(key, root)
+
+
+def release(key: str, root: Path | None = None) -> None:
+    """Remove this process's claim on ``key`` (another owner's claim is left alone)."""
+    owner = claim_owner(key, root)
+    if owner is not None and owner.get("pid") == os.getpid():
+        _claim_path(key, root).unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- data
@@ -290,9 +435,13 @@ class CostModel:
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
+        from .cache import ResultCache
+
         for path in sorted(p for r in roots for p in r.glob("*.json")):
-            try:
-                payload = json.loads(path.read_text())["payload"]
+            try:  # the store's reader: regular files of bounded size with a valid checksum only
+                payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
+                if payload is None:
+                    continue
                 config, wall = payload["config"], float(payload.get("wall_time") or 0)
                 pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
                 model.add(config, wall, payload.get("device"), int(pack.get("size", 1)))
@@ -346,6 +495,7 @@ class Entry:
     stored: bool
     missing: str | None  # why it cannot run here
     chapters: tuple[str, ...] = ()  # every chapter whose runs include this one
+    damaged: str | None = None  # a stored file that is not a valid run of it (set aside when it runs)
 
     @property
     def items(self) -> list[QueueItem]:
@@ -386,16 +536,34 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     if part not in ("all", "cpu", "gpu"):
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = list(items if items is not None else all_items(profile, only))
+    _check_labels(items, tables, first)
     shared = sharing(items)
     items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
              and (not datasets or i.dataset in datasets) and (not tables or i.table in tables)
              and (seeds is None or i.seed in seeds)]
     model = cost_model or CostModel.from_results()
     missing = missing_data(items)
-    entries = [Entry(i, *model.estimate(i.config, device), is_stored(i), missing[i.dataset],
-                     shared.get(i.key, (i.chapter,))) for i in items]
+    entries = []
+    for i in items:
+        stored, problem = stored_state(i)
+        entries.append(Entry(i, *model.estimate(i.config, device), stored, missing[i.dataset],
+                             shared.get(i.key, (i.chapter,)), damaged=problem))
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
+
+
+def _check_labels(items: list[QueueItem], tables, first) -> None:
+    """Unknown ``tables`` or ``first`` (chapter, table) labels are one-line ValueErrors."""
+    known = sorted({i.table for i in items})
+    for table in tables or []:
+        if table not in known:
+            raise ValueError(f"--table: no table {table[:60]!r} in the queue; known: {', '.join(known)}")
+    for chapter, table in first or []:
+        of_chapter = sorted({i.table for i in items if i.chapter == chapter})
+        if not of_chapter:
+            raise ValueError(f"--first: no run of chapter {chapter[:60]!r} in the queue")
+        if table is not None and table not in of_chapter:
+            raise ValueError(f"--first: chapter {chapter} has no table {table[:60]!r}; known: {', '.join(of_chapter)}")
 
 
 def _hms(seconds: float) -> str:
@@ -427,7 +595,8 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
         lines.append(f"{'state':8} {'est.':>9}  run")
         for e in entries:
             state = "stored" if e.stored else ("absent" if e.missing else "pending")
-            lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]")
+            lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]"
+                         + (f" (damaged file: {e.damaged[-160:]})" if e.damaged and not e.stored else ""))
         lines.append("")
     lines.append(f"{'chapter':12} {'table':28} {'stored':>6} {'pending':>7} {'absent':>6} {'pending h':>9}")
     rows = summary(entries, workers)
@@ -551,6 +720,7 @@ class Outcome:
     stored: list[QueueItem] = field(default_factory=list)
     failed: list[tuple[QueueItem, str]] = field(default_factory=list)
     killed: list[QueueItem] = field(default_factory=list)  # still running when the budget ran out
+    claimed: list[QueueItem] = field(default_factory=list)  # held by another live queue: skipped
     elapsed: float = 0.0
 
 
@@ -562,13 +732,46 @@ def _command(entry: Entry | Pack, profile: str, device: str) -> list[str]:
             "--profile", profile, "--device", device]
 
 
+def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | None:
+    """Claim every run of ``unit`` (:func:`claim`); the runs another live queue holds, or stored
+    meanwhile, are left out. Returns what this queue runs (a smaller pack, one entry) or None."""
+    kept = []
+    for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
+        try:
+            held, owner = claim(entry.item.key)
+        except OSError as err:  # a read-only or full store: nothing could be stored either
+            from .cache import write_failure
+
+            outcome.failed.append((entry.item, write_failure(err, _claim_path(entry.item.key))))
+            log(f"[FAILED] {entry.describe()}: cannot claim it ({outcome.failed[-1][1]})")
+            continue
+        if not held:
+            outcome.claimed.append(entry.item)
+            log(f"[claimed] {entry.describe()}: run by pid {owner.get('pid')} on {owner.get('host')}; skipped")
+            continue
+        if is_stored(entry.item):  # another queue finished it meanwhile
+            release(entry.item.key)
+            log(f"[stored] {entry.describe()}: stored meanwhile; skipped")
+            continue
+        kept.append(entry)
+    if not kept:
+        return None
+    if not isinstance(unit, Pack) or len(kept) == len(unit.entries):
+        return unit
+    share = (unit.cost - STARTUP_SECONDS) * len(kept) / len(unit.entries)
+    return kept[0] if len(kept) == 1 else Pack(kept, STARTUP_SECONDS + share, unit.how)
+
+
 def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float | None = None, workers: int = 1,
-              device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5) -> Outcome:
+              device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5,
+              claims: bool = True) -> Outcome:
     """Run the pending entries (single runs or :class:`Pack` s), ``workers`` processes at a time, in order.
 
     With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
     when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
-    the budget are stopped (nothing partial is stored)."""
+    the budget are stopped (nothing partial is stored). With ``claims``, each run is claimed
+    first (:func:`claim`): a run another live queue on this store holds, or one it stored
+    meanwhile, is skipped; a dead queue's claim is taken over."""
     pending = [e for e in entries if not e.stored and not e.missing]
     outcome = Outcome()
     t0 = time.monotonic()
@@ -594,6 +797,10 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
                 pending = [] if not running else pending
                 break
             pending.remove(pick)
+            if claims:
+                pick = _claim_unit(pick, outcome, log)
+                if pick is None:
+                    continue
             started += 1
             out = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(command(pick, profile, device), stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -623,6 +830,9 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
                 outcome.failed.extend((item, tail) for item in entry.items)
                 log(f"[FAILED] {entry.describe()} (exit {code}): {tail}")
             out.close()
+            if claims:
+                for item in entry.items:
+                    release(item.key)
         running = still
         if budget is not None and pending and not running:
             left = budget - (time.monotonic() - t0)

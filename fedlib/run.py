@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from .cache import ResultCache
+from .cache import ResultCache, as_store
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset
 from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
@@ -42,9 +42,10 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     The cache key is ``config.key(fingerprint)``: the resolved config, the rule versions and the
     content fingerprint of the data (of ``dataset`` when given). A cached entry is returned only
     if its config, versions and data match the request and its numbers are valid
-    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run."""
+    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run.
+    A finished run is returned even when the cache cannot be written (one ``CacheWriteWarning``)."""
     config = _as_config(config)
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
     fingerprint = _fingerprint_of(config, dataset)
     if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
         dataset = _load(config)
@@ -61,7 +62,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     fresh.meta.update(_key_provenance(config, fingerprint, key))
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
     if store is not None:  # the same JSON as a stored copy under results/runs/
-        store.put(key, stored_payload(config.to_dict(), result.to_dict()))
+        store.keep(key, stored_payload(config.to_dict(), result.to_dict()))  # never loses the run
     report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 

@@ -114,8 +114,7 @@ def test_plan_marks_stored_and_absent_runs_and_filters_cpu_and_gpu(tmp_path, mon
     monkeypatch.setattr(queue, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
     items = [fake_item("a"), fake_item("b"), fake_item("c", dataset="cifar10", model="cnn"),
              fake_item("d", dataset="cifar100", model="cnn")]
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "a-0.json").write_text("{}")
+    queue.store_payload(items[0], {"meta": {}}, "paper")  # a stored run of a (judged by content: not any file)
     entries = {e.item.config.name: e for e in queue.plan(items=items, cost_model=queue.CostModel())}
     assert entries["a"].stored and not entries["b"].stored and entries["d"].missing
     cpu = queue.plan(items=items, part="cpu", cost_model=queue.CostModel())

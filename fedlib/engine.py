@@ -32,7 +32,8 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, glo
                  generator: torch.Generator) -> torch.Tensor:
     """Behavioural roles: free-riders return the received model; random-update clients
     send the global model plus Gaussian noise with the global parameters' std; the fault
-    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``)."""
+    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``); sign-flippers
+    send ``2 w_g - w``, their update negated (``sign_flip``, issue 33)."""
     selected_roles = roles[clients]
 
     def rows(role):
@@ -43,6 +44,9 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, glo
     huge = rows("huge_update")
     if huge.any():
         flat[huge] = global_flat + 1e6 * (flat[huge] - global_flat)
+    flip = rows("sign_flip")  # issue 33: sign-flipping attackers
+    if flip.any():
+        flat[flip] = 2 * global_flat - flat[flip]
     if free.any():
         flat[free] = global_flat
     if noisy.any():

@@ -17,7 +17,7 @@ from .federation import Prepared
 from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
 from .population import LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, train_clients, warm_up
 from .results import RunResult, _provenance, _strict
-from .screening import screen_updates
+from .screening import PoisoningMonitor, screen_updates
 
 __all__ = ["execute", "reference_values"]
 
@@ -86,6 +86,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
     last_eval = None
     reference = None
     suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
+    poisoning = PoisoningMonitor(method.parameter_uploads)  # issue 33: disagreement per round, poisoning warning
     for t in rounds:
         t_round = time.perf_counter()
         lr = cfg.lr_at(t)
@@ -198,6 +199,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
                                                                   *run_phase(phase, None))
             record["time_train"] += time.perf_counter() - t0  # local training, though after the server step
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
+        poisoning.observe(record, screened)  # issue 33: adds record["disagreement"]
         record = _strict(record)
         history.append(record)
         if on_round is not None:
@@ -213,6 +215,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
+    poisoning.finish(final, f"{cfg.method.name} on {cfg.dataset}")  # issue 33: final["poisoning_warning"]
     if reference is not None:
         final["reference"] = reference
     final.update(method.final_extras() or {})

@@ -14,7 +14,8 @@ Rules, in order (each decision is recorded in the round's history):
 Disagreement (issue 33). Before clipping, each finite update d_i = w_i - w_g is compared with the
 round's coordinate-wise median update m (the mean of the two middle values when n is even):
 ``cosine`` cos(d_i, m) and ``norm_ratio`` ||d_i|| / median_j ||d_j||. An update is *anomalous*
-when it points against the median (cosine < ``ANOMALY_COSINE``) or is more than ``clip_factor``
+when it points against the median (cosine < ``ANOMALY_COSINE`` = -0.05; orthogonal updates of very
+different clients, cosine near 0, are not) or is more than ``clip_factor``
 (10 when clipping is off) times the median norm; with fewer than three updates, only the
 ``suspects`` above. :class:`PoisoningMonitor` turns these per-round records into a run's warning.
 """
@@ -94,10 +95,10 @@ def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, t
 
 # ----------------------------------------------------------------------------- poisoning (issue 33)
 
-ANOMALY_COSINE = 0.0  # an update pointing against the round's median update is anomalous
+ANOMALY_COSINE = -0.05  # an update pointing against the round's median update (beyond noise) is anomalous
 ANOMALY_NORM = 10.0  # ... or one this many times the median norm (the clip factor when clipping is on)
 POISONED_SHARE = 0.25  # a round is contested when at least this share of its updates is anomalous
-CONTESTED_ROUNDS = 0.5  # the run warns when at least this share of its rounds is contested
+CONTESTED_ROUNDS = 0.3  # the run warns when at least this share of its rounds is contested
 COLLAPSE_DROP = 0.2  # ... or when accuracy falls this much (absolute) below its best so far
 COLLAPSE_RATIO = 0.5  # ... to at most this fraction of it, in a round with (or after) anomalous updates
 

@@ -141,7 +141,8 @@ class PoisoningMonitor:
     something was, a RuntimeWarning. Two rules:
 
     * **contested**: in at least ``CONTESTED_ROUNDS`` of the rounds, at least ``POISONED_SHARE``
-      of the screened updates were anomalous;
+      of the screened updates, and at least two, were anomalous (one odd client, e.g. a Maverick
+      among four, is not an attack; with fewer than three updates, the one outsized update is);
     * **collapse**: an evaluated accuracy fell by ``COLLAPSE_DROP`` or more below the best so far,
       to at most ``COLLAPSE_RATIO`` of it, with anomalous updates in that round or since the last
       evaluation (e.g. one unclipped outsized update in a sampled run's last round).
@@ -166,7 +167,8 @@ class PoisoningMonitor:
             record["disagreement"] = found
             if found["anomalous"]:
                 self.pending[t] = found["anomalous"]
-                if len(found["anomalous"]) >= POISONED_SHARE * len(found["cosine"]):
+                k, n = len(found["anomalous"]), len(found["cosine"])
+                if k >= POISONED_SHARE * n and (k >= 2 or n < 3):  # one odd client of many is no attack
                     self.contested[t] = found["anomalous"]
         accuracy = record.get("accuracy")
         if accuracy is None:
@@ -189,7 +191,7 @@ class PoisoningMonitor:
             rounds |= set(self.contested)
             clients |= {c for cs in self.contested.values() for c in cs}
             reasons.append(f"in {len(self.contested)} of {self.rounds} rounds at least {POISONED_SHARE:.0%} of the "
-                           f"updates were anomalous (against the median update or outsized)")
+                           f"updates were anomalous (against the round's median update or outsized)")
         for c in self.collapses:
             rounds |= set(c["rounds"]) | {c["round"]}
             clients |= set(c["clients"])

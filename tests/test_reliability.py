@@ -894,3 +894,32 @@ def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
         assert explore.stop(process) == 0
         log.close()
         busy.close()
+
+
+def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robust_rules():
+    from fedlib import book
+    from fedlib.chapters import leaderboard as lb
+    from fedlib.results import RunResult
+
+    for profile in ("smoke", "quick", "paper"):
+        params = book.load_profile("leaderboard", profile)
+        p = params["poisoning"]
+        assert p["sign_flips"] / p["n_clients"] == pytest.approx(0.4)  # 40 % sign-flippers
+        cfgs = lb.poisoning_configs(params)
+        attacked = [c for c in cfgs if c.split.params.get("sign_flips") == p["sign_flips"]]
+        assert len(attacked) == (len(params["methods"]) + 4) * len(params["seeds"]) and len(cfgs) - len(attacked) == \
+            len(params["seeds"])  # plus clean FedAvg per seed
+        names = {c.method.name for c in attacked}
+        assert names >= {lb.ENTRIES[m][0] for m in params["methods"]} | {"fedmedian", "fedtrimmedavg", "krum"}
+        assert all(c.split.name == "iid" and c.n_clients == p["n_clients"] and not c.reference_values for c in cfgs)
+    robust = {json.dumps({"name": c.method.name, **c.method.params}, sort_keys=True) for c in attacked
+              if c.method.name in ("fedmedian", "fedtrimmedavg", "krum")}  # paper profile: f = 4 of n = 10
+    assert robust == {json.dumps(m, sort_keys=True) for m in [
+        {"name": "fedmedian"}, {"name": "fedtrimmedavg", "beta": 0.4}, {"name": "krum", "num_malicious_clients": 4},
+        {"name": "krum", "num_malicious_clients": 4, "num_clients_to_keep": 6}]}
+    roles = ["benign", "benign", "benign", "sign_flip", "sign_flip"]
+    warned = RunResult(config={}, history=[], meta={"client_roles": roles},
+                       final={"accuracy": 0.25, "poisoning_warning": {"clients": [1, 3]}})
+    assert lb.poisoning_metrics(warned) == {"accuracy": 25.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
+    quiet = RunResult(config={}, history=[], meta={"client_roles": roles}, final={"accuracy": 0.5})
+    assert lb.poisoning_metrics(quiet)["warned"] is False and lb.poisoning_metrics(quiet)["flippers_named"] == 0.0

@@ -354,8 +354,13 @@ class Leaderboard(Chapter):
         return None
 
     def run(self) -> list:
-        """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line."""
-        super().run(quiet=True)
+        """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line.
+        The poisoning runs' warnings are expected: the poisoning table reports them, the page does not repeat them."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*possible poisoning", category=RuntimeWarning)
+            super().run(quiet=True)
         self.datasets = [d for d in self.params["datasets"] if self.has(d)]
         self.frame = table(self.results, self.params, self.datasets)
         logit = sum(len(uwa_configs(self.params, d)) for d in self.datasets)

@@ -103,6 +103,9 @@ COLLAPSE_DROP = 0.2  # ... or when accuracy falls this much (absolute) below its
 COLLAPSE_RATIO = 0.5  # ... to at most this fraction of it, in a round with (or after) anomalous updates
 
 
+DISAGREEMENT_BLOCK = 2**24  # elements of [n, P] per block of columns: bounded memory for large models
+
+
 def _middle(values: torch.Tensor) -> torch.Tensor:
     """Median over dim 0, the mean of the two middle values when the count is even (as np.median)."""
     ordered = values.sort(dim=0).values
@@ -112,15 +115,26 @@ def _middle(values: torch.Tensor) -> torch.Tensor:
 
 def update_disagreement(clients: np.ndarray, flat: torch.Tensor, global_flat: torch.Tensor,
                         clip_factor: float | None, suspects: list[int]) -> dict | None:
-    """How far the updates ``flat - global_flat`` [n, P] of ``clients`` disagree (module docstring)."""
-    n = flat.shape[0]
+    """How far the updates ``flat - global_flat`` [n, P] of ``clients`` disagree (module docstring).
+    Blocks of columns at a time (the coordinate-wise median sorts; no [n, P] copy of the whole);
+    sums in float64, so an outsized update's norm does not overflow."""
+    n, size = flat.shape
     if n == 0:
         return None
-    delta = (flat - global_flat).double()
-    norms = delta.norm(dim=1)
-    median_update = _middle(delta)
-    scale = norms * median_update.norm()
-    cosine = torch.where(scale > 0, delta @ median_update / scale.clamp(min=1e-300), torch.zeros_like(norms))
+    step = max(1, DISAGREEMENT_BLOCK // n)
+    blocks = [slice(start, min(start + step, size)) for start in range(0, size, step)]
+    median_update = torch.empty(size, dtype=flat.dtype, device=flat.device)
+    squares = torch.zeros(n, dtype=torch.float64, device=flat.device)
+    for block in blocks:  # blocks of parameters, not clients
+        delta = flat[:, block] - global_flat[block]
+        median_update[block] = _middle(delta)
+        squares += delta.double().square().sum(1)
+    dots = torch.zeros(n, dtype=torch.float64, device=flat.device)
+    for block in blocks:
+        dots += (flat[:, block] - global_flat[block]).double() @ median_update[block].double()
+    norms = squares.sqrt()
+    scale = norms * median_update.double().norm()
+    cosine = torch.where(scale > 0, dots / scale.clamp(min=1e-300), torch.zeros_like(norms))
     median_norm = _middle(norms.unsqueeze(1))[0]
     ratio = norms / median_norm if median_norm > 0 else torch.zeros_like(norms)
     if n >= 3:
@@ -129,8 +143,7 @@ def update_disagreement(clients: np.ndarray, flat: torch.Tensor, global_flat: to
         anomalous = np.asarray(clients)[bad].astype(int).tolist()
     else:  # two updates: no majority to compare with; only an update far larger than the other
         anomalous = list(suspects)
-    return {"cosine": cosine.float().cpu().tolist(), "norm_ratio": ratio.float().cpu().tolist(),
-            "anomalous": anomalous}
+    return {"cosine": cosine.cpu().tolist(), "norm_ratio": ratio.cpu().tolist(), "anomalous": anomalous}
 
 
 class PoisoningMonitor:

@@ -170,3 +170,22 @@ def test_robust_methods_resist_sign_flippers_where_fedavg_does_not():
     # multi-Krum drops the flippers and averages the 4 benign uploads: close to the clean run; the
     # coordinate-wise rules keep the flippers' pull on every coordinate (a smaller, slower step)
     assert accuracy["krum"] > clean - 0.1, (accuracy, clean)
+
+
+def test_blocks_of_columns_give_the_same_numbers(monkeypatch):
+    """Large models are sorted a block of parameters at a time: same medians, means and credits."""
+    import fedlib.methods.robust as robust
+    import fedlib.screening as screening
+
+    torch.manual_seed(3)
+    values = torch.randn(6, 40, 3)
+    whole = [coordinate_median(values), trimmed_mean(values, 2)]
+    stats = screening.update_disagreement(np.arange(6), values.reshape(6, -1), torch.zeros(120), 10.0, [])
+    monkeypatch.setattr(robust, "BLOCK", 6 * 7)  # 7 columns a block, the last one short
+    monkeypatch.setattr(screening, "DISAGREEMENT_BLOCK", 6 * 7)
+    for (stat, credit), (stat_b, credit_b) in zip(whole, [coordinate_median(values), trimmed_mean(values, 2)]):
+        assert torch.equal(stat, stat_b) and torch.allclose(credit, credit_b, rtol=0, atol=1e-12)
+        assert float(credit.sum()) == pytest.approx(1.0, abs=1e-12)
+    blocked = screening.update_disagreement(np.arange(6), values.reshape(6, -1), torch.zeros(120), 10.0, [])
+    assert blocked["cosine"] == pytest.approx(stats["cosine"], abs=1e-12)
+    assert blocked["norm_ratio"] == pytest.approx(stats["norm_ratio"], abs=1e-12)

@@ -34,18 +34,40 @@ from .base import ClientUpdates, Method, RoundState, register
 from .fedavg import sample_count_weights
 
 
+BLOCK = 2**24  # elements of [n, P] sorted at a time: bounded memory for large models
+
+
+def _by_blocks(values: torch.Tensor, rule) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rule(sorted_values, order)`` -> (statistic, credit) applied to blocks of columns of
+    ``values`` [n, ...] (a loop over parameter blocks, not clients); credits summed."""
+    n = values.shape[0]
+    flat = values.reshape(n, -1)
+    step = max(1, BLOCK // max(n, 1))
+    out = torch.empty(flat.shape[1], dtype=flat.dtype, device=flat.device)
+    credit = torch.zeros(n, dtype=torch.float64, device=flat.device)
+    for start in range(0, flat.shape[1], step):
+        block = slice(start, start + step)
+        ordered, order = flat[:, block].sort(dim=0, stable=True)
+        out[block], part = rule(ordered, order)
+        credit += part
+    return out.reshape(values.shape[1:]), credit
+
+
 def coordinate_median(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(median over dim 0 of ``values`` [n, ...], the share [n] of coordinates each row supplied).
     Even n: the mean of the two middle values, each row credited half a coordinate."""
     n = values.shape[0]
-    flat = values.reshape(n, -1)
-    ordered, order = flat.sort(dim=0, stable=True)
     lower, upper = (n - 1) // 2, n // 2
-    median = 0.5 * (ordered[lower] + ordered[upper])
-    credit = torch.zeros(n, dtype=torch.float64, device=flat.device)
-    for rank in (lower, upper):  # two ranks at most
-        credit.index_add_(0, order[rank], torch.full((flat.shape[1],), 0.5, dtype=torch.float64, device=flat.device))
-    return median.reshape(values.shape[1:]), credit / max(flat.shape[1], 1)
+    size = max(values[0].numel(), 1)
+
+    def rule(ordered, order):
+        credit = torch.zeros(n, dtype=torch.float64, device=ordered.device)
+        half = torch.full((ordered.shape[1],), 0.5 / size, dtype=torch.float64, device=ordered.device)
+        for rank in (lower, upper):  # the two middle ranks (one rank twice when n is odd)
+            credit.index_add_(0, order[rank], half)
+        return 0.5 * (ordered[lower] + ordered[upper]), credit
+
+    return _by_blocks(values, rule)
 
 
 def trimmed_mean(values: torch.Tensor, cut: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,13 +76,15 @@ def trimmed_mean(values: torch.Tensor, cut: int) -> tuple[torch.Tensor, torch.Te
     n = values.shape[0]
     if not 0 <= 2 * cut < n:
         raise ValueError(f"trimmed mean: cutting {cut} from each end leaves nothing of {n} values")
-    flat = values.reshape(n, -1)
-    ordered, order = flat.sort(dim=0, stable=True)
-    mean = ordered[cut:n - cut].mean(0)
-    kept = order[cut:n - cut].reshape(-1)
-    credit = torch.zeros(n, dtype=torch.float64, device=flat.device).index_add_(
-        0, kept, torch.ones(kept.numel(), dtype=torch.float64, device=flat.device))
-    return mean.reshape(values.shape[1:]), credit / max(kept.numel(), 1)
+    kept_total = max(values[0].numel(), 1) * (n - 2 * cut)
+
+    def rule(ordered, order):
+        kept = order[cut:n - cut].reshape(-1)
+        credit = torch.zeros(n, dtype=torch.float64, device=ordered.device).index_add_(
+            0, kept, torch.full((kept.numel(),), 1.0 / kept_total, dtype=torch.float64, device=ordered.device))
+        return ordered[cut:n - cut].mean(0), credit
+
+    return _by_blocks(values, rule)
 
 
 def krum_scores(flat: torch.Tensor, num_malicious: int) -> torch.Tensor:

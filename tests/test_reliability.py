@@ -1050,6 +1050,18 @@ def test_33_9_chapters_check_their_papermill_parameters(values, text):
     assert str(info.value).startswith(f"celm: {text}") and "\n" not in str(info.value)
 
 
+def test_33_9_imported_constants_are_not_parameters():
+    """A chapter's own constants imported into the notebook (``from ... import TABLE4_FORMAT``) pass;
+    the same value under a lower-case name is an unknown parameter."""
+    from fedlib.chapters.base import ChapterParameterError, check_parameters
+
+    namespace = {**book.load_profile("flce", "smoke"), "profile": "smoke", "TABLE4_FORMAT": {"a": "{:.2f}"}}
+    check_parameters("flce", namespace)
+    namespace["table4_format"] = namespace.pop("TABLE4_FORMAT")
+    with pytest.raises(ChapterParameterError, match="flce: unknown parameter 'table4_format'"):
+        check_parameters("flce", namespace)
+
+
 def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
     from fedlib.chapters.base import _notebook_defaults, _yaml, check_parameters, profiles_of
 

@@ -117,10 +117,10 @@ def _yaml(chapter: str, profile: str) -> dict[str, Any]:
 
 
 def _injected(namespace: dict[str, Any]) -> dict[str, Any]:
-    """The notebook globals that are parameters: not private, not the kernel's, not modules, classes
-    or functions."""
+    """The notebook globals that are parameters: not private, not the kernel's, not modules, classes,
+    functions or imported constants (UPPER_CASE names; no profile has one)."""
     return {k: v for k, v in namespace.items() if not k.startswith("_") and k not in NOTEBOOK_NAMES
-            and not inspect.ismodule(v) and not callable(v)}
+            and not k.isupper() and not inspect.ismodule(v) and not callable(v)}
 
 
 def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:

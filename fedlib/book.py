@@ -4,7 +4,8 @@ the helpers chapters share (headers, paper-vs-ours tables, stored full-protocol 
 Layout (relative to the repository root):
     book/<chapter>.ipynb           chapter sources, stored without outputs
     book/reference/<paper>.yaml    the papers' published numbers
-    params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper
+    params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper, evidence
+                                   (a file may say ``inherit: <profile>`` and override some keys)
     results/runs/<key>.json        stored runs (usually the paper profile) with provenance, one store for all chapters
     book/_executed/<profile>/      git-ignored: staged sources + executed notebooks + HTML
 """
@@ -37,7 +38,8 @@ from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
 from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
 
-PROFILES = ("smoke", "quick", "paper")
+PROFILES = ("smoke", "quick", "paper", "evidence")
+EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
 STATUS_PAGE = "status"
 
 
@@ -53,6 +55,30 @@ def book_dir() -> Path:
 
 class BookError(RuntimeError):
     """A chapter failed or the book could not be built; the message says where."""
+
+
+class NothingStored(RuntimeError):
+    """Raised by a chapter of the evidence build that has no stored paper-protocol run: the page
+    ends there with this message (the build keeps the cells before it, see :func:`execute_chapter`)."""
+
+
+def make_results_command(chapter: str) -> str:
+    return f"make results CHAPTER={chapter} PROFILE=paper"
+
+
+def evidence_summary(chapter: str, wanted: int, missing: int) -> str:
+    """What the evidence build of ``chapter`` shows: how many of its paper-protocol runs are stored,
+    and the command that makes the others."""
+    if missing == wanted:
+        return (f"Evidence build: none of the {wanted} paper-protocol run(s) of this page is stored under "
+                f"results/runs/ yet, so the rest of the page is not shown. `{make_results_command(chapter)}` "
+                f"makes them; `make book PROFILE=quick` shows the chapter at reduced scale.")
+    text = (f"Evidence build: {wanted - missing} of the {wanted} paper-protocol run(s) of this page are stored "
+            "under results/runs/ and shown; nothing was trained.")
+    if missing:
+        text += (f" The other {missing} are not stored: the cells that need them show \"—\" (or say \"not run\"); "
+                 f"`{make_results_command(chapter)}` makes them.")
+    return text
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -72,6 +98,11 @@ def load_profile(chapter: str, profile: str) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of parameters")
+    if "inherit" in data:  # e.g. the evidence profile: the paper profile's parameters
+        base = data.pop("inherit")
+        if base not in PROFILES or base == profile:
+            raise ValueError(f"{path}: inherit must name another profile (got {base!r})")
+        data = {**load_profile(chapter, base), **data}
     return data
 
 
@@ -122,7 +153,13 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
     from IPython.display import HTML
 
     table = parameters_table(chapter, params)
-    if profile == "paper" and table.empty:
+    if profile == EVIDENCE:
+        protocol = ("<p><b>Evidence build.</b> Every number of ours on this page is a stored run of the paper's "
+                    "protocol (<code>results/runs/</code>); nothing was trained to build it. A cell without a "
+                    "stored run says so; <code>make results CHAPTER=" + escape(chapter) + " PROFILE=paper</code> "
+                    "makes the missing runs, <code>make book PROFILE=quick</code> re-runs the chapter at reduced "
+                    "scale.</p>")
+    elif profile == "paper" and table.empty:
         protocol = "<p>This run follows the paper's protocol.</p>"
     elif table.empty:
         protocol = "<p>Same settings as the paper profile.</p>"
@@ -523,6 +560,10 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
             kernel_manager_class=_local_kernel_manager(Path(sockets.name), stage, env),
         )
     except papermill.PapermillExecutionError as err:
+        if err.ename == NothingStored.__name__:  # the evidence build of a chapter with no stored run: ends there
+            _end_at_nothing_stored(out, err.evalue)
+            atomic_write_text(stamp, fingerprint)
+            return out, True
         stamp.unlink(missing_ok=True)
         _tag_for_reading(out)
         raise BookError(describe_failure(chapter, err, out)) from None
@@ -531,6 +572,22 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+def _end_at_nothing_stored(path: Path, message: str) -> None:
+    """The executed notebook up to the cell that raised NothingStored, that cell showing ``message``
+    as its output; the cells after it (which need the runs) are dropped, papermill's error banner too."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
+             and 'id="papermill-error-cell"' not in "".join(c.source)]
+    stop = next(i for i, c in enumerate(cells) if c.cell_type == "code"
+                and any(o.get("ename") == NothingStored.__name__ for o in c.get("outputs", [])))
+    cells[stop].outputs = [nbformat.v4.new_output("stream", name="stdout", text=message + "\n")]
+    nb.cells = cells[:stop + 1]
+    atomic_write_text(path, nbformat.writes(nb))
+    _tag_for_reading(path)
 
 
 def _local_kernel_manager(folder: Path, cwd: Path, env: dict[str, str]):

@@ -192,7 +192,8 @@ def git_commit() -> str | None:
 
 def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
     """Run ``benchmarks/<script> <args> --json FILE`` and return (its JSON, its stdout), keeping the
-    measurement under ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
+    measurement (and the 1-minute load average before and after it, ``result["load"]``) under
+    ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
     commit (and working-tree state), the device and the torch version; a warm rebuild shows the
     stored measurement (with its own date) instead of timing again. A timing is data like a run."""
     dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
@@ -208,11 +209,14 @@ def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
         except (ValueError, KeyError):
             pass  # a damaged record: measure again (it is overwritten below)
     out_json = Path(tempfile.mkdtemp(prefix="fedlib-bench-")) / "out.json"
+    before = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, str(repo_root() / "benchmarks" / script), *args, "--json", str(out_json)],
                           capture_output=True, text=True, cwd=repo_root())
     if proc.returncode != 0:
         raise RuntimeError(f"benchmarks/{script} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(out_json.read_text())
+    # the 1-minute load average around the measurement (other work competing shows there), kept with it
+    result = {**json.loads(out_json.read_text()),
+              "load": {"before": before, "after": os.getloadavg()[0], "cores": os.cpu_count()}}
     atomic_write_text(path, json.dumps({"ident": json.loads(ident), "result": result, "stdout": proc.stdout}))
     return result, proc.stdout
 
@@ -534,11 +538,11 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
 
 
 def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False,
-                    progress_file: Path | None = None) -> tuple[Path, bool]:
+                    progress_file: Path | None = None, threads: int | None = None) -> tuple[Path, bool]:
     """Execute one chapter with papermill into the stage; skipped when nothing changed.
 
-    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`).
-    Returns (executed notebook, whether it ran)."""
+    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`);
+    ``threads``, the kernel's compute threads (:func:`thread_env`). Returns (executed notebook, whether it ran)."""
     import papermill
 
     out = stage / f"{chapter}.ipynb"
@@ -552,6 +556,8 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     if progress_file:
         env[PROGRESS_ENV] = str(progress_file)
+    if threads:
+        env.update(thread_env(threads))
     sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
     try:  # the kernel gets its cwd and environment from its manager: chapters can run side by side
         papermill.execute_notebook(
@@ -653,6 +659,71 @@ def _tag_for_reading(path: Path) -> None:
     atomic_write_text(path, nbformat.writes(nb))
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; os.cpu_count where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """A chapter kernel's environment for ``threads`` compute threads: the engine trains ``threads`` client
+    groups (``FEDLIB_CPU_WORKERS``), each with one intra-op thread, or one vectorized call with ``threads``
+    OpenMP/torch threads; never more."""
+    n = str(max(1, int(threads)))
+    return {"FEDLIB_CPU_WORKERS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+
+
+EXCLUSIVE = ("performance",)  # chapters that time engines: they run alone with every core (then the status page)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How a build uses the cores: ``jobs`` chapters at a time, each kernel with ``threads`` compute
+    threads (engine workers × 1 intra-op thread), so jobs × threads ≤ cores; the chapters in
+    EXCLUSIVE run alone with ``cores`` threads."""
+
+    cores: int
+    jobs: int
+    threads: int
+
+    @classmethod
+    def make(cls, jobs: int, cores: int | None = None) -> "ThreadPlan":
+        if jobs < 1:
+            raise ValueError(f"jobs: must be >= 1 (got {jobs})")
+        cores = available_cores() if cores is None else cores
+        jobs = min(jobs, cores)
+        return cls(cores, jobs, max(1, cores // jobs))
+
+    def describe(self) -> str:
+        return (f"plan: {self.cores} core(s); {self.jobs} chapter(s) at a time × {self.threads} engine worker(s) "
+                f"× 1 intra-op thread = {self.jobs * self.threads} compute thread(s); "
+                f"{', '.join(EXCLUSIVE)} alone with {self.cores}")
+
+
+EVIDENCE_CHAPTER_SECONDS = 20.0  # an evidence-build kernel: start, imports, reading the store (no training)
+UNMODELLED_CHAPTER_SECONDS = 60.0  # a chapter without queue items (explore, coverage, performance, status)
+
+
+def estimated_seconds(chapter: str, profile: str, threads: int = 1, cost_model=None) -> float:
+    """A chapter's time without a recorded timing: its runs not yet in the result cache, by the queue's
+    cost model (fedlib.queue.CostModel, one CPU thread per run), over ``threads``; a fixed guess for
+    chapters without runs."""
+    if profile == EVIDENCE:
+        return EVIDENCE_CHAPTER_SECONDS
+    from . import queue
+
+    try:
+        items = queue.unique(queue.chapter_items(chapter, profile))
+    except (ValueError, FileNotFoundError):
+        return UNMODELLED_CHAPTER_SECONDS
+    model = cost_model or queue.CostModel.from_results()
+    cache = ResultCache()
+    todo = [i for i in items if not cache.path(i.key).is_file()]
+    return UNMODELLED_CHAPTER_SECONDS + sum(model.estimate(i.config)[0] for i in todo) / max(1, threads)
+
+
 TIMINGS = "timings.json"  # in the stage: each chapter's last execution (wall time, runs)
 
 
@@ -676,18 +747,19 @@ def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
 
 
 def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
-                       expected: dict[str, Any] | None, board) -> tuple[bool, dict[str, Any]]:
+                       expected: dict[str, Any] | None, board, threads: int | None = None,
+                       estimate: float | None = None) -> tuple[bool, dict[str, Any]]:
     """execute_chapter, its runs shown on ``board`` (fed by the kernel's progress events)."""
     handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
     os.close(handle)
     channel = Path(name)
-    bar = ChapterBar(label, expected.get("wall") if expected else None, 0.0,
+    bar = ChapterBar(label, expected.get("wall") if expected else estimate, 0.0,
                      expected_runs=int(expected.get("runs", 0)) if expected else 0, stream=board.stream)
     bar.reader = ProgressFile(channel)  # read by the build's watcher thread, under board.lock
     with board.lock:
         board.bars[chapter] = bar
     try:
-        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel)
+        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel, threads=threads)
     finally:
         with board.lock:
             bar.update(bar.reader.read())
@@ -700,8 +772,9 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
           log=print, jobs: int = 1) -> Path:
     """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage).
 
-    ``jobs`` chapters execute at a time (each kernel trains with one thread; the status page
-    runs last, alone). ``log`` gets one line per chapter as it starts and as it ends (executed
+    ``jobs`` chapters execute at a time (at most the cores), each kernel with cores // jobs compute
+    threads (:class:`ThreadPlan`, printed first); the chapters in EXCLUSIVE, then the status page, run
+    last, alone. ``log`` gets one line per chapter as it starts and as it ends (executed
     or unchanged, its time), with an estimate of the time left from the last build's timings
     (``timings.json`` in the stage); the runs inside the chapters are shown as bars on stderr.
     A failing chapter is reported and the others still build (the HTML too); then BookError
@@ -710,8 +783,8 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     from concurrent.futures import ThreadPoolExecutor
 
     _check_profile(profile)
-    if jobs < 1:
-        raise ValueError(f"jobs: must be >= 1 (got {jobs})")
+    plan = ThreadPlan.make(jobs)  # jobs × threads ≤ cores
+    jobs = plan.jobs
     chapters = toc_chapters()
     check_only(only, chapters)
     env = os.environ.get("FEDLIB_BOOK_OUT")  # where executed notebooks and the HTML go
@@ -726,6 +799,13 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     timings = load_timings(stage)
     expected = {c: timings.get(c, {}).get("wall") for c in todo}
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
+    model = None
+    if unknown_time and profile != EVIDENCE:
+        from .queue import CostModel
+
+        model = CostModel.from_results()
+    threads_of = {c: plan.cores if c in EXCLUSIVE else plan.threads for c in todo}
+    estimate = {c: estimated_seconds(c, profile, threads_of[c], model) for c in unknown_time}
     board = Board(jobs=jobs)
     raw_log = log
 
@@ -733,12 +813,15 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         board.clear()
         raw_log(line)
 
-    board.queued_seconds = sum(expected[c] or 0.0 for c in todo if will_run[c])
+    board.queued_seconds = sum(expected[c] or estimate.get(c, 0.0) for c in todo if will_run[c])
     left = board.queued_seconds / jobs
+    log(plan.describe())
     log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"
         + (f", {jobs} at a time" if jobs > 1 else "")
         + (f"; about {format_seconds(left)} by the last build's timings" if left else "")
-        + (f" (no timing yet for {', '.join(unknown_time)})" if unknown_time else ""))
+        + (f" (no timing yet for {', '.join(unknown_time)}: "
+           + ("a fixed guess per evidence chapter)" if profile == EVIDENCE else "the queue's cost model for their "
+              "runs not in the cache)") if unknown_time else ""))
     failures, summary = [], {}
     started = time.perf_counter()
 
@@ -748,13 +831,14 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
             will_run[chapter] = forced[chapter] or not is_current(chapter, profile, stage)
         if will_run[chapter]:
             with board.lock:
-                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or 0.0), 0.0)
+                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or estimate.get(chapter, 0.0)),
+                                           0.0)
             log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
                                            if expected[chapter] else ""))
         t0 = time.perf_counter()
         try:
             ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
-                                             timings.get(chapter), board)
+                                             timings.get(chapter), board, threads_of[chapter], estimate.get(chapter))
         except Exception as err:  # noqa: BLE001 - a dead kernel, a missing profile...: the others still build
             if not isinstance(err, BookError):
                 err = BookError(f"chapter {chapter!r} failed: {type(err).__name__}: {err}")
@@ -787,11 +871,14 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     watcher.start()
     try:
         numbered = list(enumerate(todo, 1))
-        queue = [i for i in numbered if i[1] != STATUS_PAGE]
+        queue = [i for i in numbered if i[1] != STATUS_PAGE and i[1] not in EXCLUSIVE]
         if jobs > 1:  # longest first (by the last build's times): the parallel build ends sooner
-            queue.sort(key=lambda item: -(expected[item[1]] or 0.0))
+            queue.sort(key=lambda item: -(expected[item[1]] or estimate.get(item[1], 0.0)))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(lambda item: one(*item), queue))
+        for n, chapter in numbered:  # alone: the engine timings, then the status page
+            if chapter in EXCLUSIVE:
+                one(n, chapter)
         for n, chapter in numbered:
             if chapter == STATUS_PAGE:
                 one(n, chapter)

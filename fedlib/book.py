@@ -551,6 +551,9 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
     params = {**(load_profile(chapter, profile) if chapter != STATUS_PAGE else {}), "profile": profile}
+    source = book_dir() / f"{chapter}.ipynb"
+    if profile == EVIDENCE:  # sections after the runs may lack stored runs: they say so instead of failing
+        source = _evidence_source(chapter, stage)
     env = {"FEDLIB_BOOK_STAGE": str(stage),
            # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
@@ -561,13 +564,17 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
     try:  # the kernel gets its cwd and environment from its manager: chapters can run side by side
         papermill.execute_notebook(
-            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params,
+            str(source), str(out), parameters=params,
             kernel_name="python3", progress_bar=False, log_output=False,
             kernel_manager_class=_local_kernel_manager(Path(sockets.name), stage, env),
         )
     except papermill.PapermillExecutionError as err:
         if err.ename == NothingStored.__name__:  # the evidence build of a chapter with no stored run: ends there
             _end_at_nothing_stored(out, err.evalue)
+            atomic_write_text(stamp, fingerprint)
+            return out, True
+        if profile == EVIDENCE and _sections_without_runs(out, chapter):  # only tagged cells failed
+            _tag_for_reading(out)
             atomic_write_text(stamp, fingerprint)
             return out, True
         stamp.unlink(missing_ok=True)
@@ -578,6 +585,67 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+EVIDENCE_TAG = "raises-exception"  # nbclient runs on past a failing cell with this tag
+_GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)(?::[^`]*)?`")
+
+
+def _evidence_source(chapter: str, stage: Path) -> Path:
+    """The chapter's notebook for the evidence build: every code cell after its runs cell (the first
+    calling ``.run(``) tagged to let execution go on when it fails for want of a stored run."""
+    import nbformat
+
+    nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
+    after_runs = False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if after_runs:
+            cell.metadata["tags"] = list(dict.fromkeys([*cell.metadata.get("tags", []), EVIDENCE_TAG]))
+        after_runs = after_runs or ".run(" in cell.source
+    path = stage / ".sources" / f"{chapter}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, nbformat.writes(nb))
+    return path
+
+
+def not_computed_note(chapter: str) -> str:
+    return (f"Not computed: the stored paper-protocol runs do not cover this yet; "
+            f"`{make_results_command(chapter)}` makes them.")
+
+
+def _sections_without_runs(path: Path, chapter: str) -> bool:
+    """After an evidence build that raised in tagged cells: each failing cell shows one line (what
+    failed, and the command that makes the missing runs) instead of its traceback, and each paragraph
+    quoting a number that was never computed (a glue key no cell glued) is replaced by a note. False
+    when an untagged cell failed (a real failure)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
+             and 'id="papermill-error-cell"' not in "".join(c.source)]
+    glued = set()
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+        if errors and EVIDENCE_TAG not in cell.metadata.get("tags", []):
+            return False
+        if errors:
+            kept = [o for o in cell.outputs if o.get("output_type") != "error"]
+            cell.outputs = kept + [nbformat.v4.new_output(
+                "stream", name="stdout", text=f"{not_computed_note(chapter)} ({errors[0].ename}: "
+                                               f"{str(errors[0].evalue)[:200]})\n")]
+        glued |= {o.get("metadata", {}).get("scrapbook", {}).get("name") for o in cell.outputs}
+    for cell in cells:
+        if cell.cell_type == "markdown" and any(k not in glued for k in _GLUE_REF.findall(cell.source)):
+            cell.source = "\n\n".join(
+                f"*{not_computed_note(chapter)}*" if any(k not in glued for k in _GLUE_REF.findall(part)) else part
+                for part in cell.source.split("\n\n"))
+    nb.cells = cells
+    atomic_write_text(path, nbformat.writes(nb))
+    return True
 
 
 def _end_at_nothing_stored(path: Path, message: str) -> None:

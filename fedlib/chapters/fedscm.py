@@ -369,6 +369,9 @@ class FedSCM(Chapter):
         distance to the vertex its weights rank highest, and whether it has the vertex's structure."""
         import pandas as pd
 
+        if self.evidence and not self.stored_runs():  # the simulations take minutes: not for a page with no runs
+            configs = self.configs()
+            raise book.NothingStored(book.evidence_summary(self.name, len(configs), len(configs)))
         trials, rows = max(2, self.params["theory_trials"] // 4), []
         for gamma in self.params["sparsity_gammas"]:
             full, rest, count = scm.vertex_counts(gamma)

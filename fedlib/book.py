@@ -980,3 +980,69 @@ def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
     width = max([len(name) for name, _, _ in summary] + [5])
     lines = [f"  {name:<{width}}  {state:<9}  {format_seconds(seconds):>12}" for name, state, seconds in summary]
     return "\n".join(["Time per chapter:", *lines, f"  {'total':<{width}}  {'':<9}  {format_seconds(total):>12}"])
+
+
+# ----------------------------------------------------------------------------- prose from the code
+
+# How a page states a method's hyper-parameter: method -> {symbol in the text: its value as the runs resolve it}.
+PROSE_SYMBOLS: dict[str, dict[str, Any]] = {
+    "cffl": {"α": lambda h: f"{h['alpha']:g}(1 + t/T)" if h["alpha_growth"] else f"{h['alpha']:g}",
+             "fade": lambda h: f"{h['fade']:g}"},
+    "cgsv": {"α": lambda h: f"{h['alpha']:g}"},
+    "shapfed": {"μ": lambda h: f"{h['mu']:g}"},
+    "celm": {"β": lambda h: f"{h['ema']:g}", "λ": lambda h: f"{h['l2']:g}", "L": lambda h: f"{h['lm_steps']:d}",
+             "η": lambda h: f"{h['lm_lr']:g}"},
+}
+_STATED = re.compile(r"(?<![\w‖])(α|β|μ|λ|η|L|fade)\s*=\s*([0-9][0-9.]*(?:\([^)]*\))?)")
+
+
+def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:
+    """Each method of the chapter's ``profile`` runs with its resolved hyper-parameters (and the run's
+    resolved ``server_val``), from the first of its runs: what the runs use, defaults filled in."""
+    from .chapters import chapter_module
+
+    out: dict[str, dict[str, Any]] = {}
+    for config in chapter_module(chapter).configs(load_profile(chapter, profile)):
+        name = getattr(getattr(config, "method", None), "name", None)
+        if name and name not in out:
+            resolved = config.resolved()
+            out[name] = {**resolved["method"], "server_val": resolved.get("server_val")}
+    return out
+
+
+def stated_value_matches(stated: str, runs: str) -> bool:
+    stated, runs = stated.rstrip(".,;").replace(" ", ""), runs.replace(" ", "")
+    try:
+        return float(stated) == float(runs)
+    except ValueError:
+        return stated == runs
+
+
+def prose_drift(chapter: str, text: str | None = None, profile: str = "paper") -> list[str]:
+    """Hyper-parameter values a chapter's text states by hand (``α = 5`` after the method's label, in the
+    same paragraph; a paragraph naming no method speaks of the chapter's own) that differ from what its
+    ``profile`` runs resolve, one line each (empty: the text agrees). ``text``: default the notebook's
+    markdown cells (glued values are rendered from the code and are not in them)."""
+    from .chapters import chapter_module
+
+    if text is None:
+        import nbformat
+
+        nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
+        text = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    labels = {label: method for method, label in getattr(chapter_module(chapter), "METHOD_LABELS", {}).items()}
+    methods = resolved_methods(chapter, profile)
+    found = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        marks = sorted((m.start(), labels[m.group(0)]) for m in
+                       re.finditer(r"\b(" + "|".join(map(re.escape, labels)) + r")\b", paragraph)) if labels else []
+        bounds = [(0, chapter)] + marks + [(len(paragraph), None)]
+        for (start, method), (end, _) in zip(bounds, bounds[1:]):
+            symbols = PROSE_SYMBOLS.get(method, {})
+            for m in _STATED.finditer(paragraph[start:end]):
+                if m.group(1) in symbols and method in methods:
+                    runs = symbols[m.group(1)](methods[method])
+                    if not stated_value_matches(m.group(2), runs):
+                        found.append(f"{chapter}: the text states {method} {m.group(1)} = {m.group(2).rstrip('.,;')}, "
+                                     f"its {profile}-profile runs use {m.group(1)} = {runs}")
+    return found

@@ -644,3 +644,30 @@ class CELM(Chapter):
                     "paper": table2_values["t2_rare_paper_celm"], "ours": round(table2_values["t2_rare_celm"], 2),
                     "unit": "%"})
         return self.record_headlines(out)
+
+
+def baselines_text(params: dict[str, Any]) -> str:
+    """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs resolve
+    (``fedlib.book.resolved_methods``; the values of the paper profile when ``params`` runs a method nowhere)."""
+    from fractions import Fraction
+
+    from .. import book
+
+    runs = dict(book.resolved_methods("celm", "paper"))
+    runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")}
+             for c in configs(params)}
+    sym = lambda method, s: book.PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
+    cffl = runs["cffl"]
+    return (
+        "**Baselines** (as this page's runs resolve them; `fedlib.methods.gradient` / `fairness`): FedAvg with "
+        "uniform weights (the paper's choice: no client metadata), CFFL (server validation accuracy `acc_i` → "
+        f"reputation `r_i ← fade·r_i + (1 − fade)·acc_i / Σ acc`, weights `sinh(α r) / Σ sinh(α r)` with "
+        f"α = {sym('cffl', 'α')} and fade = {sym('cffl', 'fade')}, clients below {Fraction(cffl['threshold']).limit_denominator(100)} of the "
+        f"mean reputation removed, updates clipped to ±{cffl['clip']:g} and the largest {100 * cffl['theta']:g} % "
+        f"of their entries uploaded; the server holds out {cffl['server_val']:,} training samples as its "
+        f"validation set), CGSV (cosine of each update with the aggregate, reputation EMA α = {sym('cgsv', 'α')}), "
+        f"ShapFed (class-wise cosine of the classifier rows' {SHAPFED_SIGNALS[runs['shapfed']['signal']]}, "
+        f"μ = {sym('shapfed', 'μ')}).")
+
+
+SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}

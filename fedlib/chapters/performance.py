@@ -69,7 +69,7 @@ def live_text(run: dict, stored: str = "") -> str:
         parts.append(f"fedlib's vectorized engine is {faster} than Flower at every N timed; {at} (smallest ratio "
                      f"over N: {min(flower.values()):.2f}×)")
     else:
-        parts.append("Flower was not timed here, so there is no comparison with it")
+        parts.append("Flower was not timed in this run, so there is no comparison with it")
     if central:
         within = "within" if max(central.values()) <= 1.2 else "not within"
         parts.append(f"the vectorized round is {within} 1.2 × a centralized epoch at every N (largest ratio "

@@ -116,15 +116,16 @@ def test_progress_events_reach_the_builder_and_timings_are_stored(tmp_path, monk
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     lines = []
     stage = book.build("smoke", html=False, log=lines.append)
-    assert lines[0].startswith("1 chapter(s), 1 to execute") and "no timing yet for mini" in lines[0]
-    assert "[1/1] mini: executing" in lines[1]
-    assert "[1/1] mini: executed in" in lines[2] and "3 runs (3 from the cache)" in lines[2]
+    assert lines[0].startswith("plan: ")  # the thread plan first
+    assert lines[1].startswith("1 chapter(s), 1 to execute; about 1 min 00 s") and "no timing yet for mini" in lines[1]
+    assert "[1/1] mini: executing" in lines[2]
+    assert "[1/1] mini: executed in" in lines[3] and "3 runs (3 from the cache)" in lines[3]
     assert lines[-1].startswith("Time per chapter:") and "mini" in lines[-1] and "total" in lines[-1]
     timing = book.load_timings(stage)["mini"]
     assert timing["runs"] == 3 and timing["cached"] == 3 and timing["wall"] > 0
     lines.clear()
     book.build("smoke", html=False, log=lines.append, force=True)  # now the estimate is known
-    assert "by the last build's timings" in lines[0] and "(last time" in lines[1]
+    assert "by the last build's timings" in lines[1] and "(last time" in lines[2]
 
 
 def test_a_failure_names_chapter_cell_and_error_and_the_other_chapters_still_build(tmp_path, monkeypatch):
@@ -186,7 +187,8 @@ def test_chapter_header_is_one_small_html_table_of_differences():
 
 
 def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypatch):
-    cell = "import os\nprint(os.getcwd(), os.environ['FEDLIB_BOOK_STAGE'], value)"
+    cell = ("import os\nprint(os.getcwd(), os.environ['FEDLIB_BOOK_STAGE'], value, os.environ['FEDLIB_CPU_WORKERS'], "
+            "os.environ['OMP_NUM_THREADS'])")
     repo = _mini_repo(tmp_path, cell)
     shutil.copy(repo / "book" / "mini.ipynb", repo / "book" / "twin.ipynb")
     shutil.copytree(repo / "params" / "mini", repo / "params" / "twin")
@@ -194,12 +196,15 @@ def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypa
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     monkeypatch.delenv("FEDLIB_BOOK_STAGE", raising=False)
+    monkeypatch.setattr(book, "available_cores", lambda: 2)
     lines = []
     stage = book.build("smoke", html=False, log=lines.append, jobs=2)
-    assert "2 to execute, 2 at a time" in lines[0]
+    assert lines[0].startswith("plan: 2 core(s); 2 chapter(s) at a time × 1 engine worker(s)")
+    assert "2 to execute, 2 at a time" in lines[1]
     for chapter in ("mini", "twin"):
         text = nbformat.read(stage / f"{chapter}.ipynb", as_version=4).cells[-1].outputs[0]["text"]
-        assert text.split() == [str(stage), str(stage), "2"]  # the kernel's cwd and environment
+        # the kernel's cwd and environment: 2 chapters on 2 cores, so 1 engine worker and 1 thread each
+        assert text.split() == [str(stage), str(stage), "2", "1", "1"]
         assert book.load_timings(stage)[chapter]["jobs"] == 2
     assert "FEDLIB_BOOK_STAGE" not in __import__("os").environ  # the builder's own environment is untouched
 

@@ -145,7 +145,8 @@ class Performance(Chapter):
         if self.evidence:
             path = book.repo_root() / "benchmarks" / "results" / STORED_CPU_RUN
             self.live = json.loads(path.read_text())
-            self.stored_note = f"Stored measurement (benchmarks/results/{STORED_CPU_RUN}, {self.live['date']}): "
+            unknown = "" if self.live.get("load") else "; the load average during it was not recorded"
+            self.stored_note = f"Stored measurement (benchmarks/results/{STORED_CPU_RUN}, {self.live['date']}{unknown}): "
             return (f"Evidence build: nothing is timed. The tables below are the stored CPU measurement "
                     f"benchmarks/results/{STORED_CPU_RUN} of {self.live['date']} ({self.live['device_name']}); "
                     "`make book PROFILE=quick` times the engines on this machine.")

@@ -984,8 +984,16 @@ def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
 
 # ----------------------------------------------------------------------------- prose from the code
 
+def _g(key: str):
+    return lambda h: f"{h[key]:g}"
+
+
 # How a page states a method's hyper-parameter: method -> {symbol in the text: its value as the runs resolve it}.
 PROSE_SYMBOLS: dict[str, dict[str, Any]] = {
+    "fedprox": {"μ": _g("mu")}, "ditto": {"λ": _g("lam")}, "fedfv": {"α": _g("alpha"), "τ": _g("tau")},
+    "moon": {"μ": _g("mu"), "τ": _g("tau")}, "qfedavg": {"q": _g("q")}, "fedfa": {"β": _g("beta"), "γ": _g("gamma")},
+    "flce": {"λ": _g("lam"), "τ": _g("tau")}, "fedemd": {"β": _g("beta")}, "s_fedavg": {"α": _g("alpha")},
+    "greedyfed": {"α": _g("alpha")}, "fedms": {"T": _g("temperature"), "α": _g("alpha")},
     "cffl": {"α": lambda h: f"{h['alpha']:g}(1 + t/T)" if h["alpha_growth"] else f"{h['alpha']:g}",
              "fade": lambda h: f"{h['fade']:g}"},
     "cgsv": {"α": lambda h: f"{h['alpha']:g}"},
@@ -993,7 +1001,7 @@ PROSE_SYMBOLS: dict[str, dict[str, Any]] = {
     "celm": {"β": lambda h: f"{h['ema']:g}", "λ": lambda h: f"{h['l2']:g}", "L": lambda h: f"{h['lm_steps']:d}",
              "η": lambda h: f"{h['lm_lr']:g}"},
 }
-_STATED = re.compile(r"(?<![\w‖])(α|β|μ|λ|η|L|fade)\s*=\s*([0-9][0-9.]*(?:\([^)]*\))?)")
+_STATED = re.compile(r"(?<![\w‖])(α|β|γ|μ|λ|η|τ|L|T|q|fade)\s*=\s*([0-9][0-9.]*(?:\([^)]*\))?)")
 
 
 def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:

@@ -392,6 +392,14 @@ def test_the_drift_check_catches_the_stale_celm_baselines_paragraph():
         "celm: the text states celm β = 0.7, its paper-profile runs use β = 0.5"]
 
 
+def test_the_drift_check_reads_each_method_in_its_own_part_of_the_paragraph():
+    assert book.prose_drift("flce", "Baselines: FedProx (μ = 0.1), MOON (μ = 1, τ = 0.7), CGSV (α = 0.95)") == [
+        "flce: the text states fedprox μ = 0.1, its paper-profile runs use μ = 0.01",
+        "flce: the text states moon τ = 0.7, its paper-profile runs use τ = 0.5"]
+    assert book.prose_drift("fedms", "FedProx (μ = 1); FedMS: T = 0.1, ε_b = 0.001") == [
+        "fedms: the text states fedms T = 0.1, its paper-profile runs use T = 0.01"]
+
+
 @pytest.mark.parametrize("chapter", ["fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard"])
 def test_no_chapter_states_a_value_its_runs_do_not_use(chapter):
     assert book.prose_drift(chapter) == []

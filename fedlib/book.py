@@ -25,9 +25,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
@@ -37,6 +36,7 @@ from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
 from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
+from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
 
 PROFILES = ("smoke", "quick", "paper", "evidence")
 EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
@@ -243,19 +243,6 @@ def reference_value(ref, table: str, row: str, column: str) -> tuple[float, floa
     return float(hit.value.iloc[0]), float(hit["std"].iloc[0])
 
 
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    arr = np.asarray(list(values), dtype=float)
-    if arr.size == 0:
-        return float("nan"), float("nan")
-    return float(arr.mean()), float(arr.std(ddof=0)) if len(arr) > 1 else float("nan")
-
-
-def pm(mean: float, std: float, digits: int = 2) -> str:
-    if mean != mean:  # NaN
-        return "—"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std == std else "")
-
-
 def bold_best(frame, columns: list[str], higher_is_better: bool = True):
     """A pandas Styler of ``frame`` with the best of ``columns`` in each row in bold.
 
@@ -362,7 +349,11 @@ def stored_results(chapter: str, configs) -> Stored:
         fingerprint = c.data_fingerprint()
         wanted[c.key(fingerprint)] = (c, fingerprint)
     as_written = {json.dumps(c.to_dict(), sort_keys=True): k for k, (c, _) in wanted.items()}
-    unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
+    def made_by(resolved, rules) -> str:  # what made a run, wherever it ran (a GPU run keeps the CPU config's key)
+        return json.dumps([placement_free(resolved), rules], sort_keys=True, default=str)
+
+    unverified = {made_by(c.resolved(), c.rule_versions()): k for k, (c, fp) in wanted.items()
+                  if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
     for path in sorted(store.root.glob("*.json")):
@@ -373,10 +364,12 @@ def stored_results(chapter: str, configs) -> Stored:
             out.skipped.append(f"{path.name} ({problem})")
             continue
         meta = result["meta"]
-        key = path.stem if path.stem in wanted else unverified.get(meta.get("config_key_without_data"))
+        made = made_by(meta.get("resolved"), meta.get("rule_versions"))
+        key = path.stem if path.stem in wanted else unverified.get(made)
         # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
-        # result_check compares the config without its placement, the rule versions and the data
-        if key is not None and (meta.get("config_key") == path.stem or path.stem in wanted):
+        # result_check compares the config without its placement, the rule versions and the data; without
+        # the data here, the file's key must be the config's key on the data the run recorded
+        if key is not None and (path.stem in wanted or wanted[key][0].key(meta.get("data") or {}) == path.stem):
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
             if check(result) is None:

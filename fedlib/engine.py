@@ -8,18 +8,58 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Generator
 
 import numpy as np
 import torch
 
 from .federation import Prepared
 from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
-from .population import LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, train_clients, warm_up
+from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches,
+                         train_clients, warm_up)
 from .results import RunResult, _provenance, _strict
 from .screening import screen_updates
 
-__all__ = ["execute", "reference_values"]
+__all__ = ["execute", "rounds", "TrainRequest", "EvalRequest", "reference_values"]
+
+
+@dataclass
+class TrainRequest:
+    """What a run's round loop asks the trainer for: ``train_clients(model, start, buffers, x, y,
+    batches, training)``. The loop yields it and resumes with the trained ``(flat, buffers)``;
+    :func:`execute` answers it alone, ``fedlib.packing`` together with other runs' requests."""
+
+    model: torch.nn.Module
+    start: torch.Tensor  # [P] shared or [n, P]
+    buffers: dict[str, torch.Tensor]  # {name: [1 or n, ...]}
+    x: torch.Tensor
+    y: torch.Tensor
+    batches: ClientBatches
+    training: LocalTraining
+    loss_key: tuple | None = None  # which local objective (method, hyper-parameters, phase) an extra_loss is
+
+    @property
+    def rows(self) -> int:
+        return self.batches.index.shape[1]
+
+    def answer(self):
+        return train_clients(self.model, self.start, self.buffers, self.x, self.y, self.batches, self.training)
+
+
+@dataclass
+class EvalRequest:
+    """The engine's default evaluation of one run's new global model on its test set."""
+
+    model: torch.nn.Module
+    flat: torch.Tensor  # [1, P]
+    buffers: dict[str, torch.Tensor]  # {name: [1, ...]}
+    x: torch.Tensor
+    y: torch.Tensor
+    n_classes: int
+
+    def answer(self):
+        return evaluate(self.model, self.flat, self.buffers, self.x, self.y, self.n_classes)
 
 
 def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
@@ -52,8 +92,24 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, glo
 
 
 def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None) -> RunResult:
+    """Run one federation: its round loop (:func:`rounds`), each request answered at once."""
+    loop = rounds(p, progress, on_round)
+    try:
+        request = next(loop)
+        while True:
+            request = loop.send(request.answer())
+    except StopIteration as done:
+        return done.value
+
+
+def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None,
+           meta: dict[str, Any] | None = None) -> Generator[TrainRequest | EvalRequest, Any, RunResult]:
+    """The one round loop of a run, as a generator: it yields each local training and default evaluation
+    as a request and resumes with its answer, so that several runs can be answered together
+    (``fedlib.packing``); returns the run's :class:`RunResult`. ``meta``: extra provenance."""
     cfg, model, method, part = p.config, p.model, p.method, p.partition
     warmup = warm_up(model, p.x_pool, p.y_pool)  # one-time torch.func costs, kept out of round 1
+    loss_key = (type(method).__name__, repr(sorted(method.resolved_hyperparameters().items())))
     t_start = time.perf_counter()
     layout = ParamLayout(model)
     global_flat, global_buffers = p.init if p.init is not None else (layout.flat_of(model), layout.buffers_of(model))
@@ -108,7 +164,8 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
                                                            phase_batches.mask.to(p.device))
                 x, y = phase.x, phase.y
             start_flat, start_bufs = (trained if phase.start is None else (phase.start, phase.start_buffers))
-            return train_clients(model, start_flat, start_bufs, x, y, phase_batches, phase.training)
+            return TrainRequest(model, start_flat, start_bufs, x, y, phase_batches, phase.training,
+                                (*loss_key, phase.name))
 
         start = method.start_models(state, selected)
         start_buffers = {k: v.unsqueeze(0) for k, v in global_buffers.items()}
@@ -116,10 +173,10 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
             rows = torch.as_tensor(selected, dtype=torch.long, device=client_state.flat.device)
             start = client_state.flat[rows]
             start_buffers = {k: v[rows] for k, v in client_state.buffers.items()} or start_buffers
-        flat, bufs = train_clients(model, global_flat if start is None else start, start_buffers,
-                                   p.x_pool, p.y_pool, batches, local)
+        flat, bufs = yield TrainRequest(model, global_flat if start is None else start, start_buffers,
+                                        p.x_pool, p.y_pool, batches, local, (*loss_key, "local"))
         for phase in method.local_phases(state, selected, local):  # e.g. Ditto's personal models
-            phase_flat, phase_bufs = run_phase(phase, (flat, bufs))
+            phase_flat, phase_bufs = yield run_phase(phase, (flat, bufs))
             if phase.replaces_upload:
                 flat, bufs = phase_flat, phase_bufs
             client_state = state.client_state = method.phase_done(state, phase, selected, phase_flat, phase_bufs)
@@ -178,8 +235,9 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
             t0 = time.perf_counter()
             ev = method.evaluate(state, global_flat, global_buffers, test_set)
             if ev is None:
-                ev = evaluate(model, global_flat.unsqueeze(0), {k: v.unsqueeze(0) for k, v in global_buffers.items()},
-                              p.x_test, p.y_test, n_classes)
+                ev = yield EvalRequest(model, global_flat.unsqueeze(0),
+                                       {k: v.unsqueeze(0) for k, v in global_buffers.items()},
+                                       p.x_test, p.y_test, n_classes)
             last_eval = ev
             record.update(accuracy=float(ev.accuracy[0]), balanced_accuracy=float(ev.balanced_accuracy[0]),
                           f1=float(ev.macro_f1[0]),
@@ -190,8 +248,8 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
         _set_diagnostics(record, method.diagnostics())
         for phase in method.round_end_phases(state, updates.clients, local):  # e.g. logit-FL refinement
             t0 = time.perf_counter()
-            client_state = state.client_state = method.phase_done(state, phase, updates.clients,
-                                                                  *run_phase(phase, None))
+            phase_flat, phase_bufs = yield run_phase(phase, None)
+            client_state = state.client_state = method.phase_done(state, phase, updates.clients, phase_flat, phase_bufs)
             record["time_train"] += time.perf_counter() - t0  # local training, though after the server step
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
         record = _strict(record)
@@ -212,7 +270,7 @@ def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None
     if reference is not None:
         final["reference"] = reference
     final.update(method.final_extras() or {})
-    meta = _provenance(p, time.perf_counter() - t_start)
+    meta = {**_provenance(p, time.perf_counter() - t_start), **(meta or {})}
     meta["warmup_s"] = warmup
     result = RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
     if p.keep_model:

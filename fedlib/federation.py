@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -91,16 +91,50 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     if config.n_clients > len(y):
         raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
     part = make_partition(config, x, y)
-    x_pool, y_pool = (t.to(device) for t in part.pool(x, y))
+    if part.x is None and part.y is None:
+        # the pool is the dataset's training tensor itself, shared by every run on this device (packed runs
+        # train from one copy); client indices point at its rows (same samples, same order: same numbers)
+        rows = (keep[order[n_val:]] if n_val else keep).numpy()
+        sizes = np.fromiter(map(len, part.indices), dtype=np.int64, count=part.n_clients)
+        flat = rows[np.concatenate(part.indices).astype(np.int64)] if part.n_clients else np.zeros(0, np.int64)
+        part = replace(part, indices=np.split(flat, np.cumsum(sizes)[:-1]))
+        x_pool, y_pool = on_device(ds.x_train, device), on_device(ds.y_train, device)
+    else:  # the split made its own pool (label noise, covariate shift)
+        x_pool, y_pool = (t.to(device) for t in part.pool(x, y))
     n_test = config.test_samples or len(ds.y_test)
     with _MODEL_INIT_LOCK:  # the global RNG must not be shared with a concurrent run (threads)
         torch.manual_seed(config.seed)
         model = method.adapt_model(build_model(config.model, ds.input_shape, ds.num_classes)).to(device)
-    # a fixed random subset of the test set (files may be sorted by class), the same for every run
-    test = torch.from_numpy(np.sort(np.random.default_rng(2**31 - 1).permutation(len(ds.y_test))[:n_test]))
-    return Prepared(config, device, ds, part, x_pool, y_pool, ds.x_test[test].to(device),
-                    ds.y_test[test].to(device), model, method, x_val if n_val else None,
-                    y_val if n_val else None)
+    x_test, y_test = test_subset(ds, n_test, device)
+    return Prepared(config, device, ds, part, x_pool, y_pool, x_test, y_test, model, method,
+                    x_val if n_val else None, y_val if n_val else None)
+
+
+_ON_DEVICE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (id, device, what) -> (source, copy)
+_ON_DEVICE_KEEP = 6
+
+
+def on_device(tensor: torch.Tensor, device: torch.device, what: Any = None) -> torch.Tensor:
+    """One copy of a dataset tensor (or of ``tensor[what]``) per device, shared by the runs of this process."""
+    key = (id(tensor), str(device), what)
+    with _MODEL_INIT_LOCK:
+        hit = _ON_DEVICE.get(key)
+        if hit is not None and hit[0] is tensor:  # the same source object, not a new one at a reused address
+            return hit[1]
+        copy = (tensor if what is None else tensor[torch.as_tensor(what)]).to(device)
+        _ON_DEVICE[key] = (tensor, copy)
+        while len(_ON_DEVICE) > _ON_DEVICE_KEEP:
+            _ON_DEVICE.pop(next(iter(_ON_DEVICE)))
+        return copy
+
+
+def test_subset(ds: Dataset, n_test: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fixed random subset of the test set (files may be sorted by class), the same for every run,
+    one copy per device (runs that share it are evaluated together when packed)."""
+    test = tuple(np.sort(np.random.default_rng(2**31 - 1).permutation(len(ds.y_test))[:n_test]).tolist())
+    if n_test >= len(ds.y_test):
+        return on_device(ds.x_test, device), on_device(ds.y_test, device)
+    return on_device(ds.x_test, device, test), on_device(ds.y_test, device, test)
 
 
 def given(config: RunConfig, dataset: Dataset, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -25,7 +25,7 @@ import math
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -201,7 +201,7 @@ class LocalTraining:
 
     epochs: int = 1
     batch_size: int = 128
-    lr: float = 0.1
+    lr: float | torch.Tensor = 0.1  # or one per client [N] (packed runs: each run's own schedule)
     momentum: float = 0.0
     weight_decay: float = 0.0
     prox_mu: float = 0.0  # FedProx: + mu/2 ||w - w_global||^2
@@ -319,8 +319,9 @@ def train_clients(
             lambda t: t[sl], cfg.client_context
         )
         chunk_start = start if start.dim() == 1 else start[sl].clone()
+        chunk_cfg = replace(cfg, lr=cfg.lr[sl]) if torch.is_tensor(cfg.lr) else cfg
         return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
-                            x, y, batches.index[:, sl], batches.mask[:, sl], cfg, ctx)
+                            x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx)
 
     was_training = model.training
     model.train()
@@ -416,11 +417,14 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
     live_steps = step_active.any(1).tolist()  # one host sync per round, not one per step
     backend = step_backend(cfg, start.device)
     replay = None
+    row_lr = torch.is_tensor(cfg.lr)  # one learning rate per client: the step is on * lr_i (exact, on in {0, 1})
+    lr_rows = cfg.lr.to(start.device, start.dtype) if row_lr else None
     with torch.no_grad():
         for s in range(index.shape[0]):
             if not live_steps[s]:
                 continue
             mb, active = mask[s], step_active[s]
+            scale, value = (active * lr_rows, -1.0) if row_lr else (active, -cfg.lr)
             if replay is None and backend != "eager" and flat is not None:
                 replay = _captured_step(backend, model, layout, cfg, n, index.shape[2], x, y, bufs)
                 replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr)
@@ -448,10 +452,11 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
                     else:
                         velocity[k].addcmul_(on, g + (cfg.momentum - 1.0) * velocity[k])
                     g = velocity[k]
+                step = scale.view_as(on)
                 if shared:
-                    torch.addcmul(p, on, g, value=-cfg.lr, out=per_client[k])
+                    torch.addcmul(p, step, g, value=value, out=per_client[k])
                 else:
-                    p.addcmul_(on, g, value=-cfg.lr)  # clients without samples this step stay put
+                    p.addcmul_(step, g, value=value)  # clients without samples this step stay put
             if shared:
                 params, shared = per_client, False
     if replay is not None:
@@ -489,7 +494,7 @@ class _StaticStep:
         self.index = torch.zeros(n, batch, dtype=torch.long, device=dev)
         self.mask = torch.zeros(n, batch, device=dev)
         self.active = torch.zeros(n, device=dev)
-        self.lr = torch.zeros((), device=dev)
+        self.lr = torch.zeros(n, device=dev)  # per client (packed runs may differ)
         loss_fn = _per_client_loss(model, LocalTraining(prox_mu=cfg.prox_mu))
         self.stepper = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0 if cfg.prox_mu else None, 0, 0, 0, None))
         self.run = self._capture()
@@ -543,7 +548,7 @@ class _StaticStep:
         if self.anchor_flat is not None:
             self.anchor_flat.copy_(self.layout.flatten(anchor, (self.n,)) if shared_anchor is None
                                    else shared_anchor.expand_as(self.anchor_flat))
-        self.lr.fill_(lr)
+        self.lr.copy_(torch.as_tensor(lr, dtype=self.lr.dtype).to(self.lr.device).expand(self.n))
 
     def step(self, index, mask, active):
         self.index.copy_(index)

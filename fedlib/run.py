@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from .cache import ResultCache
+from .cache import ResultCache, as_store
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset
 from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
@@ -31,7 +31,7 @@ from .results import (  # noqa: F401
     stored_payload,
 )
 
-__all__ = ["RunResult", "run", "run_many", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
+__all__ = ["RunResult", "run", "run_many", "run_pack", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
            "result_check", "exit_with_parent"]
 
 
@@ -42,9 +42,10 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     The cache key is ``config.key(fingerprint)``: the resolved config, the rule versions and the
     content fingerprint of the data (of ``dataset`` when given). A cached entry is returned only
     if its config, versions and data match the request and its numbers are valid
-    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run."""
+    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run.
+    A finished run is returned even when the cache cannot be written (one ``CacheWriteWarning``)."""
     config = _as_config(config)
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
     fingerprint = _fingerprint_of(config, dataset)
     if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
         dataset = _load(config)
@@ -61,7 +62,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     fresh.meta.update(_key_provenance(config, fingerprint, key))
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
     if store is not None:  # the same JSON as a stored copy under results/runs/
-        store.put(key, stored_payload(config.to_dict(), result.to_dict()))
+        store.keep(key, stored_payload(config.to_dict(), result.to_dict()))  # never loses the run
     report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 
@@ -72,9 +73,15 @@ def _as_config(config) -> RunConfig:
     return make_config(config)  # a path, list, number, ... gives a one-line ConfigError
 
 
-def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progress: bool = True) -> list[RunResult]:
+def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progress: bool = True,
+             pack: bool = False, max_rows: int | None = None) -> list[RunResult]:
     """Run several configs, sequentially or through any ``concurrent.futures``-style
     executor (a process pool, a Dask ``Client``, ...).
+
+    ``pack=True`` trains runs that share data, model, batch size, local epochs and rounds as one
+    population (``fedlib.packing``: each run keeps its own split, seed streams, method and history;
+    at most ``max_rows`` client rows per round in a pack, default: what the device's memory holds).
+    With an executor, a pack is the unit of work a worker receives.
 
     Finished results are read from this process's cache and never resubmitted, and every
     result a worker sends back is written to this process's cache as soon as it arrives,
@@ -88,6 +95,8 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     configs = [_as_config(c) for c in configs]
     store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
     report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
+    if pack:
+        return _run_packed(configs, store, executor, progress, max_rows)
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
     results: dict[int, RunResult] = {}
@@ -118,6 +127,90 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
             bar.update(1)
     bar.close()
     return [results[i] for i in range(len(configs))]
+
+
+def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_rows: int | None) -> list[RunResult]:
+    """``run_many(pack=True)``: cache hits first, the rest in packs (``fedlib.packing.make_packs``)."""
+    from .packing import make_packs
+
+    results: dict[int, RunResult] = {}
+    missing: list[int] = []
+    for i, c in enumerate(configs):
+        fingerprint = c.data_fingerprint()
+        hit = store.get(c.key(fingerprint), entry_check(c, fingerprint)) if store is not None else None
+        if hit is not None:
+            results[i] = RunResult.from_dict(run_of(hit))
+            report_progress("run", cached=True, wall=0.0)
+        else:
+            missing.append(i)
+    packs = [[missing[j] for j in pack] for pack in make_packs([configs[i] for i in missing], max_rows)]
+
+    def keep(i: int, payload: dict) -> None:
+        if store is not None:
+            store.put(payload["meta"]["config_key"], stored_payload(payload["config"], payload))
+        results[i] = RunResult.from_dict(payload)
+        report_progress("run", cached=False, wall=payload["meta"].get("wall_time", 0.0))
+
+    if executor is None:
+        for pack in packs:
+            run_pack([configs[i] for i in pack], progress=progress, max_rows=max_rows,
+                     on_done=lambda j, payload, pack=pack: keep(pack[j], payload))
+    else:
+        futures = {executor.submit(_run_pack_in_worker, [configs[i].to_dict() for i in pack], max_rows): pack
+                   for pack in packs}
+        while futures:  # packs as they finish, in any order: each run is cached at once
+            done = [f for f in futures if f.done()]
+            if not done:
+                time.sleep(0.05)
+                continue
+            for future in done:
+                pack = futures.pop(future)
+                for i, payload in zip(pack, future.result()):  # a worker's exception is raised here
+                    keep(i, payload)
+    return [results[i] for i in range(len(configs))]
+
+
+def run_pack(configs: list[RunConfig], *, progress: bool = False, max_rows: int | None = None,
+             on_done: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Run ``configs`` (uncached) as packs of at most ``max_rows`` client rows per round (default: what
+    the device's memory holds, ``fedlib.packing.rows_per_pack``); returns each run's JSON-ready result,
+    keyed and with provenance as :func:`run` makes it. ``on_done(i, result)`` as each run finishes."""
+    from .packing import execute_packed, make_packs, rows_per_pack
+
+    configs = [_as_config(c) for c in configs]
+    out: list[dict | None] = [None] * len(configs)
+    t_load = time.perf_counter()
+    prepared, keys = [], []
+    for c in configs:
+        dataset = None
+        fingerprint = _fingerprint_of(c, None)
+        if fingerprint.get("sha256") is None:
+            dataset = _load(c)
+            fingerprint = _fingerprint_of(c, dataset)
+        prepared.append(prepare(c, dataset))
+        keys.append((fingerprint, c.key(fingerprint)))
+    t_load = (time.perf_counter() - t_load) / max(1, len(configs))
+    if max_rows is None and prepared:
+        first = prepared[0]
+        max_rows = rows_per_pack(first.model, first.dataset.input_shape, first.config.batch_size, first.device)
+    for pack in make_packs(configs, max_rows):
+        def finished(j: int, fresh: RunResult, pack=pack) -> None:
+            i = pack[j]
+            fingerprint, key = keys[i]
+            fresh.meta["time_load"] = t_load  # data, split and model set-up (shared by the pack), not in wall_time
+            fresh.meta.update(_key_provenance(configs[i], fingerprint, key))
+            out[i] = json.loads(json.dumps(fresh.to_dict(), allow_nan=False))
+            if on_done is not None:
+                on_done(i, out[i])
+
+        execute_packed([prepared[i] for i in pack], progress=progress, on_done=finished)
+    return out  # type: ignore[return-value]
+
+
+def _run_pack_in_worker(configs: list[dict], max_rows: int | None) -> list[dict]:
+    """Executed by a worker: one pack, uncached, as JSON-ready data."""
+    exit_with_parent()
+    return run_pack([make_config(c) for c in configs], max_rows=max_rows)
 
 
 def _run_in_worker(config: dict) -> dict:

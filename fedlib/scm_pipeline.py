@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from . import partition as partition_module
-from .cache import ResultCache
+from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
 from .engine import execute as engine_run
@@ -520,13 +520,13 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
     (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
     config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
         report("run", cached=True, wall=0.0)
         return run_of(hit)
     result = json.loads(json.dumps(execute(config, dataset, progress)))
-    if store is not None:
-        store.put(config.key(), stored_payload(config.to_dict(), result))
+    if store is not None:  # a cache that cannot be written: one warning line, the result is returned
+        store.keep(config.key(), stored_payload(config.to_dict(), result))
     report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
     return result
 

@@ -43,7 +43,8 @@ def train_clients_loop(
         buf_i = {k: (v[0] if v.shape[0] == 1 else v[i]) for k, v in buffers.items()}
         layout.load_into(local, start_i, buf_i)
         anchor = start_i.detach().clone()
-        opt = torch.optim.SGD(local.parameters(), lr=cfg.lr, momentum=cfg.momentum,
+        lr = float(cfg.lr[i]) if torch.is_tensor(cfg.lr) else cfg.lr
+        opt = torch.optim.SGD(local.parameters(), lr=lr, momentum=cfg.momentum,
                               weight_decay=cfg.weight_decay)
         ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
             lambda t: t[i], cfg.client_context

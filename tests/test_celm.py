@@ -254,3 +254,97 @@ def test_chapter_readers_match_their_loop_oracles():
     roles = ["benign", "free_rider", "maverick", "weak_free_rider"]
     run = RunResult(config={}, history=[], final={}, meta={"client_roles": roles})
     assert chapter.free_riders(run).tolist() == [False, True, False, True]
+
+
+# ----------------------------------------------------------------------------- PLS allocation and CFFL (issue 30)
+
+
+def test_the_pls_split_uses_the_allocation_that_gives_the_papers_uniform_column():
+    """PLS_ALLOCATION = (2, 3, 4, 5, 9) on Fashion-MNIST (6,000 per class, 5 clients, seeds 0-2): equal
+    client sizes, k_i classes each, and Table 4's Uniform JSD 0.508 and Hellinger 0.586 once rounded
+    as the paper prints them (the values do not depend on which classes a client holds)."""
+    from fedlib.chapters.celm import PLS_ALLOCATION, SPLITS, split_counts
+    from fedlib.metrics import joint_distances
+
+    assert PLS_ALLOCATION == (2, 3, 4, 5, 9) and SPLITS["PLS"][0]["classes_per_client"] == [2, 3, 4, 5, 9]
+    for seed in (0, 1, 2):
+        counts = split_counts(SPLITS["PLS"][0], 6000, seed=seed)
+        assert (counts > 0).sum(1).tolist() == [2, 3, 4, 5, 9] and len(set(counts.sum(1).tolist())) == 1
+        d = joint_distances(counts, np.ones_like(counts, dtype=float))
+        assert (round(d["JSD"], 3), round(d["Hellinger"], 3)) == (0.508, 0.586)
+
+
+def test_the_pls_allocation_rule_by_hand():
+    """choose_pls_allocation: of the three matches only (2, 3, 4, 5, 9) gives five different class counts.
+    Without it, the nearest to (0.508, 0.586): (1, 3, 4, 8, 8) gives (0.508278, 0.585618), a gap of
+    0.000278 + 0.000382 = 0.000660; (2, 2, 6, 6, 7) gives (0.508073, 0.586467), 0.000073 + 0.000467 =
+    0.000540, the nearer."""
+    from fedlib.chapters.celm import PLS_ALLOCATION, PLS_MATCHES, choose_pls_allocation, pls_class_count_search
+
+    chosen, rule = choose_pls_allocation(pls_class_count_search())
+    assert chosen == PLS_ALLOCATION and rule.startswith("1 of 3 give every client a different number of classes")
+    chosen, rule = choose_pls_allocation([PLS_MATCHES[0], PLS_MATCHES[1]])
+    assert chosen == (2, 2, 6, 6, 7) and "0.00054" in rule
+    with pytest.raises(ValueError, match="no allocation to choose from"):
+        choose_pls_allocation([])
+
+
+def test_cffl_takes_the_label_imbalance_coefficient_on_pls_and_sls_only():
+    from fedlib.book import load_profile
+    from fedlib.chapters.celm import SPLITS, run_config
+    from fedlib.methods import build_method
+
+    params = load_profile("celm", "smoke")
+    kinds = {s: run_config(params, SPLITS[s][0], "cffl", 0).method.params.get("split_kind", "other")
+             for s in ("Dir(0.05)", "PLS", "SLS")}
+    assert kinds == {"Dir(0.05)": "other", "PLS": "label_imbalance", "SLS": "label_imbalance"}
+    explicit = run_config(params, SPLITS["PLS"][0], "cffl", 0, split_kind="other", threshold=0.0)
+    assert build_method("cffl", explicit.method.params).coefficient == 0.0
+    assert "split_kind" not in run_config(params, SPLITS["PLS"][0], "cgsv", 0).method.params
+
+
+def _study_run(accuracy, removed_by_round, n=5):
+    from fedlib.run import RunResult
+
+    history = [{"round": t, "selected": list(range(n)), "diagnostics": {"removed": r}}
+               for t, r in enumerate(removed_by_round)]
+    return RunResult(config={}, history=history, final={"accuracy": accuracy}, meta={"client_sizes": [1] * n})
+
+
+def test_cffl_study_rows_and_conclusion_by_hand():
+    """FedAvg 80 %; coefficient 1/3 removes client 3 in round index 2 and clients 0, 1 in index 3 (after
+    rounds 3 and 4), 1/6 removes client 3 only, removal off ends at 30 %: 50 points below FedAvg with every
+    client kept, more than 5, so the threshold is not what holds CFFL back. With removal off at 78 % (and
+    1/3 at 40 %, 40 points below) it is; with 1/3 at 77 % there is no shortfall to explain."""
+    from fedlib.chapters.celm import CFFL_VARIANTS, cffl_study_frame
+
+    labels = ["uniform FedAvg"] + [label for label, _ in CFFL_VARIANTS]
+    runs = [_study_run(0.8, [[]] * 4), _study_run(0.4, [[], [], [3], [0, 1]]), _study_run(0.5, [[], [], [3], []]),
+            _study_run(0.3, [[]] * 4)]
+    table, text, values = cffl_study_frame(list(zip(labels, runs)))
+    assert table["final accuracy (%)"].tolist() == [80.0, 40.0, 50.0, 30.0]
+    assert table["vs uniform FedAvg (points)"].tolist() == [0.0, -40.0, -30.0, -50.0]
+    assert table["clients removed"].tolist()[1:] == ["3 of 5", "1 of 5", "0 of 5"]
+    assert table["removed after round (client: round)"].tolist()[1:] == ["0: 4, 1: 4, 3: 3", "3: 3", "—"]
+    assert (values["cs_removed_third"], values["cs_removed_sixth"], values["cs_off_gap"]) == (3, 1, -50.0)
+    assert values["cs_off_reaches_fedavg"] == "no" and "3 of 5 clients (the last after round 4), ending at 40.0 %" in text
+    assert "is not what holds" in text
+    assert table.loc["uniform FedAvg", "clients removed"] == "—"
+    runs[3] = _study_run(0.78, [[]] * 4)
+    _, text, values = cffl_study_frame(list(zip(labels, runs)))
+    assert values["cs_off_reaches_fedavg"] == "yes" and "the removals are what hold it back" in text
+    runs[1] = _study_run(0.77, [[]] * 4)  # 1/3 only 3 points below FedAvg: no shortfall to explain
+    _, text, values = cffl_study_frame(list(zip(labels, runs)))
+    assert values["cs_off_reaches_fedavg"] == "yes" and "no shortfall for the removals to explain" in text
+
+
+def test_cffl_study_configs_share_one_reduced_protocol():
+    from fedlib.book import load_profile
+    from fedlib.chapters.celm import cffl_study_configs, configs
+
+    params = load_profile("celm", "quick")
+    rows = cffl_study_configs(params)
+    assert [c.method.name for _, c in rows] == ["fedavg_uniform", "cffl", "cffl", "cffl"]
+    assert {(c.rounds, c.fraction, c.seed, c.split.params.get("alpha")) for _, c in rows} == {(10, 0.1, 0, 0.05)}
+    assert [c.method.params.get("threshold", 1 / 3) for _, c in rows[1:]] == [1 / 3, 1 / 3, 0.0]
+    assert len({c.key() for _, c in rows}) == 4 and {c.key() for _, c in rows} <= {c.key() for c in configs(params)}

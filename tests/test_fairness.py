@@ -161,6 +161,29 @@ def test_cffl_reputation_growth_and_removal_by_hand():
     assert method.reputable.tolist() == [True, True, False]
 
 
+@pytest.mark.parametrize("params,removed", [
+    ({}, True),  # other splits: 1/(3 |R|) = 0.1111 > 0.0644, removed
+    ({"split_kind": "label_imbalance"}, False),  # their 'classimbalance': 1/(6 |R|) = 0.0556 < 0.0644, kept
+    ({"split_kind": "label_imbalance", "threshold": 0.9}, False),  # theirs ignores the coefficient there
+    ({"threshold": 0.0}, False),  # removal off
+])
+def test_cffl_threshold_follows_the_split_kind_by_hand(params, removed):
+    """compute_reputation_threshold (Federated_Learner.py lines 856-860): round 0, three clients,
+    vacc = (0.8, 0.6, 0.1): r̃ = (0.533333, 0.4, 0.066667), r = 0.2 r̃ = (0.106667, 0.08, 0.013333),
+    sinh(5 r) = (0.558979, 0.410752, 0.066716), normalised (0.5393223, 0.3963078, 0.0643699).
+    Removed: the others renormalised to (0.5764268, 0.4235732)."""
+    fed = _federation()
+    fed.n_clients, fed.rounds = 3, 4
+    method = build_method("cffl", params)
+    method.setup(fed)
+    method.update_reputation(torch.arange(3), torch.tensor([0.8, 0.6, 0.1], dtype=torch.float64), alpha=5.0)
+    expected = [0.5764268, 0.4235732, 0.0] if removed else [0.5393223, 0.3963078, 0.0643699]
+    assert method.scores().tolist() == pytest.approx(expected, abs=1e-6)
+    assert method.reputable.tolist() == [True, True, not removed]
+    assert method.coefficient == pytest.approx({"label_imbalance": 1 / 6}.get(params.get("split_kind"),
+                                                                              params.get("threshold", 1 / 3)))
+
+
 def test_cffl_sum_step_and_downloads_by_hand():
     """'sum' aggregation (Federated_Learner.py 460-479): θ_g <- θ_g + Σ_R f_i; 'topk' download
     (503-563) of int(r_i / max r · n_i / max n · P) entries of the aggregate: with the aggregate
@@ -198,6 +221,7 @@ def test_cffl_sum_step_and_downloads_by_hand():
     ({"theta": 0}, r"theta must be in \(0, 1\]"),
     ({"aggregation": "avg"}, "aggregation must be sum, reputation_sum or mean"),
     ({"download": "all"}, "download must be random or topk"),
+    ({"split_kind": "pls"}, "split_kind must be label_imbalance or other"),
 ])
 def test_bad_hyperparameters_give_one_line_errors(params, message):
     with pytest.raises(ValueError, match=message) as info:

@@ -119,6 +119,16 @@ def test_pls_equal_sizes_and_documented_counts(fmnist_labels):
     assert np.all(p.counts.sum(axis=0) > 0)
 
 
+def test_pls_with_the_celm_allocation_documented_counts(fmnist_labels):
+    """classes_per_client = (2, 3, 4, 5, 9), clients taking their least-loaded classes in turn: class loads
+    1/2 (twice), 1/3 (three), 1/4 + 1/5 (four), 1/5 (one); the 9-class client skips one 1/2 class, so the
+    largest load is 1/2 + 1/9, on a class with 2 holders, and it binds:
+    S = floor((6000 - 2) / (1/2 + 1/9)) = floor(5998 · 18 / 11) = 9814 samples per client."""
+    p = P.pls(fmnist_labels, 5, seed=0, classes_per_client=[2, 3, 4, 5, 9])
+    np.testing.assert_array_equal((p.counts > 0).sum(axis=1), [2, 3, 4, 5, 9])
+    np.testing.assert_array_equal(p.counts.sum(axis=1), [9814] * 5)
+
+
 def test_sls_grows_stepwise_with_documented_counts(fmnist_labels):
     p = P.sls(fmnist_labels, 5, seed=0)
     np.testing.assert_array_equal(p.sizes, [3598, 7196, 10794, 14392, 17990])

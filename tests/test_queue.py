@@ -57,6 +57,16 @@ class FakeConfig:
                 "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
                 "method": self.method or {"name": "fedavg"}, "seed": self.seed}
 
+    # what a stored run is matched on when its data is absent here (fedlib.claims.StoredIndex)
+    def resolved(self):
+        return self.to_dict()
+
+    def rule_versions(self):
+        return {"engine": "fake"}
+
+    def data_fingerprint(self):
+        return {"sha256": None}
+
 
 def fake_item(name, seed=0, headline=False, rank=0, rounds=10, dataset="fmnist", model="mlp", method="fedavg"):
     config = FakeConfig(dataset=dataset, model=model, rounds=rounds, seed=seed, name=name, method={"name": method})
@@ -104,8 +114,7 @@ def test_plan_marks_stored_and_absent_runs_and_filters_cpu_and_gpu(tmp_path, mon
     monkeypatch.setattr(queue, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
     items = [fake_item("a"), fake_item("b"), fake_item("c", dataset="cifar10", model="cnn"),
              fake_item("d", dataset="cifar100", model="cnn")]
-    (tmp_path / "runs").mkdir()
-    (tmp_path / "runs" / "a-0.json").write_text("{}")
+    queue.store_payload(items[0], {"meta": {}}, "paper")  # a stored run of a (judged by content: not any file)
     entries = {e.item.config.name: e for e in queue.plan(items=items, cost_model=queue.CostModel())}
     assert entries["a"].stored and not entries["b"].stored and entries["d"].missing
     cpu = queue.plan(items=items, part="cpu", cost_model=queue.CostModel())

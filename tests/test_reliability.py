@@ -690,3 +690,441 @@ def test_16_a_cache_entry_and_a_stored_copy_are_the_same_json(tmp_path, monkeypa
     old = ResultCache(tmp_path / "old")
     old.put(cfg.key(), first.to_dict())  # the cache's format before one store
     assert fedlib.run(cfg, cache=old, progress=False).to_dict() == first.to_dict()
+
+
+# --- store, config, queue (issue 33)
+
+import errno  # noqa: E402
+import stat as stat_module  # noqa: E402
+import threading  # noqa: E402
+
+from fedlib import queue as fedlib_queue  # noqa: E402
+from fedlib.__main__ import main as cli  # noqa: E402
+
+
+def _one_line_err(capsys, prefix: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(prefix) and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _unwritable(kind: str, monkeypatch, tmp_path: Path) -> tuple[ResultCache, str]:
+    """A cache that cannot be written, and the cause its one line must name."""
+    import fedlib.cache
+
+    if kind == "a file in the way":  # FEDLIB_CACHE pointing at a file
+        (tmp_path / "afile").write_text("not a folder")
+        return ResultCache(tmp_path / "afile" / "runs"), "Not a directory"
+    causes = {"full disk": (errno.ENOSPC, "No space left on device"),
+              "read-only": (errno.EROFS, "Read-only file system"),
+              "another user's folder": (errno.EACCES, "Permission denied")}
+    code, text = causes[kind]
+
+    def refuse(*args, dir=None, **kwargs):
+        raise (PermissionError if code == errno.EACCES else OSError)(code, text, str(dir))
+
+    monkeypatch.setattr(fedlib.cache.tempfile, "mkstemp", refuse)
+    return ResultCache(tmp_path / "cache"), text
+
+
+@pytest.mark.parametrize("kind", ["a file in the way", "full disk", "read-only", "another user's folder"])
+def test_33_1_a_finished_run_is_returned_when_the_cache_cannot_be_written(kind, tmp_path, monkeypatch):
+    from fedlib.cache import CacheWriteWarning
+
+    store, cause = _unwritable(kind, monkeypatch, tmp_path)
+    with pytest.warns(CacheWriteWarning) as caught:
+        result = fedlib.run(make_config(TINY), cache=store, progress=False)
+    assert result.final["rounds_completed"] == 1 and 0 <= result.final["accuracy"] <= 1
+    message = str(caught[0].message)
+    assert "\n" not in message and cause in message and str(store.root) in message
+    assert not list(tmp_path.rglob("*.json"))  # nothing half-written
+
+
+def test_33_1_the_cli_writes_json_first_and_reports_the_cache_in_one_line(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: synthetic\nn_clients: 3\nrounds: 1\nbatch_size: 32\nfraction: 0.1\n"
+                      "test_samples: 100\nseed: 1\n")
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "afile"))
+    out = tmp_path / "result.json"
+    assert cli(["run", str(config), "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    lines = [line.rsplit("\r", 1)[-1] for line in captured.err.splitlines()]  # after the progress bar
+    errors = [line for line in lines if line.startswith("fedlib")]
+    assert len(errors) == 1 and errors[0].startswith("fedlib: could not cache the result")
+    assert str(tmp_path / "afile") in errors[0] and "Not a directory" in errors[0] and "Traceback" not in captured.err
+    assert json.loads(out.read_text())["final"]["rounds_completed"] == 1 and "final:" in captured.out
+    (tmp_path / "adir").mkdir()  # a --json target that cannot be written: one line, the numbers still shown
+    assert cli(["run", str(config), "--json", str(tmp_path / "adir"), "--no-cache"]) == 1
+    captured = capsys.readouterr()
+    assert "could not write --json" in captured.err and "Traceback" not in captured.err and "final:" in captured.out
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    """A run of TINY and one of another config (seed 2): JSON-ready results."""
+    mine, other = make_config(TINY), make_config(TINY, seed=2)
+    return {"mine": (mine, fedlib.run(mine, cache=False, progress=False).to_dict()),
+            "other": (other, fedlib.run(other, cache=False, progress=False).to_dict())}
+
+
+def _queue_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "out"))
+    monkeypatch.setattr(fedlib_queue, "repo_results", lambda: tmp_path / "repo")
+    return tmp_path / "out" / "runs"
+
+
+def _damage(kind: str, runs: Path, key: str, tiny_results) -> None:
+    from fedlib.results import store_run
+
+    path = runs / f"{key}.json"
+    good = path.read_bytes()
+    if kind == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "another run's content":
+        other, result = tiny_results["other"]
+        path.unlink()
+        store_run(key, other.to_dict(), result, runs.parent)
+    elif kind == "wrong schema":
+        path.unlink()
+        ResultCache(runs, protect=True).put(key, {"config": TINY, "result": {"x": 1}})
+    elif kind == "score out of range":
+        mine, result = tiny_results["mine"]
+        path.unlink()
+        store_run(key, mine.to_dict(), {**result, "final": {**result["final"], "accuracy": 1.5}}, runs.parent)
+
+
+DAMAGED = ["truncated", "empty", "another run's content", "wrong schema", "score out of range"]
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_33_2_the_queue_judges_a_stored_run_by_content_and_sets_a_damaged_one_aside(kind, tmp_path, monkeypatch,
+                                                                                     tiny_results):
+    runs = _queue_store(tmp_path, monkeypatch)
+    config, result = tiny_results["mine"]
+    item = fedlib_queue.QueueItem("demo", "Table 1", "row", "col", config.seed, config, fedlib_queue.run_round)
+    fedlib_queue.store_payload(item, result, "paper")
+    assert fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0].stored
+    _damage(kind, runs, item.key, tiny_results)
+    damaged = (runs / f"{item.key}.json").read_bytes()
+    entry = fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0]
+    assert not entry.stored and entry.damaged and item.key in entry.damaged  # pending again
+    assert "damaged file" in fedlib_queue.format_list([entry])
+    assert (runs / f"{item.key}.json").read_bytes() == damaged  # reading moved nothing
+    fedlib_queue.store_payload(item, result, "paper")  # the rerun: the damaged file is set aside, not deleted
+    assert (runs / f"{item.key}.json.invalid-1").read_bytes() == damaged
+    assert fedlib_queue.is_stored(item)
+
+
+def _in_thread(function, timeout: float = 20.0):
+    """(finished, value): ``function()`` in a daemon thread, given ``timeout`` seconds."""
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("value", function()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), box.get("value")
+
+
+def test_33_6_special_and_huge_files_under_runs_are_refused_unopened(tmp_path, monkeypatch, tiny_results):
+    from fedlib.cache import MAX_ENTRY_BYTES
+
+    runs = _queue_store(tmp_path, monkeypatch)
+    config, result = tiny_results["mine"]
+    elsewhere = ResultCache(tmp_path / "elsewhere").put("x", {"config": config.to_dict(), "result": result})
+    runs.mkdir(parents=True)
+    os.mkfifo(runs / "fifo.json")
+    (runs / "link.json").symlink_to(elsewhere)  # a valid entry, but a link
+    with open(runs / "huge.json", "wb") as fh:  # sparse: no disk used
+        fh.truncate(MAX_ENTRY_BYTES + 1)
+    store = ResultCache(runs, protect=True)
+
+    def look():
+        model = fedlib_queue.CostModel.from_results(runs)
+        return model, {k: store.read(k) for k in ("fifo", "link", "huge")}
+
+    finished, value = _in_thread(look)
+    if not finished:  # an old reader blocked on the FIFO: release it before failing
+        fd = os.open(runs / "fifo.json", os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+    assert finished, "a FIFO under results/runs/ blocked the reader"
+    model, read = value
+    assert model.samples == []
+    assert read["fifo"][0] is None and "FIFO" in read["fifo"][1]
+    assert read["link"][0] is None and "symbolic link" in read["link"][1]
+    assert read["huge"][0] is None and "too large" in read["huge"][1]
+    (runs / "zero.json").symlink_to("/dev/zero")  # would read forever
+    finished, value = _in_thread(look)
+    assert finished and store.read("zero")[0] is None and "symbolic link" in store.read("zero")[1]
+    linked = fedlib_queue.QueueItem("demo", "T", "r", "c", 0, config, fedlib_queue.run_round)
+    (runs / f"{config.key()}.json").symlink_to(elsewhere)
+    stored, problem = fedlib_queue.stored_state(linked)
+    assert not stored and "symbolic link" in problem
+
+
+def test_33_6_no_symlink_or_special_file_is_committed_under_results_runs():
+    listing = subprocess.run(["git", "ls-files", "-s", "results/runs"], cwd=ROOT, capture_output=True, text=True)
+    assert listing.returncode == 0 and listing.stdout.strip()
+    assert [line for line in listing.stdout.splitlines() if not line.startswith("100644 ")] == []
+
+
+_STORE_AND_LOG = """
+import json, sys, time
+from fedlib.cache import ResultCache
+config, key, runs, log = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+with open(log, "a") as fh:
+    fh.write(key + "\\n")
+time.sleep(0.3)
+ResultCache(runs, protect=True).put(key, {"config": config, "result": {"meta": {}}})
+"""
+
+
+def test_33_4_two_queues_on_one_store_claim_each_run(tmp_path, monkeypatch):
+    import socket
+
+    runs = _queue_store(tmp_path, monkeypatch)
+    log = tmp_path / "started.txt"
+    items = [fedlib_queue.QueueItem("demo", "T", f"r{i}", "c", 0, _FakeConfig(f"k{i}"), lambda c: {}) for i in range(4)]
+
+    def command(entry, profile, device):
+        return [sys.executable, "-c", _STORE_AND_LOG, json.dumps(entry.item.config.to_dict()), entry.item.key,
+                str(runs), str(log)]
+
+    def one_queue():
+        entries = [fedlib_queue.Entry(i, 1.0, "test", False, None) for i in items]
+        return fedlib_queue.run_queue(entries, workers=2, log=lambda _: None, command=command, poll=0.05)
+
+    threads = [threading.Thread(target=one_queue) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    started = log.read_text().split()
+    assert sorted(started) == [f"k{i}" for i in range(4)]  # each run once, not once per queue
+    assert all(fedlib_queue.is_stored(i) for i in items) and not list(runs.glob(".*.claim"))
+    # a live owner's claim holds; a dead owner's is taken over
+    live = {"pid": os.getppid(), "host": socket.gethostname(), "since": 0}
+    (runs / ".held.claim").write_text(json.dumps(live))
+    assert fedlib_queue.claim("held", runs.parent) == (False, live)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (runs / ".gone.claim").write_text(json.dumps({**live, "pid": dead.pid}))
+    assert fedlib_queue.claim("gone", runs.parent) == (True, None)
+    assert json.loads((runs / ".gone.claim").read_text())["pid"] == os.getpid()
+    fedlib_queue.release("gone", runs.parent)
+    assert not (runs / ".gone.claim").exists() and (runs / ".held.claim").exists()
+    (runs / ".cut.claim").write_text("")  # a writer died between creating and filling its claim
+    assert fedlib_queue.claim("cut", runs.parent)[0] is False  # held while it may be being written
+    os.utime(runs / ".cut.claim", (time.time() - 120, time.time() - 120))
+    assert fedlib_queue.claim("cut", runs.parent) == (True, None)
+
+
+class _FakeConfig:
+    dataset, model, rounds, local_epochs, n_clients, fraction, seed = "fmnist", "mlp", 1, 1, 5, 1.0, 0
+
+    def __init__(self, name):
+        self.name = name
+
+    def key(self):
+        return self.name
+
+    def to_dict(self):
+        return {"name": self.name}
+
+
+_DATA_PATHS = """
+import io, json, os, sys
+from contextlib import redirect_stderr
+from fedlib.__main__ import main
+out = []
+for path in sys.argv[2:]:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(["run", sys.argv[1], f"dataset=imagefolder:{path}"])
+    out.append([code, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def test_33_7_fifos_devices_and_dev_paths_are_refused_in_one_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("n_clients: 3\nrounds: 1\n")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    paths = [tmp_path / "fifo", "/dev/zero", tmp_path / "zero", "/dev/null"]
+    env = {**os.environ, "FEDLIB_CACHE": str(tmp_path / "cache")}
+    try:  # a reader that opens them blocks (FIFO) or reads forever (/dev/zero): a time limit
+        done = subprocess.run([sys.executable, "-c", _DATA_PATHS, str(config), *map(str, paths)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a special data path blocked or read forever")
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for path, (code, err) in zip(paths, results):
+        assert code == 2 and err.startswith("fedlib: ") and err.count("\n") == 1, (path, err)
+        assert str(path) in err and "refused" in err
+
+
+def test_33_7_a_permission_error_is_one_line_naming_the_path(tmp_path, monkeypatch):
+    import fedlib.data
+    from fedlib.data import DataNotFoundError
+
+    _image_tar(tmp_path / "tree.tar", compress=False)
+    secret = tmp_path / "tree.tar"
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(fedlib.data, "_file_sha256", denied)
+    with pytest.raises(DataNotFoundError) as info:
+        load_dataset(f"imagefolder:{secret}", cache_dir=tmp_path / "c")
+    assert "\n" not in str(info.value) and str(secret) in str(info.value) and "permission denied" in str(info.value)
+
+
+def _deep(levels: int):
+    value = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+EXTREME_CONFIGS = [  # (config data, text of the one-line error)
+    ({"lr": 1e308}, "lr"),
+    ({"weight_decay": 1e308}, "weight_decay"),
+    ({"lr": 1e7}, "lr"),
+    ({"x" * 1_000_000: 1}, "unknown key"),
+    ({"split": {"name": "iid", "a": _deep(900)}}, "nested"),
+    ({"rounds": np.bool_(True)}, "numpy boolean"),
+    ({"lr_milestones": [np.bool_(True)]}, "numpy boolean"),
+]
+
+
+@pytest.mark.parametrize("data,text", EXTREME_CONFIGS, ids=[f"extreme-{i}" for i in range(len(EXTREME_CONFIGS))])
+def test_33_8_config_extremes_give_one_short_config_error(data, text):
+    with pytest.raises(ConfigError) as info:
+        make_config(data)
+    message = str(info.value)
+    assert type(info.value) is ConfigError and "\n" not in message and text in message and len(message) < 400
+
+
+def test_33_8_fedscm_rates_are_bounded_and_minus_zero_is_zero():
+    from fedlib.config import ScmConfig
+
+    with pytest.raises(ConfigError, match="lr"):
+        ScmConfig.make({"lr": 1e308})
+    assert make_config(TINY, momentum=-0.0).key() == make_config(TINY, momentum=0.0).key()
+    plain = make_config(TINY, split={"name": "iid", "covariate_shift": 0.0})
+    assert make_config(TINY, split={"name": "iid", "covariate_shift": -0.0}).key() == plain.key()
+    assert make_config(TINY, momentum=-0.0).to_dict()["momentum"] == 0.0
+    assert str(make_config(TINY, momentum=-0.0).momentum) == "0.0"
+
+
+@pytest.mark.parametrize("cache", ["no", 1, None, "False"])
+def test_33_8_cache_takes_only_booleans_or_a_store(cache):
+    from fedlib.config import ScmConfig
+    from fedlib.scm_pipeline import run_pipeline
+
+    with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
+        fedlib.run(make_config(TINY), cache=cache, progress=False)
+    with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
+        run_pipeline(ScmConfig.make({"dataset": "synthetic", "n_clients": 12}), cache=cache)
+
+
+BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one line)
+    ({"roundz": 1}, "unknown parameter 'roundz'"),
+    ({"profile": "nosuch"}, "unknown profile 'nosuch'; known: paper, quick, smoke"),
+    ({"seeds": 5}, "parameter seeds must be list (got 5)"),
+    ({"seeds": []}, "parameter seeds must not be empty"),
+    ({"seeds": ["a"]}, "parameter seeds must hold int items"),
+    ({"rounds": "10"}, "parameter rounds must be int"),
+]
+
+
+@pytest.mark.parametrize("values,text", BAD_PARAMETERS, ids=[f"param-{i}" for i in range(len(BAD_PARAMETERS))])
+def test_33_9_chapters_check_their_papermill_parameters(values, text):
+    from fedlib.chapters.base import ChapterParameterError, check_parameters
+
+    namespace = {**book.load_profile("celm", "quick"), "profile": "quick", **values}
+    with pytest.raises(ChapterParameterError) as info:
+        check_parameters("celm", namespace)
+    assert str(info.value).startswith(f"celm: {text}") and "\n" not in str(info.value)
+
+
+def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
+    from fedlib.chapters.base import _notebook_defaults, _yaml, check_parameters, profiles_of
+
+    chapters = sorted(p.name for p in (ROOT / "params").iterdir() if p.is_dir())
+    for chapter in chapters:
+        cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+        tagged = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+        first = next(c for c in cells[tagged + 1:] if c["cell_type"] == "code")
+        assert f"check_parameters({chapter!r}, globals())" in "".join(first["source"]), chapter
+        for profile in profiles_of(chapter):  # no false alarm on any profile or the notebook's own defaults
+            check_parameters(chapter, {**_notebook_defaults(chapter), **_yaml(chapter, profile), "profile": profile})
+        check_parameters(chapter, _notebook_defaults(chapter))
+
+
+BAD_FLAGS = [  # (flags, flag named in the one line)
+    (["--budget", "-5"], "--budget"),
+    (["--budget", "nan"], "--budget"),
+    (["--budget", "inf"], "--budget"),
+    (["--limit", "-8"], "--limit"),
+    (["--limit", "0"], "--limit"),
+    (["--first", "nosuch"], "--first"),
+    (["--first", "fedavg:No such table"], "--first"),
+    (["--table", "No such table"], "--table"),
+    (["--dataset", "nosuch"], "--dataset"),
+    (["--device", "tpu"], "--device"),
+    (["--seed", "-1"], "--seed"),
+]
+
+
+@pytest.mark.parametrize("flags,flag", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_33_10_queue_flags_are_validated_in_one_line(flags, flag, capsys):
+    assert cli(["results", "--list", "--summary", "--only", "fedavg", *flags]) == 2
+    assert flag in _one_line_err(capsys, "fedlib results: ")
+
+
+def test_33_11_migrate_dry_run_touches_nothing_and_readers_keep_temporaries(tmp_path, capsys, tiny_results):
+    runs = tmp_path / "results" / "runs"
+    config, result = tiny_results["mine"]
+    ResultCache(runs, protect=True).put("a" * 20, {"config": config.to_dict(), "result": result})  # re-keyable
+    tmp = runs / f".{config.key()}.json.abc123.tmp"  # a killed writer's, two hours old
+    tmp.write_text("{")
+    os.utime(tmp, (time.time() - 7200, time.time() - 7200))
+
+    def snapshot():
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in runs.iterdir()}
+
+    before = snapshot()
+    assert cli(["migrate-results", "--dry-run", "--root", str(tmp_path / "results")]) == 0
+    assert "re-keyed 1" in capsys.readouterr().out and snapshot() == before
+    assert ResultCache(runs).get("a" * 20) is not None  # an ordinary cache's reader
+    assert ResultCache(runs, protect=True).read("a" * 20)[1] is None and snapshot() == before
+
+
+def test_33_11_migrate_fails_on_a_missing_root_and_a_read_only_store(tmp_path, capsys, monkeypatch, tiny_results):
+    import fedlib.cache
+
+    assert cli(["migrate-results", "--root", str(tmp_path / "nope")]) == 2
+    assert "no stored runs" in _one_line_err(capsys, "fedlib migrate-results: ")
+    runs = tmp_path / "results" / "runs"
+    config, result = tiny_results["mine"]
+    old = ResultCache(runs, protect=True).put("a" * 20, {"config": config.to_dict(), "result": result})
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(fedlib.cache, "atomic_write_text", read_only)
+    assert cli(["migrate-results", "--root", str(tmp_path / "results")]) == 1
+    assert "Read-only file system" in _one_line_err(capsys, "fedlib migrate-results: ") and old.exists()
+
+
+def test_33_12_client_chunk_enters_every_key_it_changes_and_no_stored_key_moves():
+    from fedlib.config import ScmConfig
+
+    scm = ScmConfig.make({"dataset": "synthetic", "n_clients": 12})
+    assert ScmConfig.make({"dataset": "synthetic", "n_clients": 12, "client_chunk": 3}).key() != scm.key()
+    assert ScmConfig.make({"dataset": "synthetic", "n_clients": 12, "predict_chunk": 3}).key() == scm.key()
+    assert "client_chunk" not in scm.resolved()  # unset: the key of runs stored before it entered
+    assert make_config(TINY, client_chunk=1).key() != make_config(TINY).key()

@@ -280,3 +280,113 @@ def test_greedyfed_value_update_by_hand(monkeypatch, average, expected):
                                     global_buffers={}, lr=0.1), updates)
         values.append(float(method.values[0]))
     assert values == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------- repeated orders (issue 30)
+
+# A 3-player round: v_0 = 0.5, v_N = 0.9 (efficiency: the Shapley values add up to 0.4).
+ROUND = {(): 0.5, (0,): 0.7, (1,): 0.6, (2,): 0.55, (0, 1): 0.8, (0, 2): 0.72, (1, 2): 0.66, (0, 1, 2): 0.9}
+
+
+def _table_game(table):
+    return lambda s: torch.tensor([table[tuple(np.flatnonzero(r.numpy()).tolist())] for r in s], dtype=torch.float64)
+
+
+def _order_marginals(table, order):
+    """Marginals by player along one order (hand rule: v(prefix + i) - v(prefix))."""
+    out, prefix = [0.0] * len(order), []
+    for i in order:
+        out[i] = table[tuple(sorted(prefix + [i]))] - table[tuple(sorted(prefix))]
+        prefix.append(i)
+    return out
+
+
+def test_gtg_authors_count_a_repeated_order_once():
+    """cyyever/torch_algorithm gtg_shapley_value.py lines 89, 115-118: when the grand coalition is the
+    best evaluated one, the values are the mean over the dict of distinct orders. Seed 2 draws 9 orders
+    (budget 8, 3 iterations of 3) covering all 3! = 6, three of them twice: so their rule gives the
+    exact Shapley value, by hand
+      φ_0 = (0.2)/3 + (0.8 - 0.6)/6 + (0.72 - 0.55)/6 + (0.9 - 0.66)/3 = 0.208333..
+      φ_1 = (0.1)/3 + (0.8 - 0.7)/6 + (0.66 - 0.55)/6 + (0.9 - 0.72)/3 = 0.128333..
+      φ_2 = (0.05)/3 + (0.72 - 0.7)/6 + (0.66 - 0.6)/6 + (0.9 - 0.8)/3 = 0.063333..
+    (adding up to the gain 0.4, so rescaling leaves them unchanged), while the mean over every draw
+    weighs the repeated orders twice."""
+    game = _table_game(ROUND)
+    phi, info = gtg_shapley(game, 3, rng=2, eps_within=0.0, stopping="original", orderings="authors",
+                            return_info=True)
+    drawn = [tuple(o) for o in info["orderings"].tolist()]
+    assert len(drawn) == 9 and len(set(drawn)) == 6 and info["distinct"]
+    assert sorted(drawn.count(o) for o in set(drawn)) == [1, 1, 1, 2, 2, 2]
+    by_hand = torch.tensor([0.2 / 3 + 0.2 / 6 + 0.17 / 6 + 0.24 / 3, 0.1 / 3 + 0.1 / 6 + 0.11 / 6 + 0.18 / 3,
+                            0.05 / 3 + 0.02 / 6 + 0.06 / 6 + 0.1 / 3], dtype=torch.float64)
+    torch.testing.assert_close(phi, by_hand)
+    torch.testing.assert_close(phi, exact_shapley(game, 3))
+    torch.testing.assert_close(gtg_shapley(game, 3, rng=2, eps_within=0.0, stopping="original", orderings="authors",
+                                           rescale=True), by_hand)
+    every_draw = torch.tensor([_order_marginals(ROUND, o) for o in drawn], dtype=torch.float64).mean(0)
+    every = gtg_shapley(game, 3, rng=2, eps_within=0.0, stopping="original")  # orderings="all"
+    torch.testing.assert_close(every, every_draw)
+    assert (every - by_hand).abs().max() > 0.005
+
+
+def test_gtg_authors_average_every_draw_when_a_smaller_coalition_is_best():
+    """Their lines 119-132: when best_S is not the grand coalition (here {0, 1} scores 0.95 > 0.9), the
+    full-set values average every draw, repeats included."""
+    table = {**ROUND, (0, 1): 0.95}
+    game = _table_game(table)
+    phi, info = gtg_shapley(game, 3, rng=2, eps_within=0.0, stopping="original", orderings="authors",
+                            return_info=True)
+    assert not info["distinct"]
+    drawn = [tuple(o) for o in info["orderings"].tolist()]
+    torch.testing.assert_close(phi, torch.tensor([_order_marginals(table, o) for o in drawn],
+                                                 dtype=torch.float64).mean(0))
+    with pytest.raises(ValueError, match="orderings must be 'all' or 'authors'"):
+        gtg_shapley(game, 3, orderings="unique")
+
+
+def _greedyfed(n, k, **params):
+    from fedlib.methods import Federation, build_method
+
+    method = build_method("greedyfed", params)
+    method.setup(Federation(model=build_model("mlp", (1, 2, 2), 2), n_clients=n, n_classes=2, rounds=20,
+                            clients_per_round=k, client_sizes=np.ones(n), device=torch.device("cpu"),
+                            x_val=torch.zeros(1, 1, 2, 2), y_val=torch.zeros(1, dtype=torch.long)))
+    return method
+
+
+def _round(t, seed=0):
+    from fedlib.methods import RoundState
+
+    return RoundState(round=t, rng=np.random.default_rng(seed), global_flat=torch.zeros(3), global_buffers={}, lr=0.1)
+
+
+def test_greedyfed_round_n_over_k_is_uniformly_random():
+    """ucb_run (pringlesinghal/GreedyFed algorithms.py): N = 6, K = 3: rounds 0 and 1 go round-robin
+    (0-2, 3-5); round N/K = 2 draws K of all N uniformly (their np.random.choice over range(0, tK)
+    with K(t+1) - N = K draws), whatever the values; round 3 is greedy again."""
+    g = _greedyfed(6, 3)
+    for t, expected in ((0, [0, 1, 2]), (1, [3, 4, 5])):
+        chosen = g.select_clients(_round(t))
+        assert chosen.tolist() == expected
+        g.taken[chosen] += 1
+    g.values = np.array([0.0, 0.0, 0.0, 5.0, 5.0, 5.0])  # greedy would take 3, 4, 5
+    draws = [g.select_clients(_round(2, seed)).tolist() for seed in range(40)]
+    assert draws == [sorted(np.random.default_rng(seed).choice(6, size=3, replace=False).tolist())
+                     for seed in range(40)]
+    assert set(np.concatenate(draws).tolist()) == set(range(6))
+    assert g.select_clients(_round(3)).tolist() == [3, 4, 5]
+    g7 = _greedyfed(7, 3)  # K does not divide N: round 2 takes the unseen client 6 plus two seen ones
+    g7.taken[:6] = 1
+    assert 6 in g7.select_clients(_round(2)).tolist()
+
+
+def test_greedyfed_ucb_bonus_uses_log_t():
+    """Their UCB_i = SV_i + β sqrt(log(t' + 1) / N_i) computed after round t' = t - 1 and used in round t,
+    i.e. log(t). β = 1, round t = 5, client 0: SV 0, N = 1, bonus sqrt(log 5) = 1.2686; client 1:
+    SV 0.65, N = 4, 0.65 + sqrt(log 5) / 2 = 1.2843 > 1.2686, so client 1 is chosen (with log(t + 1)
+    = log 6 client 0 would win: 1.3386 > 0.65 + 0.6693 = 1.3193)."""
+    g = _greedyfed(2, 1, ucb=1.0)
+    g.taken[:] = [1, 4]
+    g.values = np.array([0.0, 0.65])
+    assert g.select_clients(_round(5)).tolist() == [1]
+    assert np.sqrt(np.log(5)) < 0.65 + np.sqrt(np.log(5) / 4) and np.sqrt(np.log(6)) > 0.65 + np.sqrt(np.log(6) / 4)

@@ -13,6 +13,12 @@ decayed x0.1 at half the rounds):
   table8  the warm-up horizon T_w / T                               (Table 8)
   fig6    sensitivity to the probe steps L and Adam step size eta   (Fig. 6)
   fig7    the final probe images                                    (Fig. 7)
+  cffl_study  CFFL's removals at coefficient 1/3 and 1/6 and with removal off, beside uniform
+              FedAvg, on one reduced run (``cffl_study``: split, fraction, rounds, lr milestones, seed)
+
+PLS holds the class allocation ``PLS_ALLOCATION`` (k_i classes for client i), the one chosen by
+``choose_pls_allocation`` among those that reproduce Table 4's Uniform column; CFFL runs with
+``split_kind = "label_imbalance"`` (its authors' 1/6 removal coefficient) on PLS and SLS.
 """
 
 from __future__ import annotations
@@ -24,24 +30,32 @@ from typing import Any
 import numpy as np
 
 from .. import frames, partition
-from ..book import bold_best, reference_value
+from ..book import reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..stats import mean_std, pm
 from . import run_options, unique_configs
 from .base import Chapter, dataset_label
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
 
+# PLS: classes per client, the allocation that reproduces Table 4's Uniform column, chosen by
+# ``choose_pls_allocation`` among ``pls_class_count_search()``'s (tests/test_celm.py checks both).
+PLS_ALLOCATION = (2, 3, 4, 5, 9)
+
 # split label -> (split spec, CELM table row without the dataset prefix)
 SPLITS: dict[str, tuple[dict[str, Any], str]] = {
     "Dir(0.01)": ({"name": "dirichlet", "alpha": 0.01}, "Dir. (0.01)"),
     "Dir(0.05)": ({"name": "dirichlet", "alpha": 0.05}, "Dir. (0.05)"),
     "Dir(0.10)": ({"name": "dirichlet", "alpha": 0.1}, "Dir. (0.10)"),
-    "PLS": ({"name": "pls"}, "PLS"),
+    "PLS": ({"name": "pls", "classes_per_client": list(PLS_ALLOCATION)}, "PLS"),
     "SLS": ({"name": "sls"}, "SLS"),
     "IID": ({"name": "dirichlet", "alpha": 100.0}, "IID"),
 }
+# Splits whose clients hold different numbers of classes: CFFL's authors' 'classimbalance' kind,
+# where their removal coefficient is 1/6 (fedlib.methods.fairness.CFFL.split_kind).
+LABEL_IMBALANCE_SPLITS = ("pls", "sls")
 MAVERICK = {"name": "celm_maverick"}
 DETECTION_SPLITS = {"FR": {"name": "celm_free_rider"}, "FRM": {"name": "celm_free_rider", "with_maverick": True}}
 
@@ -51,6 +65,8 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
     """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1,
     the CNN with its own data fraction, rounds and lr milestones)."""
     spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
+    if method == "cffl" and split["name"] in LABEL_IMBALANCE_SPLITS:
+        spec.setdefault("split_kind", "label_imbalance")
     data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "lr_milestones")}
     return make_config(
         **data, dataset="cifar10" if cifar10 else params["dataset"], model="cnn" if cifar10 else params["model"],
@@ -86,6 +102,8 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
                            lm_lr=lr) for steps in params["lm_steps_grid"] for lr in params["lm_lr_grid"]]
     if experiment == "fig7":
         return [run_config(params, SPLITS["PLS"][0], "celm", seeds[0], keep_probe_images=True)]
+    if experiment == "cffl_study":
+        return [config for _, config in cffl_study_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
@@ -182,14 +200,39 @@ def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clien
     return [tuple(int(v) for v in k) for k in ks[hits]]
 
 
+def choose_pls_allocation(matches, target: tuple[float, float] = (0.508, 0.586)) -> tuple[tuple[int, ...], str]:
+    """The PLS allocation among ``matches`` (each reproduces the paper's Uniform JSD and Hellinger):
+    first the ones in which every client holds a different number of classes (CELM §5: PLS 'assigns
+    different numbers of classes to different clients'), then the nearest to the printed values
+    (|JSD - 0.508| + |Hellinger - 0.586| on the equal-size counts). The EMD column cannot decide: no
+    EMD definition tried reproduces it (``CELM.definitions``). Returns (allocation, the rule applied)."""
+    from ..metrics import joint_distances
+
+    if not matches:
+        raise ValueError("choose_pls_allocation: no allocation to choose from")
+    distinct = [k for k in matches if len(set(k)) == len(k)]
+    pool = distinct or list(matches)
+
+    def gap(k):
+        counts = _even_counts(k, np.ones(len(k)))
+        d = joint_distances(counts, np.ones_like(counts))
+        return abs(d["JSD"] - target[0]) + abs(d["Hellinger"] - target[1])
+
+    best = min(pool, key=gap)
+    rule = (f"{len(distinct)} of {len(matches)} give every client a different number of classes"
+            + ("; nearest to the printed values among them" if len(pool) > 1 else "")
+            + f": k = {', '.join(map(str, best))} (|ΔJSD| + |ΔHellinger| = {gap(best):.5f})")
+    return tuple(int(v) for v in best), rule
+
+
 # ----------------------------------------------------------------------------- tables
 
 
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm") -> tuple[int, int, int]:
-    """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
+    """(rows where ``method`` is best in ours (on the seeds the methods share), rows where it is best
+    in the paper, rows compared)."""
     def is_best(values):
-        finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-        return method in finite and finite[method] == max(finite.values())
+        return method in frames.best_on_shared_seeds(values)
 
     compared = [(paper, ours[source]) for _, paper, ours in rows  # the rows ``source`` ran
                 if any(v[0] == v[0] for v in ours.get(source, {}).values())]
@@ -245,7 +288,8 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
                 + (f"classes {', '.join(map(str, lost))} were held only by removed clients, so the global model "
                    f"stops learning them. This is CFFL's reputation threshold at work: a client whose upload "
                    f"scores low on the server's validation set (e.g. one holding a single class) falls below "
-                   f"1/(3|R|) and is excluded for good." if lost else "no class was lost with them."))
+                   f"coef/|R| (coef = 1/3, or their 1/6 on a label-imbalance split) and is excluded for good."
+                   if lost else "no class was lost with them."))
     elif method == "cgsv":
         scores = score_history(result)
         final = scores[-1]
@@ -281,6 +325,74 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
     else:
         raise ValueError(f"diagnose_baseline: method must be one of {', '.join(DIAGNOSED)} (got {method!r})")
     return text, table.set_index("client")
+
+
+# ----------------------------------------------------------------------------- CFFL's removals, one reduced run
+
+# (row label, CFFL hyper-parameters): the removal coefficient explicit in every row.
+CFFL_VARIANTS = (("CFFL, coefficient 1/3", {"split_kind": "other"}),
+                 ("CFFL, coefficient 1/6 (their label-imbalance value)", {"split_kind": "label_imbalance"}),
+                 ("CFFL, removal off", {"split_kind": "other", "threshold": 0.0}))
+CFFL_STUDY_BASELINE = "uniform FedAvg"
+
+
+def cffl_study_configs(params: dict[str, Any]) -> list[tuple[str, RunConfig]]:
+    """(row label, config) of the CFFL study: uniform FedAvg and the ``CFFL_VARIANTS`` on the profile's
+    ``cffl_study`` protocol (split label, fraction, rounds, lr milestones, seed; the rest as the profile)."""
+    study = params["cffl_study"]
+    protocol = {**params, **{k: study[k] for k in ("fraction", "rounds", "lr_milestones")}}
+    spec, seed = SPLITS[study["split"]][0], int(study["seed"])
+    return [(CFFL_STUDY_BASELINE, run_config(protocol, spec, "fedavg_uniform", seed))] + [
+        (label, run_config(protocol, spec, "cffl", seed, **options)) for label, options in CFFL_VARIANTS]
+
+
+def cffl_study_frame(runs: list[tuple[str, Any]], gap_points: float = 5.0):
+    """The CFFL study's table, conclusion and numbers from ``runs`` [(label, result)]: uniform FedAvg
+    first, then ``CFFL_VARIANTS`` in order. Per row the final accuracy, its difference to FedAvg, the
+    clients removed and after which (1-based) round (``removal_rounds``). The conclusion: whether CFFL
+    with every client kept (removal off) ends within ``gap_points`` of FedAvg, i.e. whether the removal
+    threshold is what holds CFFL's server model back."""
+    import pandas as pd
+
+    fedavg = 100.0 * runs[0][1].final["accuracy"]
+    lines, removed, accuracy = [], [], []
+    for label, result in runs:
+        acc = 100.0 * result.final["accuracy"]
+        line = {"run": label, "final accuracy (%)": round(acc, 2), "vs uniform FedAvg (points)": round(acc - fedavg, 2),
+                "clients removed": "—", "removed after round (client: round)": "—"}
+        if label != CFFL_STUDY_BASELINE:
+            rounds = removal_rounds(result)
+            gone = [(i, r) for i, r in enumerate(rounds) if r is not None]
+            removed.append((len(gone), max((r for _, r in gone), default=None), len(rounds)))
+            accuracy.append(acc)
+            line["clients removed"] = f"{len(gone)} of {len(rounds)}"
+            line["removed after round (client: round)"] = ", ".join(f"{i}: {r}" for i, r in gone) or "—"
+        lines.append(line)
+    (third, third_last, n), (sixth, sixth_last, _), _ = removed
+    third_acc, sixth_acc, off = accuracy
+
+    def removals(count, last, acc):
+        return f"{count} of {n} clients" + (f" (the last after round {last})" if count else "") + f", ending at {acc:.1f} %"
+
+    reaches, short = off - fedavg >= -gap_points, third_acc - fedavg < -gap_points
+    if not reaches:
+        verdict = (f"more than {gap_points:g} points below FedAvg although no client is removed, so the removal "
+                   f"threshold (1/3 or 1/6) is not what holds CFFL's server model back; the rest of its rule "
+                   f"(clipped, sparsified uploads summed into the server model) does.")
+    elif short:
+        verdict = (f"keeping every client brings CFFL within {gap_points:g} points of FedAvg, so the removals are "
+                   f"what hold it back on this run.")
+    else:
+        verdict = (f"CFFL ends within {gap_points:g} points of FedAvg (or above it) with and without removal, so "
+                   f"this run has no shortfall for the removals to explain.")
+    text = (f"Uniform FedAvg ends at {fedavg:.1f} %. With the coefficient 1/3 CFFL removes "
+            f"{removals(third, third_last, third_acc)}; with their 1/6, {removals(sixth, sixth_last, sixth_acc)}. "
+            f"With removal off it keeps all {n} clients and ends at {off:.1f} % ({off - fedavg:+.1f} points from "
+            f"FedAvg): " + verdict)
+    values = {"cs_fedavg": fedavg, "cs_third": third_acc, "cs_sixth": sixth_acc, "cs_removed_third": third,
+              "cs_removed_sixth": sixth, "cs_off": off, "cs_off_gap": off - fedavg,
+              "cs_off_reaches_fedavg": "yes" if reaches else "no"}
+    return pd.DataFrame(lines).set_index("run"), text, values
 
 
 # ----------------------------------------------------------------------------- the results queue
@@ -326,6 +438,10 @@ def queue_items(params: dict[str, Any]) -> list:
     add("fig6", "Fig. 6", lambda c: f"L = {c.method.params.get('lm_steps')}",
         lambda c: f"η = {c.method.params.get('lm_lr')}", rank=3)
     add("fig7", "Fig. 7", lambda c: "PLS", lambda c: "probe images", rank=3)
+    if "cffl_study" in exp:
+        labels_of = {c.key(): label for label, c in cffl_study_configs(params)}
+        add("cffl_study", "CFFL study", lambda c: f"{prefix} {params['cffl_study']['split']}, reduced",
+            lambda c: labels_of[c.key()], rank=3)
     return items
 
 
@@ -359,11 +475,6 @@ class CELM(Chapter):
         prefix = prefix or self.prefix
         return [(label.format(split=split), self.paper_values(table, f"{prefix} {SPLITS[split][1]}", methods),
                  self.sources(method_configs(SPLITS[split][0], methods, **options))) for split in splits]
-
-    def styled(self, rows):
-        """The comparison frame of ``rows``, the best method per line in bold."""
-        frame = self.comparison(rows)
-        return bold_best(frame, list(frame.columns))
 
     def table1(self):
         """Table 1 on the profile's dataset: the styled frame, its rows and the numbers the text quotes."""
@@ -512,7 +623,7 @@ class CELM(Chapter):
 
         def spread(part, source):
             return {"source": f"{source}, seeds {list(seeds)}",
-                    **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in names}}
+                    **{m: pm(*mean_std(part[m]), digits=3) for m in names}}
 
         lines, inside, means, papers = [], dict.fromkeys(names, 0), {}, {}
         for dataset, paper_row, split in TABLE4_ROWS:
@@ -530,17 +641,22 @@ class CELM(Chapter):
                 part = pd.DataFrame([uniform(split_counts(spec, CLASS_SIZES[dataset], seed=s)) for s in seeds])
                 lines.append({"row": row, **spread(part, f"our PLS rule with k = {ks}")})
         found = pls_class_count_search()
+        chosen, rule = choose_pls_allocation(found)
         pls, sls = means["F.MNIST PLS"], "CIFAR-10 SLS"
         values = {"t4u_rows": len(TABLE4_ROWS), **{f"t4u_{m}": inside[m] for m in names},
                   "t4u_pls": ", ".join(str(k) for k in found), "t4u_pls_JSD": pls["JSD"],
+                  "t4u_pls_choice": ", ".join(map(str, PLS_ALLOCATION)), "t4u_pls_rule": rule,
+                  "t4u_pls_rule_agrees": "yes" if chosen == PLS_ALLOCATION else "no",
                   "t4u_pls_Hellinger": pls["Hellinger"],
                   "t4u_sls_gap": max(abs(means[sls][m] - papers[sls][m]) for m in ("JSD", "Hellinger"))}
-        note = f"equal-size PLS allocations with the paper's Uniform JSD 0.508 and Hellinger 0.586: {found}"
+        note = (f"equal-size PLS allocations with the paper's Uniform JSD 0.508 and Hellinger 0.586: {found}; "
+                f"the page's PLS split uses {PLS_ALLOCATION} ({rule})")
         return pd.DataFrame(lines).set_index(["row", "source"]), note, values
 
     @staticmethod
     def definitions():
-        """The JSD, Hellinger and EMD variants tried for Table 4's Uniform column on our PLS split (seed 0), over
+        """The JSD, Hellinger and EMD variants tried for Table 4's Uniform column on our PLS split
+        (``PLS_ALLOCATION``, seed 0), over
         the joint client x class cells, the client rows or the class columns (means)."""
         import pandas as pd
         from scipy.stats import wasserstein_distance
@@ -591,8 +707,7 @@ class CELM(Chapter):
                                     for s in self.params["seeds"]] for label, f in fractions.items()}
             rows.append((split, frames.paper_values(self.reference, "Table 8", f"{self.prefix} {row}", fractions, str),
                          {self.ours: frames.seed_mean_std(self.results, per_fraction)}))
-        table = frames.comparison(rows, {label: label for label in fractions}, index="split")
-        return bold_best(table, list(table.columns))
+        return frames.styled_comparison(rows, {label: label for label in fractions}, index="split")
 
     def fig6(self):
         """Fig. 6: CELM's final accuracy (%) over the probe steps L x Adam step size η grid."""
@@ -635,6 +750,25 @@ class CELM(Chapter):
                 ax.set_ylabel("global" if i == 0 else f"client {i - 1}", fontsize=9)
         return fig
 
+    def cffl_study(self):
+        """CFFL's removals at coefficients 1/3 and 1/6 and with removal off, beside uniform FedAvg, on the
+        profile's reduced ``cffl_study`` run: (table or None, the computed conclusion, the numbers)."""
+        from IPython.display import Markdown
+
+        study = self.params["cffl_study"]
+        runs = [(label, self.result(c)) for label, c in cffl_study_configs(self.params)]
+        header = (f"{study['split']}, {study['rounds']} rounds, {100 * study['fraction']:g} % of the training data, "
+                  f"seed {study['seed']} (reduced: the paper runs 100 rounds on all of it). ")
+        if any(r is None for _, r in runs):
+            values = dict.fromkeys(("cs_fedavg", "cs_third", "cs_sixth", "cs_removed_third", "cs_removed_sixth",
+                                    "cs_off", "cs_off_gap"), float("nan"))
+            return None, Markdown(header + "These runs did not run in this build (no data)."), {
+                **values, "cs_off_reaches_fedavg": "not run"}
+        table, text, values = cffl_study_frame(runs)
+        paper = reference_value(self.reference, "Table 1", f"{self.prefix} {SPLITS[study['split']][1]}", "CFFL")[0]
+        return table, Markdown(header + text + f" (The paper reports {paper:.2f} % for CFFL on {study['split']} "
+                                                f"under its full protocol.)"), values
+
     def headlines(self, rows1, table2_values: dict):
         """The page's headline claims for the book's front page (Table 1's CELM cells, Table 2's rare classes)."""
         out = [{"claim": f"CELM accuracy, {self.prefix} {split} (Table 1)", "paper": paper["celm"][0],
@@ -647,27 +781,39 @@ class CELM(Chapter):
 
 
 def baselines_text(params: dict[str, Any]) -> str:
-    """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs resolve
-    (``fedlib.book.resolved_methods``; the values of the paper profile when ``params`` runs a method nowhere)."""
+    """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs of Table 1
+    resolve (``fedlib.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
     from fractions import Fraction
 
     from .. import book
+    from ..methods import build_method
 
     runs = dict(book.resolved_methods("celm", "paper"))
-    runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")}
-             for c in configs(params)}
+    table1 = experiment_configs(params, "table1")
+    runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")} for c in table1}
     sym = lambda method, s: book.PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
     cffl = runs["cffl"]
+    by_coefficient: dict[Fraction, list[str]] = {}  # the removal coefficient each split's CFFL runs use
+    for split in params["splits"]:
+        run = next((c for c in table1 if c.method.name == "cffl" and c.split.name == SPLITS[split][0]["name"]
+                    and c.split.params == {k: v for k, v in SPLITS[split][0].items() if k != "name"}), None)
+        if run is not None:
+            coefficient = Fraction(build_method("cffl", run.method.params).coefficient).limit_denominator(100)
+            by_coefficient.setdefault(coefficient, []).append(split)
+    ordered = sorted(by_coefficient.items(), key=lambda item: -len(item[1]))
+    coefficients = f"{ordered[0][0]}" if ordered else f"{Fraction(cffl['threshold']).limit_denominator(100)}"
+    coefficients += "".join(f", or {c} on {' and '.join(splits)} (its authors' code uses it for their label-imbalance "
+                            "split)" for c, splits in ordered[1:])
     return (
         "**Baselines** (as this page's runs resolve them; `fedlib.methods.gradient` / `fairness`): FedAvg with "
         "uniform weights (the paper's choice: no client metadata), CFFL (server validation accuracy `acc_i` → "
-        f"reputation `r_i ← fade·r_i + (1 − fade)·acc_i / Σ acc`, weights `sinh(α r) / Σ sinh(α r)` with "
-        f"α = {sym('cffl', 'α')} and fade = {sym('cffl', 'fade')}, clients below {Fraction(cffl['threshold']).limit_denominator(100)} of the "
-        f"mean reputation removed, updates clipped to ±{cffl['clip']:g} and the largest {100 * cffl['theta']:g} % "
-        f"of their entries uploaded; the server holds out {cffl['server_val']:,} training samples as its "
-        f"validation set), CGSV (cosine of each update with the aggregate, reputation EMA α = {sym('cgsv', 'α')}), "
-        f"ShapFed (class-wise cosine of the classifier rows' {SHAPFED_SIGNALS[runs['shapfed']['signal']]}, "
-        f"μ = {sym('shapfed', 'μ')}).")
+        "reputation `r_i ← fade·r_i + (1 − fade)·acc_i / Σ acc`, weights `sinh(α r) / Σ sinh(α r)` with "
+        f"α = {sym('cffl', 'α')} and fade = {sym('cffl', 'fade')}, clients below coefficient / |R| of the reputation "
+        f"removed, coefficient {coefficients}, updates clipped to ±{cffl['clip']:g} and the largest "
+        f"{100 * cffl['theta']:g} % of their entries uploaded; the server holds out {cffl['server_val']:,} training "
+        f"samples as its validation set), CGSV (cosine of each update with the aggregate, reputation EMA "
+        f"α = {sym('cgsv', 'α')}), ShapFed (class-wise cosine of the classifier rows' "
+        f"{SHAPFED_SIGNALS[runs['shapfed']['signal']]}, μ = {sym('shapfed', 'μ')}).")
 
 
 SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}

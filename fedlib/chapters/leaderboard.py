@@ -220,6 +220,15 @@ def table(results: dict, params: dict[str, Any], datasets: list[str]) -> "pd.Dat
     return pd.DataFrame(rows)
 
 
+def on_shared_federations(frame):
+    """The rows of the (dataset, split, seed) federations every method of ``frame`` ran, so that means,
+    bests and ranks compare the methods on the same runs."""
+    if frame is None or frame.empty:
+        return frame
+    keys = ["dataset", "split", "seed"]
+    return frame[frame.groupby(keys)["method"].transform("nunique") == frame["method"].nunique()]
+
+
 def uwa_metrics(result) -> dict[str, Any]:
     """UWA's (or simple averaging's) numbers on its logit federation."""
     out = {"accuracy": 100 * result.final["accuracy"], "balanced_accuracy": 100 * result.final["balanced_accuracy"],
@@ -308,15 +317,18 @@ class Leaderboard(Chapter):
 
     def summary(self, columns: dict[str, str] | None = None, split: str | None = None, sort: str | None = None,
                 ascending: bool = True):
-        """Each method's mean of ``columns`` (renamed) over datasets and seeds (and splits unless ``split``)."""
-        sub = self.frame if split is None else self.frame[self.frame["split"] == split]
+        """Each method's mean of ``columns`` (renamed) over datasets and seeds (and splits unless ``split``), on the
+        federations every method ran (:func:`on_shared_federations`)."""
+        frame = on_shared_federations(self.frame)
+        sub = frame if split is None else frame[frame["split"] == split]
         cols = list(columns or [c for c in sub.columns if c not in ("dataset", "split", "seed", "method", "key")])
         out = sub.groupby("method", sort=False)[cols].mean(numeric_only=True)
         return (out if sort is None else out.sort_values(sort, ascending=ascending)).rename(columns=columns or {})
 
     def accuracy_table(self):
-        """Final accuracy (%) per split and the mean balanced accuracy, mean over datasets and seeds; best first."""
-        f = self.frame
+        """Final accuracy (%) per split and the mean balanced accuracy, mean over datasets and seeds (on the
+        federations every method ran); best first."""
+        f = on_shared_federations(self.frame)
         acc = f.pivot_table(index="method", columns="split", values="accuracy", aggfunc="mean")[
             [s for s in self.params["splits"] if s in set(f["split"])]]
         acc["mean"] = acc.mean(axis=1)

@@ -8,6 +8,16 @@ Source: github.com/XinyiYS/CollaborativeFairFederatedLearning, ``pytorch/utils/F
 (their MNIST arguments: θ = 0.1, clip 0.01, α = 5 with ``alpha_decay``, 'sum' aggregation,
 ``reputation_fade = 1``, 'random' downloads, threshold coefficient 1/3).
 
+The removal threshold's coefficient follows the split kind, as theirs does (snapshot 5c8f854):
+``compute_reputation_threshold`` (``Federated_Learner.py`` lines 856-860) returns 1/(6 |R|) on
+their 'classimbalance' split whatever the coefficient, and coef/|R| otherwise (coef = 1/3 by
+default, ``arguments.py`` line 88; ``main.py`` lines 176-177 also set 1/6 for that split).
+Their 'classimbalance' (``Data_Prepper.py`` lines 76-107) gives party k the classes
+0..c_k - 1, c = linspace(1, C, N), and equal sizes: clients holding different numbers of
+classes. Here ``split_kind = "label_imbalance"`` selects 1/6 (the chapter sets it for its
+PLS and SLS splits, where clients hold different numbers of classes); ``"other"`` (default)
+uses ``threshold``. ``threshold = 0`` switches removal off.
+
 Every client keeps its own model θ_i (the engine's ``ClientState``); the server holds θ_g and
 a labelled validation set V (``needs_validation``). Round t (T rounds), reputable set R:
 
@@ -17,7 +27,8 @@ a labelled validation set V (``needs_validation``). Round t (T rounds), reputabl
     r_i  <- fade r_i + (1 - fade) vacc_i / Σ_R vacc      fade = 0.8 (their reputation_fade = 1 branch)
     r    <- sinh(α_t r) / Σ sinh(α_t r),  α_t = α (1 + t/T)
     R    <- {i ∈ R : r_i >= r_th};  others r_i = 0 and removed for good;  if R shrank:
-            r <- r / Σ r and r_th = coef / |R|           (r_th = coef / N at the start)
+            r <- r / Σ r and r_th = coef / |R|           (r_th = coef / N at the start;
+                                                          coef = 1/6 on a label-imbalance split)
     θ_g  <- θ_g + Σ_{i∈R} a_i f_i                         a_i = 1 ('sum'), r_i ('reputation_sum'),
                                                          n_i / Σ n ('mean')
     θ_i  <- θ_i + D_i(θ_g^new - θ_g^old) - b_i f_i,  i ∈ R     reward download of
@@ -66,18 +77,23 @@ def top_share(update: torch.Tensor, share: float) -> torch.Tensor:
     return update * (update.abs() >= threshold)
 
 
+SPLIT_KINDS = ("label_imbalance", "other")
+LABEL_IMBALANCE_COEFFICIENT = 1.0 / 6.0  # compute_reputation_threshold's 'classimbalance' branch
+
+
 @register
 @dataclass
 class CFFL(Method):
     """Validation-accuracy reputations, removal threshold and reputation-sized downloads (see the module)."""
 
     name = "cffl"
-    rule_version = "2"
+    rule_version = "3"  # 3: coefficient 1/6 on a label-imbalance split (split_kind)
     needs_validation = True
     alpha: float = 5.0
     alpha_growth: bool = True
     fade: float = 0.8
-    threshold: float = 1.0 / 3.0
+    threshold: float = 1.0 / 3.0  # the removal coefficient on other splits (0 = no removal)
+    split_kind: str = "other"  # "label_imbalance": coefficient 1/6, as their 'classimbalance'
     clip: float = 0.01
     theta: float = 0.1
     aggregation: str = "sum"
@@ -86,6 +102,7 @@ class CFFL(Method):
     def validate(self) -> None:
         self.check(("alpha", self.alpha > 0, "> 0"), ("fade", 0 <= self.fade < 1, "in [0, 1)"),
                    ("threshold", 0 <= self.threshold < 1, "in [0, 1)"), ("clip", self.clip >= 0, ">= 0, 0 = off"),
+                   ("split_kind", self.split_kind in SPLIT_KINDS, "label_imbalance or other"),
                    ("theta", 0 < self.theta <= 1, "in (0, 1]"),
                    ("aggregation", self.aggregation in ("sum", "reputation_sum", "mean"),
                     "sum, reputation_sum or mean"),
@@ -99,6 +116,11 @@ class CFFL(Method):
         self.seen = torch.zeros(fed.n_clients, dtype=torch.bool)
         self.reputable = torch.ones(fed.n_clients, dtype=torch.bool)
         self.removed_round = np.full(fed.n_clients, -1)
+
+    @property
+    def coefficient(self) -> float:
+        """The removal threshold's coefficient: r_th = coefficient / |R| (compute_reputation_threshold)."""
+        return LABEL_IMBALANCE_COEFFICIENT if self.split_kind == "label_imbalance" else self.threshold
 
     def init_client_state(self, fed, global_flat, global_buffers):
         return ClientState.replicate(fed.n_clients, global_flat, global_buffers)
@@ -142,7 +164,7 @@ class CFFL(Method):
         removed = torch.nonzero(before & ~self.reputable).squeeze(1).numpy()
         self.removed_round[removed] = state.round
         self.last = {"removed": removed.tolist(), "reputable": torch.nonzero(self.reputable).squeeze(1).tolist(),
-                     "alpha": alpha, "threshold": self.threshold / int(self.reputable.sum())}
+                     "alpha": alpha, "threshold": self.coefficient / max(int(self.reputable.sum()), 1)}
         a = self.step_weights(clients)
         return (a / a.sum() if a.sum() > 0 else a).float()
 
@@ -161,7 +183,7 @@ class CFFL(Method):
         sharpened = torch.sinh(alpha * (self.fade * r[clients] + (1 - self.fade) * relative))
         r[clients] = held * sharpened / sharpened.sum()
         seen[clients] = True
-        drop = reputable & seen & (r < self.threshold / reputable.sum())
+        drop = reputable & seen & (r < self.coefficient / reputable.sum())
         if drop.any():
             reputable &= ~drop
             r[drop] = 0.0

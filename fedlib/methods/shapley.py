@@ -297,7 +297,7 @@ def _not_truncated(utility, perms, eps):
 def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001, eps_within: float = 0.001,
                 tolerance: float = 0.05, window: int | None = None, max_iterations: int = 50,
                 min_iterations: int = 2, class_weights=None, return_info: bool = False,
-                stopping: str = "eq11", rescale: bool = False):
+                stopping: str = "eq11", rescale: bool = False, orderings: str = "all"):
     """GTG-Shapley (Liu et al. 2022), the estimator of FedMS Algorithm 1.
 
     - between-round truncation (line 7): φ = 0 unless |v_N - v_0| > ε_b (for class-wise
@@ -325,12 +325,27 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
       positive (negative) values add up to the gain. Their coreset (best_S) values are not
       computed here.
 
+    ``orderings``: which sampled orders the final mean runs over. ``"all"``: every draw, a
+    repeated order once per draw. ``"authors"``: as ``GTGShapleyValue._compute_impl`` of the
+    authors' code (cyyever/torch_algorithm at d09097c, ``cyy_torch_algorithm/shapley_value/
+    gtg_shapley_value.py`` lines 41-42 and 89 keep a dict ``perm_records`` of orders, so a
+    repeated order counts once; lines 92-98 pick best_S, the evaluated coalition with the
+    highest utility, ties to the smaller one; lines 115-118 report the full-set values from
+    that dict when best_S is the grand coalition; lines 119-132 average every draw
+    otherwise). So: when the grand coalition was evaluated along some order and its value
+    (Σ_c β^c v^c for class-wise values) is strictly above that of every other coalition the
+    orders evaluated, φ is the mean over the distinct orders; otherwise over every draw. The
+    stopping rule sees every draw in both cases (their ``not_convergent`` reads all records).
+
     The n orders of one iteration advance together position by position: one batched
     utility call per position for the orders not yet truncated. Returns φ [n, C] (or [n]);
-    with ``return_info`` also a dict (permutations used, converged, truncated_round).
+    with ``return_info`` also a dict (permutations used, converged, truncated_round, the drawn
+    ``orderings`` [R, n] and ``distinct``: whether the mean ran over the distinct orders).
     """
     if stopping not in ("eq11", "original"):
         raise ValueError(f"gtg_shapley: stopping must be 'eq11' or 'original' (got {stopping!r})")
+    if orderings not in ("all", "authors"):
+        raise ValueError(f"gtg_shapley: orderings must be 'all' or 'authors' (got {orderings!r})")
     if n < 1:
         raise ValueError(f"gtg_shapley: n must be >= 1 (got {n})")
     rng = _rng(rng)
@@ -338,10 +353,13 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
     gap, v0, vn, scalar = _between_round_gap(utility, n)
     n_c = v0.shape[0]
     phi = torch.zeros(n, n_c, dtype=torch.float64)
-    info = {"permutations": 0, "converged": False, "truncated_round": gap <= eps_between}
+    info = {"permutations": 0, "converged": False, "truncated_round": gap <= eps_between,
+            "orderings": torch.zeros(0, n, dtype=torch.long), "distinct": False}
     if gap <= eps_between:  # line 7
         return (_shape(phi, scalar), info) if return_info else _shape(phi, scalar)
     trail = []  # φ_i^[r] (scalar) after every permutation r
+    drawn, marginals = [], []  # every order [n] and its marginals by player [n, C]
+    seen_keys, seen_values = [], []  # coalitions the orders evaluated and their scalar utility
     r = 0
     iterations = max_iterations if stopping == "eq11" else math.ceil(max(30, n, 0.8 * 2**n) / n) + 1
     for iteration in range(iterations):
@@ -359,10 +377,14 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
             prefix[torch.arange(n), perms[:, j]] = True
             rows = torch.nonzero(alive).squeeze(1)
             v, _ = _as_matrix(utility(prefix[rows]))  # lines 16-18
+            seen_keys.append(coalition_keys(prefix[rows]))
+            seen_values.append(_scalar(v, class_weights))
             marg[rows, j] = v - prev[rows]
             prev[rows] = v  # truncated orders keep v_j = v_{j-1} (line 20)
         by_player = torch.zeros_like(marg)
         by_player.scatter_(1, perms.unsqueeze(-1).expand(-1, -1, n_c), marg)
+        drawn.append(perms)
+        marginals.append(by_player)
         for k in range(n):  # line 22, one permutation r at a time (keeps the trail for Eq. 11)
             r += 1
             phi = (r - 1) / r * phi + by_player[k] / r
@@ -386,9 +408,29 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
             if change < tolerance:
                 info["converged"] = True
                 break
+    info["orderings"] = torch.cat(drawn)
+    if orderings == "authors" and _grand_coalition_best(torch.cat(seen_keys), torch.cat(seen_values), n):
+        phi = _mean_over_distinct(info["orderings"], torch.cat(marginals))
+        info["distinct"] = True
     if rescale:
         phi = rescale_to_gain(phi, vn - v0)
     return (_shape(phi, scalar), info) if return_info else _shape(phi, scalar)
+
+
+def _grand_coalition_best(keys: torch.Tensor, values: torch.Tensor, n: int) -> bool:
+    """Whether the grand coalition is among ``keys`` and its value is strictly above every other
+    coalition's (their best_S: highest value, ties to the smaller coalition)."""
+    grand = keys == (1 << n) - 1
+    return bool(grand.any()) and (not bool((~grand).any()) or float(values[grand].max()) > float(values[~grand].max()))
+
+
+def _mean_over_distinct(perms: torch.Tensor, marginals: torch.Tensor) -> torch.Tensor:
+    """Mean marginals [n, C] over the distinct orders of ``perms`` [R, n] (``marginals`` [R, n, C]
+    by player; a repeated order has the same marginals, so each counts once)."""
+    _, inverse = torch.unique(perms, dim=0, return_inverse=True)
+    sums = torch.zeros(int(inverse.max()) + 1, *marginals.shape[1:], dtype=marginals.dtype)
+    sums.index_add_(0, inverse, marginals)
+    return (sums / torch.bincount(inverse).to(sums).view(-1, 1, 1)).mean(0)
 
 
 def rescale_to_gain(phi: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
@@ -704,15 +746,19 @@ class SFedAvg(_ShapleyMethod):
 class GreedyFed(_ShapleyMethod):
     """GreedyFed (Singhal et al. 2024): greedy selection by GTG-Shapley values.
 
-    Source: github.com/pringlesinghal/GreedyFed, ``algorithms.py`` ``ucb_run`` (β = 0 is
-    GreedyFed): round-robin start, then top-K by value plus β sqrt(log(t + 1) / N_i).
-    Until every client has taken part once, rounds go round-robin through the clients not
-    seen yet (in id order); then the K clients with the highest value, plus an optional UCB
-    bonus ``ucb`` sqrt(log t / n_i) (n_i = rounds client i took part; 0 = greedy, the
-    paper's main variant). Values: GTG with the plain validation accuracy, by default as the
-    GTG authors' code runs it (``gtg = "original"``: their permutation budget, stopping rule
-    and rescaling to the round's gain, see :func:`gtg_shapley`; ``"eq11"``: FedMS's Eq. 11
-    rule). The first value of a client is its φ_i, later v_i = α v_i + (1 - α) φ_i (α = 0.7,
+    Source: github.com/pringlesinghal/GreedyFed at 563d991, ``algorithms.py`` ``ucb_run``
+    (β = 0 is GreedyFed), read for the selection (0-based round t, N clients, K per round):
+    - t < floor(N/K): round-robin, clients tK .. (t+1)K - 1;
+    - t = floor(N/K): the clients not seen yet plus K(t+1) - N drawn uniformly from the seen
+      ones; when K divides N none is left unseen and the round draws K clients uniformly
+      from all N (a random round, e.g. round 10 of the FedMS profile, N = 50, K = 5);
+    - later: the top K of SV_i + β sqrt(log(t) / N_i). Their ``UCB`` is computed at the end
+      of round t - 1 with ``np.log(t + 1)`` of that round's index, i.e. log(t) of the round
+      that selects (N_i = rounds client i took part so far).
+    Here ``ucb`` is β (0 = greedy, the paper's main variant). Values: GTG with the plain
+    validation accuracy, by default as the GTG authors' code runs it (``gtg = "original"``:
+    their permutation budget, stopping rule, distinct-order mean and rescaling to the
+    round's gain, see :func:`gtg_shapley`; ``"eq11"``: FedMS's Eq. 11 rule, every draw). The first value of a client is its φ_i, later v_i = α v_i + (1 - α) φ_i (α = 0.7,
     FedMS §5.1, ``average = "ema"``) or the running mean of its φ as in ``ucb_run``
     (``average = "mean"``). Their code's own GTG scores 1 - validation loss with thresholds
     1e-4; the FedMS protocol (accuracy, 0.001) is kept here.
@@ -720,7 +766,7 @@ class GreedyFed(_ShapleyMethod):
     """
 
     name = "greedyfed"
-    rule_version = "2"
+    rule_version = "3"  # 3: ucb_run's random round N/K, log(t) bonus; GTG's distinct-order mean
     alpha: float = 0.7
     ucb: float = 0.0
     eps_between: float = 0.001
@@ -742,20 +788,23 @@ class GreedyFed(_ShapleyMethod):
         n, k = self.fed.n_clients, self.fed.clients_per_round
         if k >= n:
             return np.arange(n)
+        if n % k == 0 and state.round == n // k:  # ucb_run's round floor(N/K) when K | N: uniform
+            return np.sort(state.rng.choice(n, size=k, replace=False))
         unseen = np.flatnonzero(self.taken == 0)
         if len(unseen):  # round-robin initialisation
             first = unseen[:k]
             rest = np.setdiff1d(np.arange(n), first)
             extra = state.rng.choice(rest, size=k - len(first), replace=False) if len(first) < k else []
             return np.sort(np.concatenate([first, np.asarray(extra, dtype=np.int64)]))
-        bonus = self.ucb * np.sqrt(np.log(state.round + 1) / np.maximum(self.taken, 1))
+        bonus = self.ucb * np.sqrt(np.log(max(state.round, 1)) / np.maximum(self.taken, 1))  # ucb_run: log(t)
         return np.sort(np.argsort(-(self.values + bonus), kind="stable")[:k])
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         u = self.round_utility(state, updates)
         phi = gtg_shapley(self.uniform_view(u), len(updates.clients), state.rng, eps_between=self.eps_between,
                           eps_within=self.eps_within, stopping="original" if self.gtg == "original" else "eq11",
-                          rescale=self.gtg == "original").numpy()
+                          rescale=self.gtg == "original",
+                          orderings="authors" if self.gtg == "original" else "all").numpy()
         c = updates.clients
         first = self.taken[c] == 0
         self.taken[c] += 1

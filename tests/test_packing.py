@@ -1,0 +1,147 @@
+"""Packed runs (fedlib.packing): many runs as one population give each run the numbers it gets alone."""
+
+import numpy as np
+import pytest
+import torch
+
+import golden_methods as golden
+from fedlib.config import make_config
+from fedlib.engine import execute
+from fedlib.federation import prepare
+from fedlib.methods import METHODS
+from fedlib.packing import make_packs, pack_signature, train_together
+from fedlib.population import LocalTraining, make_client_batches, train_clients
+from fedlib.run import run_many
+from fedlib.engine import TrainRequest
+from fedlib.testing import train_clients_loop
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+SPLITS = ({"name": "dirichlet", "alpha": 0.5}, {"name": "iid"})
+REL = 1e-5  # parameters after the run, relative to their norm (measured: <= 3e-7 on this CPU)
+
+
+def _variants(name: str) -> list:
+    """2 seeds x 2 splits of ``name`` on the golden federation (tests/golden_methods.py)."""
+    base = golden.config_of(name)
+    return [base.model_copy(update={"seed": seed, "split": make_config(base.to_dict(), split=split).split})
+            for seed in (7, 8) for split in SPLITS]
+
+
+def _alone_and_packed(configs):
+    from fedlib.packing import execute_packed
+
+    def prepared():
+        out = []
+        for c in configs:
+            p = prepare(c)
+            p.keep_model = True
+            out.append(p)
+        return out
+
+    alone = [execute(p, progress=False) for p in prepared()]
+    packed = execute_packed(prepared())
+    return alone, packed
+
+
+def _assert_same_run(alone, packed, what):
+    assert len(alone.history) == len(packed.history), what
+    for a, b in zip(alone.history, packed.history):
+        for field in ("selected", "aggregated", "dropped", "clipped"):
+            assert a.get(field) == b.get(field), f"{what}: round {a['round']} {field}"
+        for field in ("weights", "scores", "similarity", "accuracy", "loss", "per_class_accuracy"):
+            if a.get(field) is not None:
+                np.testing.assert_allclose(b[field], a[field], rtol=1e-4, atol=1e-5,
+                                           err_msg=f"{what}: round {a['round']} {field}")
+    assert alone.final.get("stopped") == packed.final.get("stopped"), what
+    flat_a, flat_b = alone.model[0], packed.model[0]
+    rel = float((flat_a - flat_b).norm() / flat_a.norm().clamp(min=1e-12))
+    assert rel <= REL, f"{what}: final parameters differ by {rel:.2e} relative"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_packed_run_equals_the_run_alone_for_every_method(name):
+    """2 seeds x 2 splits of the method, packed with the same four of FedAvg (two methods per pack)."""
+    configs = _variants(name) + (_variants("fedavg") if name != "fedavg" else _variants("fedprox"))
+    alone, packed = _alone_and_packed(configs)
+    for i, (a, b) in enumerate(zip(alone, packed)):
+        _assert_same_run(a, b, f"{configs[i].method.name} seed {configs[i].seed} {configs[i].split.name}")
+        assert b.meta["pack"] == {"size": len(configs), "index": i}
+
+
+def test_a_pack_of_one_is_bit_identical():
+    config = golden.config_of("cgsv")
+    alone, packed = _alone_and_packed([config])
+    assert alone[0].history[-1]["weights"] == packed[0].history[-1]["weights"]
+    assert torch.equal(alone[0].model[0], packed[0].model[0])
+
+
+def test_runs_of_other_lengths_and_learning_rates_pack():
+    """Shorter runs leave the pack early; a per-row learning rate follows each run's schedule."""
+    base = golden.config_of("fedavg")
+    configs = [base, base.model_copy(update={"rounds": 1}),
+               make_config(base.to_dict(), lr=0.2, lr_milestones=[1], lr_gamma=0.5),
+               make_config(base.to_dict(), momentum=0.9)]
+    alone, packed = _alone_and_packed(configs)
+    for c, a, b in zip(configs, alone, packed):
+        _assert_same_run(a, b, f"rounds {c.rounds} lr {c.lr} momentum {c.momentum}")
+
+
+def test_train_together_equals_the_per_client_loop():
+    """Two requests with their own start models, lr, client sizes and step counts, merged in one call,
+    against the plain per-client loop (fedlib.testing.train_clients_loop) of each."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    x, y = torch.randn(200, 6), torch.randint(0, 3, (200,))
+    flat0 = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    requests = []
+    for k, (sizes, lr) in enumerate((((30, 7, 12), 0.1), ((50, 3), 0.05))):
+        rng = np.random.default_rng(k)
+        indices = [rng.choice(200, n, replace=False) for n in sizes]
+        batches = make_client_batches(indices, 8, 2, torch.Generator().manual_seed(k))
+        start = flat0 + 0.01 * k if k == 0 else (flat0 + 0.02 * torch.randn(len(sizes), flat0.numel()))
+        training = LocalTraining(batch_size=8, lr=lr, momentum=0.5, prox_mu=0.1, workers=1)
+        requests.append(TrainRequest(model, start, {}, x, y, batches, training))
+    together = train_together(requests)
+    for r, (flat, _) in zip(requests, together):
+        expected, _ = train_clients_loop(model, r.start, {}, x, y, r.batches, r.training)
+        torch.testing.assert_close(flat, expected, rtol=1e-5, atol=1e-6)
+        alone, _ = train_clients(model, r.start, {}, x, y, r.batches, r.training)
+        torch.testing.assert_close(flat, alone, rtol=1e-6, atol=1e-7)
+
+
+def test_make_packs_groups_by_signature_and_bounds_rows():
+    base = golden.config_of("fedavg")  # 4 clients per round
+    other = base.model_copy(update={"batch_size": 16})
+    configs = [base, other, base.model_copy(update={"seed": 1}), base.model_copy(update={"seed": 2}), other]
+    assert pack_signature(base) != pack_signature(other)
+    assert make_packs(configs) == [[0, 2, 3], [1, 4]]
+    assert make_packs(configs, max_rows=8) == [[0, 2], [1, 4], [3]]
+    assert make_packs(configs, max_rows=1) == [[0], [1], [2], [3], [4]]  # a run larger than the bound packs alone
+
+
+def test_run_many_packed_stores_each_run_under_its_own_key(tmp_path):
+    from fedlib.cache import ResultCache
+
+    store = ResultCache(tmp_path)
+    configs = _variants("fedavg")[:3]
+    packed = run_many(configs, cache=store, progress=False, pack=True)
+    for c, r in zip(configs, packed):
+        assert r.meta["config_key"] == c.key()
+        assert store.get(c.key()) is not None
+    again = run_many(configs, cache=store, progress=False, pack=True)  # all from the cache now
+    assert [r.final["accuracy"] for r in again] == [r.final["accuracy"] for r in packed]
+
+
+@pytest.mark.parametrize("model", ["lenet5", "cnn"])
+def test_convolutional_runs_pack_to_float_rounding(model):
+    """Convolutions batch rows differently in a pack (grouped over more clients), so parameters may
+    differ by float rounding that training amplifies, as with ``client_chunk``; never the selections."""
+    configs = [make_config(golden.FEDERATION, model=model, seed=seed, method={"name": name})
+               for seed in (0, 1) for name in ("fedavg", "moon")]
+    alone, packed = _alone_and_packed(configs)
+    for c, a, b in zip(configs, alone, packed):
+        for ha, hb in zip(a.history, b.history):
+            assert ha["aggregated"] == hb["aggregated"]
+            np.testing.assert_allclose(hb["weights"], ha["weights"], rtol=1e-6)
+        rel = float((a.model[0] - b.model[0]).norm() / a.model[0].norm())
+        assert rel < 1e-3, f"{model} {c.method.name} seed {c.seed}: {rel:.2e}"

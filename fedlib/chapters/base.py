@@ -112,6 +112,8 @@ def parameter_schema(chapter: str) -> dict[str, dict[str, Any]]:
 def _yaml(chapter: str, profile: str) -> dict[str, Any]:
     import yaml
 
+    if profile in book.PROFILES:  # with what it inherits (the evidence profile: the paper profile's values)
+        return book.load_profile(chapter, profile)
     data = yaml.safe_load((book.repo_root() / "params" / chapter / f"{profile}.yaml").read_text()) or {}
     return data if isinstance(data, dict) else {}
 

@@ -364,13 +364,13 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     layout_flat0, bufs0 = layout0.flat_of(model).clone(), {k: v.unsqueeze(0).clone() for k, v in
                                                              layout0.buffers_of(model).items()}
     t0 = time.perf_counter()
-    report("stage", name=f"FedSCM: local training of {config.n_clients} clients")
+    report("stage", name=f"local training of {config.n_clients} clients")
     flat, bufs = train_local_models(model, fed, config, device)
     timings["local_training"] = time.perf_counter() - t0
     log(f"trained {config.n_clients} clients in {timings['local_training']:.1f} s")
 
     t0 = time.perf_counter()
-    report("stage", name=f"FedSCM: {config.n_clients} clients predict the server set")
+    report("stage", name=f"{config.n_clients} clients predict the server set")
     x_server = fed["x_server"].to(device)
     probs = client_probabilities(model, flat, bufs, x_server, config.predict_chunk).double().cpu()  # Alg. 2, step 1
     timings["predictions"] = time.perf_counter() - t0
@@ -388,7 +388,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     rng = np.random.default_rng(config.seed + 4242)
     plans: list[tuple[str, np.ndarray, np.ndarray, float, bool]] = []  # label, clients, weights, mu, post-train
     t0 = time.perf_counter()
-    report("stage", name=f"FedSCM: selection ({len(config.gammas)} γ)")
+    report("stage", name=f"selection for {len(config.gammas)} γ")
     selections = {}
     for gamma in config.gammas:
         sel = select(probs, gamma, config, kappa=config.kappa,
@@ -420,7 +420,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     x_server = fed["x_server"]
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
         t0 = time.perf_counter()
-        report("stage", name=f"FedSCM: {label} ({len(clients)} clients)", done=salt, total=len(plans))
+        report("stage", name=f"{label} on {len(clients)} client(s)", done=salt, total=len(plans))
         info: dict[str, Any] = {}
         if train == "k3da":  # KD3A: CF-weighted sources + the target trained on knowledge-vote labels
             kd = fda.kd3a_weights(probs, config.vote_gate, config.cf_permutations, config.seed)

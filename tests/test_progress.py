@@ -82,13 +82,13 @@ def test_a_stage_shows_what_a_chapter_does_between_runs():
     now = [0.0]
     bar = progress.ChapterBar("[6/11] fedscm", expected_seconds=None, remaining_after=0.0, stream=io.StringIO(),
                               clock=lambda: now[0])
-    bar.update([{"event": "stage", "name": "FedSCM: local training of 100 clients"}])
-    assert bar.short() == "[6/11] fedscm FedSCM: local training of 100 clients"  # no runs announced yet
+    bar.update([{"event": "stage", "name": "local training of 100 clients"}])
+    assert bar.short() == "[6/11] fedscm local training of 100 clients"  # no runs announced yet
     assert bar.line() == "    [6/11] fedscm [........................] no runs yet " \
-                         "(FedSCM: local training of 100 clients), 0 s"
-    bar.update([{"event": "batch", "total": 4}, {"event": "stage", "name": "FedSCM: FedAvg (100 clients)",
+                         "(local training of 100 clients), 0 s"
+    bar.update([{"event": "batch", "total": 4}, {"event": "stage", "name": "FedAvg on 100 client(s)",
                                                  "done": 2, "total": 9}])
-    assert bar.short() == "[6/11] fedscm [............] 0/4 FedSCM: FedAvg (100 clients) 2/9"
+    assert bar.short() == "[6/11] fedscm [............] 0/4 FedAvg on 100 client(s) 2/9"
 
 
 def test_a_cached_scm_federation_reports_a_cached_run(tmp_path, monkeypatch):

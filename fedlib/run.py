@@ -93,7 +93,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     if isinstance(configs, (str, bytes, dict, RunConfig)) or not hasattr(configs, "__iter__"):
         raise ConfigError(f"run_many: expected a list of configs, got {type(configs).__name__}")
     configs = [_as_config(c) for c in configs]
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
     report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
     if pack:
         return _run_packed(configs, store, executor, progress, max_rows)
@@ -122,7 +122,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         for i in done:
             payload = pending.pop(i).result()  # a worker's exception is raised here
             if store is not None:  # under the key of the data the worker read (its own files)
-                store.put(payload["meta"].get("config_key", keys[i]), stored_payload(payload["config"], payload))
+                store.keep(payload["meta"].get("config_key", keys[i]), stored_payload(payload["config"], payload))
             results[i] = RunResult.from_dict(payload)
             bar.update(1)
     bar.close()
@@ -146,8 +146,8 @@ def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_r
     packs = [[missing[j] for j in pack] for pack in make_packs([configs[i] for i in missing], max_rows)]
 
     def keep(i: int, payload: dict) -> None:
-        if store is not None:
-            store.put(payload["meta"]["config_key"], stored_payload(payload["config"], payload))
+        if store is not None:  # never loses the run: a failed write is one warning
+            store.keep(payload["meta"]["config_key"], stored_payload(payload["config"], payload))
         results[i] = RunResult.from_dict(payload)
         report_progress("run", cached=False, wall=payload["meta"].get("wall_time", 0.0))
 

@@ -23,6 +23,7 @@ def test_queue_items_are_exactly_the_chapters_runs(chapter, profile):
     if chapter == "leaderboard":
         expected = {c.key() for c in module.configs(params)}
         expected |= {c.key() for d in params["datasets"] for c in module.uwa_configs(params, d)}
+        expected |= {c.key() for c in module.poisoning_configs(params)}  # the poisoning table (issue 33)
     else:
         expected = {c.key() for c in module.configs(params)}
     assert {i.key for i in items} == expected

@@ -1128,3 +1128,228 @@ def test_33_12_client_chunk_enters_every_key_it_changes_and_no_stored_key_moves(
     assert ScmConfig.make({"dataset": "synthetic", "n_clients": 12, "predict_chunk": 3}).key() == scm.key()
     assert "client_chunk" not in scm.resolved()  # unset: the key of runs stored before it entered
     assert make_config(TINY, client_chunk=1).key() != make_config(TINY).key()
+
+
+# --- poisoning and explorer (issue 33)
+
+POISONED = dict(dataset="synthetic", n_clients=5, rounds=4, batch_size=16, lr=0.1, local_epochs=3, seed=3)
+
+
+def _quiet_run(cfg):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fedlib.run(cfg, cache=False, progress=False)
+    return result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "celm", "fedmedian"])
+def test_33_3_sign_flippers_are_measured_reported_and_warned(method):
+    """2 of 5 clients (40 %) send 2 w_g - w every round: each round's record shows them against the
+    median update, the run warns and names them in final["poisoning_warning"]; the clean run does not."""
+    params = SMALL_PARAMS.get(method, {})
+    r, warned = _quiet_run(make_config(POISONED, split={"name": "iid", "sign_flips": 2},
+                                       method={"name": method, **params}))
+    flippers = [i for i, role in enumerate(r.meta["client_roles"]) if role == "sign_flip"]
+    assert len(flippers) == 2 and r.final["stopped"] is None
+    caught = []
+    for h in r.history:
+        d = h["disagreement"]
+        cosine = dict(zip(h["aggregated"], d["cosine"]))
+        assert all(cosine[c] > 0.3 for c in cosine if c not in flippers) and len(d["norm_ratio"]) == 5
+        assert set(d["anomalous"]) <= set(flippers)  # a benign client is never anomalous
+        if d["anomalous"] == flippers:
+            assert all(cosine[c] < -0.05 for c in flippers)
+            caught.append(h["round"])
+    assert caught[:3] == [0, 1, 2]  # (near convergence the flipped updates shrink to noise)
+    found = r.final["poisoning_warning"]
+    assert found["clients"] == flippers and found["rounds"] == caught and found["contested"]
+    assert any("possible poisoning" in w and str(flippers[:10]) in w for w in warned), warned
+    json.dumps(r.to_dict(), allow_nan=False)
+    clean, warned = _quiet_run(make_config(POISONED, split={"name": "iid"}, method={"name": method, **params}))
+    assert clean.final["poisoning_warning"] is None and not any("poisoning" in w for w in warned)
+    assert all(h["disagreement"]["anomalous"] == [] for h in clean.history)
+
+
+def test_33_3_a_collapse_after_an_unclipped_outsized_update_is_reported():
+    """A sampled run (2 clients a round, too few to clip) aggregates a 1e6-scaled update in its last
+    round and ends at 10 % with stopped: null: the collapse is reported with the round and the client."""
+    cfg = make_config(dataset="synthetic", n_clients=6, clients_per_round=2, rounds=5, batch_size=16, seed=5,
+                      split={"name": "iid", "huge_updates": 1})
+    r, warned = _quiet_run(cfg)
+    huge = r.meta["client_roles"].index("huge_update")
+    assert r.final["stopped"] is None and huge in r.history[-1]["aggregated"]
+    assert r.history[-1]["disagreement"]["anomalous"] == [huge]
+    found = r.final["poisoning_warning"]
+    assert found is not None and found["clients"] == [huge]
+    collapse = found["collapses"][-1]
+    assert collapse["round"] == 4 and collapse["accuracy"] == pytest.approx(r.final["accuracy"])
+    assert collapse["best"] - collapse["accuracy"] >= 0.2
+    assert any(f"after anomalous updates of client(s) [{huge}]" in w for w in warned), warned
+
+
+def test_33_3_disagreement_statistics_by_hand():
+    """Cosine to the coordinate-wise median update and norm ratio to the median norm, on 5 updates."""
+    g = torch.zeros(2)
+    flat = torch.tensor([[1.0, 0.0], [2.0, 0.0], [1.0, 1.0], [-1.0, 0.0], [30.0, 0.0]])
+    s = screen_updates(np.arange(5), flat, {}, g, clip_factor=10.0)
+    d = s.disagreement
+    # median update (1, 0); norms 1, 2, √2, 1, 30 -> median norm √2
+    assert d["cosine"] == pytest.approx([1.0, 1.0, 2 ** -0.5, -1.0, 1.0], abs=1e-6)
+    assert d["norm_ratio"] == pytest.approx([2 ** -0.5, 2 ** 0.5, 1.0, 2 ** -0.5, 30 / 2 ** 0.5], rel=1e-6)
+    assert d["anomalous"] == [3, 4]  # against the median; more than 10x the median norm
+    assert s.clipped == [4]  # the statistics are of the updates as sent, before clipping
+
+
+BAD_SIGN_FLIPS = [(-1, "sign_flips must be in [0, 9]"), (11, "sign_flips must be in [0, 9]"),
+                  (1.5, "split.sign_flips: must be an integer (got 1.5)"),
+                  (True, "split.sign_flips: must be an integer (got True)"),
+                  ("2", "split.sign_flips: must be an integer (got '2')")]
+
+
+@pytest.mark.parametrize("value, text", BAD_SIGN_FLIPS)
+def test_33_3_a_bad_sign_flip_count_is_one_line(value, text):
+    with pytest.raises(ValueError) as err:
+        fedlib.run(make_config(TINY, n_clients=9, split={"name": "iid", "sign_flips": value}), cache=False,
+                   progress=False)
+    assert text in str(err.value) and "\n" not in str(err.value)
+
+
+FAKE_VOILA = r"""
+import os, socket, subprocess, sys, time
+wanted = int(sys.argv[1])
+busy = socket.socket(); busy.bind(("127.0.0.1", 0)); busy.listen()  # 'the asked port was taken'
+port = busy.getsockname()[1]
+kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[2], "w").write(f"{os.getpid()} {kernel.pid}")
+print(f"[Voila] The port {wanted} is already in use, trying another port.")
+print("[Voila] Voilà is running at:")
+print(f"http://127.0.0.1:{port}/?token=...", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_33_5_a_signal_stops_the_explorer_its_server_and_kernels(tmp_path, sig):
+    """``fedlib explore`` under SIGTERM or SIGINT stops the server and its kernel (a stand-in server
+    that takes another port than asked, starts a 'kernel' and ignores nothing); the URL it printed
+    has the port the server took and a token."""
+    fake, pids = tmp_path / "fake_voila.py", tmp_path / "pids"
+    fake.write_text(FAKE_VOILA)
+    code = (f"import sys; from fedlib import explore; "
+            f"sys.exit(explore.serve(8866, command=[sys.executable, {str(fake)!r}, '8866', {str(pids)!r}]))")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "The live explorer is at http://127.0.0.1:" in line, (line, process.stderr.read())
+        server, kernel = map(int, pids.read_text().split())
+        port = re.search(r":(\d+)/", line).group(1)
+        assert port != "8866" and "(port 8866 was taken)" in line
+        assert re.search(r"\?token=[\w-]{40,}", line)
+        assert _alive(server) and _alive(kernel)
+        process.send_signal(sig)
+        assert process.wait(timeout=30) == 0
+        assert "stopping Voilà and its kernels" in process.stderr.read()
+        deadline = time.monotonic() + 10
+        while (_alive(server) or _alive(kernel)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server) and not _alive(kernel)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_33_5_voila_is_configured_for_localhost_a_token_a_host_check_and_culling(tmp_path):
+    """The command line and the private config file, read back by Voilà's own parser."""
+    voila_app = pytest.importorskip("voila.app")
+    from fedlib import explore
+
+    token = explore.new_token()
+    folder = explore.write_config(token)
+    try:
+        assert (folder / "voila.json").stat().st_mode & 0o077 == 0  # private
+        command = explore.voila_command(9999, folder)
+        assert token not in " ".join(command)  # not visible in ps
+        assert "--Voila.ip=127.0.0.1" in command and "--port=9999" in command and "--no-browser" in command
+        app = voila_app.Voila()
+        app.parse_command_line(command[1:])
+        assert app.config_file_paths == [str(folder)]  # not the working folder's voila.json
+        app.load_config_file("voila", path=app.config_file_paths)
+        assert app.token == token and len(token) >= 40 and app.ip == "127.0.0.1" and app.open_browser is False
+        assert app.tornado_settings == {"allow_remote_access": False, "local_hostnames": ["localhost"]}
+        kernels = app.config.MappingKernelManager
+        assert kernels.cull_idle_timeout == explore.CULL_IDLE_S > 0 and kernels.cull_interval > 0
+        assert kernels.cull_connected is False and kernels.cull_busy is False
+    finally:
+        import shutil
+
+        shutil.rmtree(folder)
+
+
+def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
+    """The real server: a DNS-rebinding Host gets 403, a page without the token goes to the login,
+    and the URL has the port Voilà moved to when the asked one was taken."""
+    import http.client
+    import socket
+    from urllib.parse import urlsplit
+
+    from fedlib import explore
+
+    try:
+        explore.voila_command(0)
+    except FileNotFoundError:
+        pytest.skip("voila is not installed")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    asked = busy.getsockname()[1]
+    log = open(tmp_path / "voila.log", "w")
+    process, url = explore.start(asked, stdout=log)
+    try:
+        taken = urlsplit(url).port
+        assert taken != asked and re.search(r"\?token=[\w-]{40,}$", url)
+
+        def status(path, host):
+            connection = http.client.HTTPConnection("127.0.0.1", taken, timeout=20)
+            connection.request("GET", path, headers={"Host": host})
+            return connection.getresponse().status
+
+        assert status("/", "rebinding.example") == 403
+        assert status("/", f"rebinding.example:{taken}") == 403
+        assert status("/", f"127.0.0.1:{taken}") == 302  # to /login: no token, no kernel
+        assert status("/", f"localhost:{taken}") == 302
+    finally:
+        assert explore.stop(process) == 0
+        log.close()
+        busy.close()
+
+
+def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robust_rules():
+    from fedlib import book
+    from fedlib.chapters import leaderboard as lb
+    from fedlib.results import RunResult
+
+    for profile in ("smoke", "quick", "paper"):
+        params = book.load_profile("leaderboard", profile)
+        p = params["poisoning"]
+        assert p["sign_flips"] / p["n_clients"] == pytest.approx(0.4)  # 40 % sign-flippers
+        cfgs = lb.poisoning_configs(params)
+        attacked = [c for c in cfgs if c.split.params.get("sign_flips") == p["sign_flips"]]
+        assert len(attacked) == (len(params["methods"]) + 4) * len(params["seeds"]) and len(cfgs) - len(attacked) == \
+            len(params["seeds"])  # plus clean FedAvg per seed
+        names = {c.method.name for c in attacked}
+        assert names >= {lb.ENTRIES[m][0] for m in params["methods"]} | {"fedmedian", "fedtrimmedavg", "krum"}
+        assert all(c.split.name == "iid" and c.n_clients == p["n_clients"] and not c.reference_values for c in cfgs)
+    robust = {json.dumps({"name": c.method.name, **c.method.params}, sort_keys=True) for c in attacked
+              if c.method.name in ("fedmedian", "fedtrimmedavg", "krum")}  # paper profile: f = 4 of n = 10
+    assert robust == {json.dumps(m, sort_keys=True) for m in [
+        {"name": "fedmedian"}, {"name": "fedtrimmedavg", "beta": 0.4}, {"name": "krum", "num_malicious_clients": 4},
+        {"name": "krum", "num_malicious_clients": 4, "num_clients_to_keep": 6}]}
+    roles = ["benign", "benign", "benign", "sign_flip", "sign_flip"]
+    warned = RunResult(config={}, history=[], meta={"client_roles": roles},
+                       final={"accuracy": 0.25, "poisoning_warning": {"clients": [1, 3]}})
+    assert lb.poisoning_metrics(warned) == {"accuracy": 25.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
+    quiet = RunResult(config={}, history=[], meta={"client_roles": roles}, final={"accuracy": 0.5})
+    assert lb.poisoning_metrics(quiet)["warned"] is False and lb.poisoning_metrics(quiet)["flippers_named"] == 0.0

@@ -56,6 +56,7 @@ from .engine import execute as engine_run
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
+from .progress import report
 from .population import (
     ClientBatches,
     LocalTraining,
@@ -363,11 +364,13 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     layout_flat0, bufs0 = layout0.flat_of(model).clone(), {k: v.unsqueeze(0).clone() for k, v in
                                                              layout0.buffers_of(model).items()}
     t0 = time.perf_counter()
+    report("stage", name=f"local training of {config.n_clients} clients")
     flat, bufs = train_local_models(model, fed, config, device)
     timings["local_training"] = time.perf_counter() - t0
     log(f"trained {config.n_clients} clients in {timings['local_training']:.1f} s")
 
     t0 = time.perf_counter()
+    report("stage", name=f"{config.n_clients} clients predict the server set")
     x_server = fed["x_server"].to(device)
     probs = client_probabilities(model, flat, bufs, x_server, config.predict_chunk).double().cpu()  # Alg. 2, step 1
     timings["predictions"] = time.perf_counter() - t0
@@ -385,6 +388,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     rng = np.random.default_rng(config.seed + 4242)
     plans: list[tuple[str, np.ndarray, np.ndarray, float, bool]] = []  # label, clients, weights, mu, post-train
     t0 = time.perf_counter()
+    report("stage", name=f"selection for {len(config.gammas)} γ")
     selections = {}
     for gamma in config.gammas:
         sel = select(probs, gamma, config, kappa=config.kappa,
@@ -416,6 +420,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     x_server = fed["x_server"]
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
         t0 = time.perf_counter()
+        report("stage", name=f"{label} on {len(clients)} client(s)", done=salt, total=len(plans))
         info: dict[str, Any] = {}
         if train == "k3da":  # KD3A: CF-weighted sources + the target trained on knowledge-vote labels
             kd = fda.kd3a_weights(probs, config.vote_gate, config.cf_permutations, config.seed)
@@ -517,10 +522,12 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
     store = as_store(cache)  # True, False or a ResultCache
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
+        report("run", cached=True, wall=0.0)
         return run_of(hit)
     result = json.loads(json.dumps(execute(config, dataset, progress)))
     if store is not None:  # a cache that cannot be written: one warning line, the result is returned
         store.keep(config.key(), stored_payload(config.to_dict(), result))
+    report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
     return result
 
 

@@ -1032,7 +1032,7 @@ def test_33_8_cache_takes_only_booleans_or_a_store(cache):
 
 BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one line)
     ({"roundz": 1}, "unknown parameter 'roundz'"),
-    ({"profile": "nosuch"}, "unknown profile 'nosuch'; known: paper, quick, smoke"),
+    ({"profile": "nosuch"}, "unknown profile 'nosuch'; known: evidence, paper, quick, smoke"),
     ({"seeds": 5}, "parameter seeds must be list (got 5)"),
     ({"seeds": []}, "parameter seeds must not be empty"),
     ({"seeds": ["a"]}, "parameter seeds must hold int items"),

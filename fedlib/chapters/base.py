@@ -112,6 +112,8 @@ def parameter_schema(chapter: str) -> dict[str, dict[str, Any]]:
 def _yaml(chapter: str, profile: str) -> dict[str, Any]:
     import yaml
 
+    if profile in book.PROFILES:  # with what it inherits (the evidence profile: the paper profile's values)
+        return book.load_profile(chapter, profile)
     data = yaml.safe_load((book.repo_root() / "params" / chapter / f"{profile}.yaml").read_text()) or {}
     return data if isinstance(data, dict) else {}
 
@@ -172,7 +174,8 @@ class Chapter:
         self.paper_params = book.load_profile(self.name, "paper")
         self.reference = (None if self.reference_paper is None
                           else book.load_reference(self.reference_paper or self.name))
-        self.ours = f"ours ({profile})"
+        # the evidence profile's own runs are the stored paper-protocol runs: one source, no training
+        self.ours = OURS_STORED if profile == book.EVIDENCE else f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
         self.runs: list = []
         self.stored = None  # book.Stored: the stored paper-profile runs
@@ -211,6 +214,8 @@ class Chapter:
 
             torch.set_num_threads(self.params["threads"])
         configs = self.configs() if configs is None else configs
+        if self.evidence:
+            return self._stored_as_ours(configs, quiet)
         by_dataset: dict[str, list] = {}
         for c in configs:
             by_dataset.setdefault(c.dataset, []).append(c)
@@ -230,6 +235,26 @@ class Chapter:
             print(self.stored.describe())
         return self.runs
 
+    @property
+    def evidence(self) -> bool:
+        """Whether this build shows the stored paper-protocol runs only (``make book``'s default)."""
+        return self.profile == book.EVIDENCE
+
+    def _stored_as_ours(self, configs, quiet: bool) -> list:
+        """The evidence profile: the stored runs of ``configs`` stand for this build's runs (nothing
+        trains); the ones not stored are counted and named with the command that makes them."""
+        self.stored = book.stored_results(self.name, configs)
+        self.results = dict(self.stored.results)
+        self.runs = list(self.results.values())
+        missing = [c for c in configs if c.key() not in self.results]
+        if not quiet:
+            print(book.evidence_summary(self.name, len(configs), len(missing)))
+            if self.runs:
+                print(self.stored.describe())
+        if not self.runs:
+            raise book.NothingStored(book.evidence_summary(self.name, len(configs), len(missing)))
+        return self.runs
+
     def stored_runs(self, configs=None):
         return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
 
@@ -243,7 +268,7 @@ class Chapter:
     def by_source(self) -> list[tuple[str, dict, dict]]:
         """(source, runs by key, params) of this build and, when there are any, of the stored paper-profile runs."""
         out = [(self.ours, self.results, self.params)]
-        if self.stored is not None and self.stored.results:
+        if self.stored is not None and self.stored.results and not self.evidence:
             out.append((OURS_STORED, self.stored.results, self.paper_params))
         return out
 

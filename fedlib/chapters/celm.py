@@ -778,3 +778,42 @@ class CELM(Chapter):
                     "paper": table2_values["t2_rare_paper_celm"], "ours": round(table2_values["t2_rare_celm"], 2),
                     "unit": "%"})
         return self.record_headlines(out)
+
+
+def baselines_text(params: dict[str, Any]) -> str:
+    """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs of Table 1
+    resolve (``fedlib.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
+    from fractions import Fraction
+
+    from .. import book
+    from ..methods import build_method
+
+    runs = dict(book.resolved_methods("celm", "paper"))
+    table1 = experiment_configs(params, "table1")
+    runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")} for c in table1}
+    sym = lambda method, s: book.PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
+    cffl = runs["cffl"]
+    by_coefficient: dict[Fraction, list[str]] = {}  # the removal coefficient each split's CFFL runs use
+    for split in params["splits"]:
+        run = next((c for c in table1 if c.method.name == "cffl" and c.split.name == SPLITS[split][0]["name"]
+                    and c.split.params == {k: v for k, v in SPLITS[split][0].items() if k != "name"}), None)
+        if run is not None:
+            coefficient = Fraction(build_method("cffl", run.method.params).coefficient).limit_denominator(100)
+            by_coefficient.setdefault(coefficient, []).append(split)
+    ordered = sorted(by_coefficient.items(), key=lambda item: -len(item[1]))
+    coefficients = f"{ordered[0][0]}" if ordered else f"{Fraction(cffl['threshold']).limit_denominator(100)}"
+    coefficients += "".join(f", or {c} on {' and '.join(splits)} (its authors' code uses it for their label-imbalance "
+                            "split)" for c, splits in ordered[1:])
+    return (
+        "**Baselines** (as this page's runs resolve them; `fedlib.methods.gradient` / `fairness`): FedAvg with "
+        "uniform weights (the paper's choice: no client metadata), CFFL (server validation accuracy `acc_i` → "
+        "reputation `r_i ← fade·r_i + (1 − fade)·acc_i / Σ acc`, weights `sinh(α r) / Σ sinh(α r)` with "
+        f"α = {sym('cffl', 'α')} and fade = {sym('cffl', 'fade')}, clients below coefficient / |R| of the reputation "
+        f"removed, coefficient {coefficients}, updates clipped to ±{cffl['clip']:g} and the largest "
+        f"{100 * cffl['theta']:g} % of their entries uploaded; the server holds out {cffl['server_val']:,} training "
+        f"samples as its validation set), CGSV (cosine of each update with the aggregate, reputation EMA "
+        f"α = {sym('cgsv', 'α')}), ShapFed (class-wise cosine of the classifier rows' "
+        f"{SHAPFED_SIGNALS[runs['shapfed']['signal']]}, μ = {sym('shapfed', 'μ')}).")
+
+
+SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}

@@ -81,6 +81,45 @@ def live_text(run: dict, stored: str = "") -> str:
     return f"{stored}On {run['device_name']}, " + "; ".join(parts) + "."
 
 
+def packed_table(record: dict) -> pd.DataFrame:
+    """One row per workload and pack size of a ``benchmarks/packed.py`` record."""
+    rows = [{"workload": r["workload"], "pack size": r["pack_size"],
+             "separate (runs/min)": round(r["separate_runs_per_min"], 2),
+             "packed (runs/min)": round(r["packed_runs_per_min"], 2),
+             "packed / separate": f"{r['packed_over_separate']:.2f}x",
+             "packed, % of peak": f"{100 * r['packed_fraction_of_peak']:.2f} %",
+             "load before → after": f"{r['load_before_after'][0]:.1f} → {r['load_before_after'][1]:.1f}"}
+            for r in record["rows"]]
+    return pd.DataFrame(rows).set_index(["workload", "pack size"])
+
+
+def packed_text(record: dict, cores: int | None = None) -> str:
+    """The computed sentence on one record: the packed/separate range per workload, and a warning
+    when the machine was busy (load above its cores) during any measurement."""
+    parts = []
+    for workload in dict.fromkeys(r["workload"] for r in record["rows"]):
+        rows = [r for r in record["rows"] if r["workload"] == workload]
+        best = max(rows, key=lambda r: r["packed_runs_per_min"])
+        parts.append(f"{workload}: packed / separate {min(r['packed_over_separate'] for r in rows):.2f}x to "
+                     f"{max(r['packed_over_separate'] for r in rows):.2f}x over pack sizes "
+                     f"{', '.join(str(r['pack_size']) for r in rows)}; most runs per device-minute packed: "
+                     f"{best['packed_runs_per_min']:.1f} at pack size {best['pack_size']}")
+    cores = cores or _cores_of(record["device"])
+    busy = [r for r in record["rows"] if max(r["load_before_after"]) > cores + 0.5]
+    warning = (f" (measured while other work competed: load up to "
+               f"{max(max(r['load_before_after']) for r in busy):.1f} on {cores} cores; ratios are indicative)"
+               if busy else "")
+    return f"{record['device']}: " + "; ".join(parts) + warning
+
+
+def _cores_of(device: str) -> int:
+    """Cores named in a CPU device string ("cpu (x86_64, 2 cores, ...)"); GPUs: a large number (no load check)."""
+    import re
+
+    found = re.search(r"(\d+) cores", device)
+    return int(found.group(1)) if found else 1_000_000
+
+
 def plan_text(plan: dict[str, Any]) -> str:
     return f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
 
@@ -193,6 +232,24 @@ class Performance(Chapter):
                          + (f"; the 10x goal for N ≥ 20 is met at N = {', '.join(met)}" if met else "")
                          + (f" and missed at N = {', '.join(missed)}" if missed else ""))
         return {"gpu_summary": Markdown("; ".join(lines) if lines else "no stored device runs")}
+
+    def packed_runs(self) -> dict[str, Any]:
+        """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
+        separate); glues one computed sentence per device."""
+        lines = []
+        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("packed_*.json")):
+            record = json.loads(path.read_text())
+            table = packed_table(record)
+            reduced = record.get("reduced") or {}
+            protocol = ("the paper profile's runs" if not any(reduced.values()) else
+                        f"REDUCED runs ({reduced.get('rounds') or 'all'} rounds, {reduced.get('fraction') or 1} of the "
+                        f"training data, {reduced.get('test_samples') or 'all'} test samples)")
+            display(Markdown(f"### {record['device']} ({path.name}, {record['date']})\n\nCELM Table 1 runs, "
+                             f"{protocol}; peak: a 4096² float32 matmul, {record['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s."),
+                    table)
+            lines.append(packed_text(record))
+        return {"packed_summary": Markdown("; ".join(lines) if lines else "no stored packed benchmark yet "
+                                           "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)")}
 
     def breakdown(self):
         """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""

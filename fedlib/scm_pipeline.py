@@ -53,6 +53,7 @@ from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
 from .engine import execute as engine_run
+from .packing import execute_packed
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
@@ -188,14 +189,21 @@ def post_train(model, dataset, flat, buffers, clients: np.ndarray, weights: np.n
     """Algorithm 2, steps 3-5: the global model starts as Σ_k λ_k h_k of ``clients`` (or ``init``),
     then the engine trains it with that cohort (:func:`post_training_config`); returns the final
     global model (flat, buffers)."""
+    prepared = post_training(model, dataset, flat, buffers, clients, weights, fed, config, prox_mu, per_round, init)
+    return engine_run(prepared, progress=False).model  # steps 4-5: the rounds
+
+
+def post_training(model, dataset, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict,
+                  config: ScmConfig, prox_mu: float, per_round: int | None = None,
+                  init: tuple[torch.Tensor, dict] | None = None):
+    """:func:`post_train`'s federation, ready for the engine (alone, or packed with the other plans')."""
     if init is None:
         sel = torch.as_tensor(clients, device=flat.device)
         w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
         init = aggregate(flat[sel], w, {k: v[sel] for k, v in buffers.items()})  # step 3
     run_config = post_training_config(config, weights, prox_mu, per_round)
-    prepared = given(run_config, dataset, model, fed["x"], fed["y"], [fed["indices"][c] for c in clients],
-                     fed["x_eval"], fed["y_eval"], init=init, keep_model=True)
-    return engine_run(prepared, progress=False).model  # steps 4-5: the rounds
+    return given(run_config, dataset, model, fed["x"], fed["y"], [fed["indices"][c] for c in clients],
+                 fed["x_eval"], fed["y_eval"], init=init, keep_model=True)
 
 
 def with_server_client(fed: dict, x_extra: torch.Tensor, y_extra: torch.Tensor) -> dict:
@@ -418,6 +426,15 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         elif m in ("k3da", "comda", "fmda_ot"):
             plans.append((LABELS[m], np.arange(config.n_clients), np.ones(config.n_clients), 0.0, m))
     x_server = fed["x_server"]
+    # the plain post-trainings (FedSCM per γ, Random, SDEA, FedAvg) train as one pack (fedlib.packing)
+    plain = [salt for salt, plan in enumerate(plans) if plan[4] is True and config.post_rounds]
+    if plain:
+        report("stage", name=f"post-training of {len(plain)} cohort(s), packed", done=0, total=len(plans))
+        packed = execute_packed([post_training(model, ds, flat, bufs, plans[i][1], plans[i][2], fed, config, plans[i][3],
+                                               config.fedavg_per_round if plans[i][0] == "FedAvg" else None)
+                                 for i in plain])
+        trained = {i: r.model for i, r in zip(plain, packed)}
+        pack_seconds = sum(r.meta["wall_time"] for r in packed) / len(packed)
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
         t0 = time.perf_counter()
         report("stage", name=f"{label} on {len(clients)} client(s)", done=salt, total=len(plans))
@@ -470,8 +487,8 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
             clients = np.flatnonzero(weights > 0)
             weights = weights[clients]
         elif train and config.post_rounds:
-            g_flat, g_bufs = post_train(model, ds, flat, bufs, clients, weights, fed, config, mu,
-                                        config.fedavg_per_round if label == "FedAvg" else None)
+            g_flat, g_bufs = trained[salt]
+            info = {"packed_with": len(plain), "pack_seconds": pack_seconds}  # its rounds ran in the pack
         else:
             sel = torch.as_tensor(clients, device=flat.device)
             w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)

@@ -163,3 +163,23 @@ def test_the_performance_page_reads_a_packed_benchmark_record():
     assert packed_text(record).endswith("at pack size 5")  # no warning at load <= cores + 0.5
     table = packed_table(record)
     assert list(table.loc[("w", 5)]) == [10.0, 30.0, "3.00x", "10.00 %", "1.0 → 2.4"]
+
+
+def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    run_module = sys.modules["fedlib.run"]
+
+    configs = _variants("fedavg")
+    sent = []
+    original = run_module._run_pack_in_worker
+    monkeypatch.setattr(run_module, "_run_pack_in_worker",
+                        lambda dicts, max_rows: sent.append(len(dicts)) or original(dicts, max_rows))
+    with ThreadPoolExecutor(1) as pool:
+        through_pool = run_many(configs, executor=pool, cache=False, progress=False, pack=True)
+    assert sent == [4]  # one submission: the whole pack
+    here = run_many(configs, cache=False, progress=False, pack=True)
+    for a, b in zip(through_pool, here):
+        assert [h["weights"] for h in a.history] == [h["weights"] for h in b.history]
+        assert [h["accuracy"] for h in a.history] == [h["accuracy"] for h in b.history]

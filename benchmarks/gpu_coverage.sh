@@ -68,13 +68,13 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env
         set -a; . /tmp/preflight.env; set +a
         local left=$(( budget - ($(date +%s) - t0) ))
-        local only=() part=()
-        [ -n "${ONLY:-}" ] && only=(--only ${ONLY})
+        local only=() part=() first=(--first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
+        [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
         case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
         echo "setup and preflight took $(( $(date +%s) - t0 )) s; queue budget ${left} s"
         python3 -m fedlib results "${part[@]}" "${only[@]}" --profile "${PROFILE:-paper}" --device "$device" \
             --workers "${WORKERS:-1}" --budget "$left" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-4096}" \
-            --first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2" || true
+            "${first[@]}" || true
         local stored seconds
         stored=$(find "$FEDLIB_RESULTS" -name '*.json' | wc -l)
         seconds=$(( $(date +%s) - t0 ))

@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-PROFILE ?= quick
+PROFILE ?= evidence
 JOBS ?= 2
 
 # Data root: FEDLIB_DATA if set; else ../shared/datasets when that folder exists.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU coverage: run the top of the GPU part of the results queue (python -m fedlib results) on a
-# CUDA machine for at most 9 minutes, several runs sharing the GPU, and bring the stored runs back.
+# GPU coverage: the top of the results queue (python -m fedlib results) on a CUDA machine in one call of
+# at most 9 minutes, runs trained in packs (fedlib/packing.py: many runs as one population), and the stored
+# runs brought back.
 #
 # 1. Prepare once, on a machine with pip access and the datasets (FEDLIB_DATA: mnist/ and
 #    cifar10-jpeg/ as in the shared data folder), from the repository root:
@@ -8,16 +9,22 @@
 #    It fills .gpu-carry/ (git-ignored): wheels of what the GPU image lacks (pydantic and its
 #    needs; torch, numpy, scipy, pyyaml, matplotlib, pandas are there) and the datasets (~30 MB).
 # 2. Run it with the device tool (one call; the machine has no internet):
-#        run(command="bash benchmarks/gpu_coverage.sh run", carry=[".gpu-carry"], timeout_s=600)
-#    Optional environment, set in the command: WORKERS (default 6), BUDGET_S (seconds for the
-#    queue, default 480), e.g. command="WORKERS=8 bash benchmarks/gpu_coverage.sh run".
+#        run(command="bash benchmarks/gpu_coverage.sh run", carry=[".gpu-carry"], timeout_s=560)
+#    Optional environment, set in the command: BUDGET_S (seconds for everything, default 480),
+#    WORKERS (pack processes at a time, default 1: one pack fills the GPU), MAX_ROWS (client rows per
+#    round in a pack, default 4096; each pack process also bounds it by free memory), PART (gpu, cpu
+#    or all; default gpu), PROFILE (default paper), ONLY (chapters), DEVICE (default cuda).
+#    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
+#    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
+#    most valuable first, until the budget; GPU utilisation sampled every 2 s.
 # 3. Unpack what came back into the repository (files_at: the folder the tool names), commit:
 #        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/runs/<key>.json
-#    <files_at>/gpu_coverage.log holds the queue's progress and the runs stored per device-minute.
+#    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
+#    device-minute and the GPU utilisation.
 #
 # Order (fedlib/queue.py, --first): seed 0 of CELM Table 1 (CIFAR-10 rows), FedMS Table 1
-# (CIFAR-10), FLCE (its CIFAR-10 headline row first), FedSCM Table 2; then the rest of the GPU
-# queue. A run whose estimated cost does not fit the time left is not started.
+# (CIFAR-10), FLCE (its CIFAR-10 headline row first), FedSCM Table 2; then the rest. Seeds 1-2 of a
+# table join its packs. tests/test_gpu_script.py rehearses this script on the CPU (DEVICE=cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry
@@ -39,27 +46,50 @@ prepare() {
 
 run_on_device() {
     local t0 out="${OUT:?run this through the device tool: \$OUT is where results go back}"
+    local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" results=/tmp/gpu/results sampler=""
     t0=$(date +%s)
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$CARRY"/whl/*.whl
-    export PYTHONPATH="/tmp/site:$PWD" FEDLIB_DATA="$PWD/$CARRY/data" FEDLIB_CACHE=/tmp/fedlib-cache \
-        FEDLIB_DOWNLOAD=0 FEDLIB_RESULTS=/tmp/gpu/results PYTHONUNBUFFERED=1
+    if compgen -G "$CARRY/whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$CARRY"/whl/*.whl
+    fi
+    [ -n "${RESULTS_DIR:-}" ] && results="$RESULTS_DIR"
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" FEDLIB_DATA="${FEDLIB_DATA:-$PWD/$CARRY/data}" \
+        FEDLIB_CACHE="${FEDLIB_CACHE:-/tmp/fedlib-cache}" FEDLIB_DOWNLOAD=0 FEDLIB_RESULTS="$results" PYTHONUNBUFFERED=1
     mkdir -p "$FEDLIB_RESULTS"
+    if [ "$device" != cpu ] && command -v nvidia-smi >/dev/null; then
+        nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 2000 \
+            > "$out/gpu_utilisation.csv" 2>/dev/null &
+        sampler=$!
+    fi
     {
-        nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
-        python3 -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print('torch', torch.__version__)"
-        # decode the CIFAR-10 JPEG copy once; the workers read the decoded cache
-        python3 -c "from fedlib.data import load_dataset; load_dataset('cifar10'); load_dataset('mnist')"
-        local left=$(( ${BUDGET_S:-480} - ($(date +%s) - t0) ))
-        echo "setup took $(( $(date +%s) - t0 )) s; queue budget ${left} s"
-        python3 -m fedlib results --gpu-only --device cuda --workers "${WORKERS:-6}" --budget "$left" \
-            --first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2" || true
-        local stored minutes
+        [ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
+        python3 -c "import sys, torch; print('torch', torch.__version__); \
+sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA device')" "$device"
+        python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env
+        set -a; . /tmp/preflight.env; set +a
+        local left=$(( budget - ($(date +%s) - t0) ))
+        local only=() part=() first=(--first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
+        [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
+        case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
+        echo "setup and preflight took $(( $(date +%s) - t0 )) s; queue budget ${left} s"
+        python3 -m fedlib results "${part[@]}" "${only[@]}" --profile "${PROFILE:-paper}" --device "$device" \
+            --workers "${WORKERS:-1}" --budget "$left" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-4096}" \
+            "${first[@]}" || true
+        local stored seconds
         stored=$(find "$FEDLIB_RESULTS" -name '*.json' | wc -l)
-        minutes=$(python3 -c "import sys; print(f'{(int(sys.argv[1])) / 60:.2f}')" "$(( $(date +%s) - t0 ))")
-        echo "runs stored: $stored in ${minutes} device-minutes (this script; add the machine's start):" \
-             "$(python3 -c "import sys; print(f'{int(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$stored" "$minutes") per minute"
+        seconds=$(( $(date +%s) - t0 ))
+        python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
+print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \
+            "$stored" "$seconds"
+        if [ -n "$sampler" ]; then
+            kill "$sampler" 2>/dev/null || true
+            python3 -c "import csv, sys; rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) == 2]; \
+u = [float(r[0]) for r in rows]; m = [float(r[1]) for r in rows]; \
+print(f'GPU utilisation: mean {sum(u) / max(1, len(u)):.0f} %, max {max(u, default=0):.0f} % over {len(u)} samples; ' \
+      f'memory used up to {max(m, default=0):.0f} MiB')" "$out/gpu_utilisation.csv" || true
+        fi
     } 2>&1 | tee "$out/gpu_coverage.log"
-    tar -czf "$out/gpu_results.tar.gz" -C /tmp/gpu results
+    tar -czf "$out/gpu_results.tar.gz" -C "$(dirname "$FEDLIB_RESULTS")" "$(basename "$FEDLIB_RESULTS")"
 }
 
 case "${1:-}" in

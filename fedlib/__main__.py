@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
+import warnings
 from pathlib import Path
 
 from . import queue
 from .book import PROFILES, BookError, build, load_profile
-from .cache import atomic_write_text
+from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
 from .data import DataCorruptError, DataNotFoundError
 from .run import run
@@ -72,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="run these first, in this order (seed 0 of every run still comes before seeds 1-2)")
     p_res.add_argument("--limit", type=int, metavar="N", help="start at most N runs")
     p_res.add_argument("--run-one", metavar="KEY", help=argparse.SUPPRESS)  # one queue worker: run and store KEY
+    p_res.add_argument("--run-pack", nargs="+", metavar="CHAPTER:KEY", help=argparse.SUPPRESS)  # one pack worker
+    p_res.add_argument("--pack", choices=("auto", "on", "off"), default="auto",
+                       help="train runs that share data, model and rounds as one population (fedlib/packing.py); "
+                            "auto: on for a CUDA device, off on a CPU")
+    p_res.add_argument("--max-rows", type=int, metavar="N",
+                       help="with packs: at most N client rows per round in one pack (default: 4096 on CUDA, 64 on "
+                            "a CPU; each pack process still bounds it by the device's free memory)")
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
     p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
@@ -85,16 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
-        from .chapters import CHAPTER_MODULES, chapter_module
-        from .migrate import adopt_unclipped, format_report, migrate_results
-
-        print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
-
-        for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
-            configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
-            for source, key, _ in adopt_unclipped(chapter, configs, args.root, dry_run=args.dry_run):
-                print(f"  adopted {source} as runs/{key}.json for {chapter} (clipping on, never acted)")
-        return 0
+        return _migrate(args)
     if extra and (args.command != "run" or any(token.startswith("-") for token in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "run":  # key=value overrides may come before or after the flags
@@ -105,14 +106,74 @@ def main(argv: list[str] | None = None) -> int:
         return _results(args)
     try:
         config = load_config(args.config, **_overrides(args.overrides))  # nested keys merge into the file's
-        result = run(config, cache=not args.no_cache)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheWriteWarning)
+            result = run(config, cache=not args.no_cache)
     except INPUT_ERRORS as err:
         print(f"fedlib: {err}", file=sys.stderr)
         return 2
+    status = 0
+    if args.json:  # first: the numbers are kept before anything else can fail
+        try:
+            atomic_write_text(Path(args.json), json.dumps(result.to_dict(), indent=1))
+        except OSError as err:
+            print(f"fedlib: could not write --json ({write_failure(err, Path(args.json))})", file=sys.stderr)
+            status = 1
+    for w in caught:  # a cache that cannot be written: one line; other warnings as usual
+        if issubclass(w.category, CacheWriteWarning):
+            print(f"fedlib: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(result.summary())
-    if args.json:
-        atomic_write_text(Path(args.json), json.dumps(result.to_dict(), indent=1))
+    return status
+
+
+def _migrate(args) -> int:
+    from .chapters import CHAPTER_MODULES, chapter_module
+    from .migrate import adopt_unclipped, format_report, migrate_results
+
+    try:
+        print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
+        for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
+            configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
+            for source, key, _ in adopt_unclipped(chapter, configs, args.root, dry_run=args.dry_run):
+                print(f"  adopted {source} as runs/{key}.json for {chapter} (clipping on, never acted)")
+    except (FileNotFoundError, NotADirectoryError) as err:
+        print(f"fedlib migrate-results: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a read-only store, a full disk
+        print(f"fedlib migrate-results: cannot change the store ({write_failure(err, Path(args.root or 'results'))})",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _check_queue_flags(args) -> None:
+    """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
+    from .chapters import CHAPTER_MODULES
+    from .data import DATASETS, IMAGEFOLDER_PREFIX
+
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise ValueError(f"--budget: must be a positive number of seconds (got {args.budget})")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit: must be >= 1 (got {args.limit})")
+    if args.workers < 1:
+        raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
+    if args.max_rows is not None and args.max_rows < 1:
+        raise ValueError(f"--max-rows: must be >= 1 (got {args.max_rows})")
+    if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", args.device):
+        raise ValueError(f"--device: must be cpu, cuda or cuda:N (got {args.device[:60]!r})")
+    for seed in args.seed or []:
+        if seed < 0:
+            raise ValueError(f"--seed: seeds are >= 0 (got {seed})")
+    for name in args.dataset or []:
+        if name not in DATASETS and not name.startswith(IMAGEFOLDER_PREFIX):
+            raise ValueError(f"--dataset: unknown dataset {name[:60]!r}; known: {', '.join(DATASETS)}")
+    for spec in args.first or []:
+        chapter = spec.split(":", 1)[0]
+        if chapter not in CHAPTER_MODULES:
+            raise ValueError(f"--first: unknown chapter {chapter[:60]!r} in {spec[:80]!r}; known: "
+                             f"{', '.join(CHAPTER_MODULES)}")
 
 
 def _book(args) -> int:
@@ -135,11 +196,18 @@ def _results(args) -> int:
         if args.run_one:
             if not args.chapter:
                 raise ValueError("--run-one: needs --chapter")
-            path = queue.run_one(args.chapter, args.run_one, args.profile, args.device)
+            try:
+                path = queue.run_one(args.chapter, args.run_one, args.profile, args.device)
+            except OSError as err:  # the run finished (and is in the cache when that is writable)
+                print(f"fedlib results: could not store the run ({write_failure(err, queue.results_root())})",
+                      file=sys.stderr)
+                return 1
             print(f"stored {path}")
             return 0
-        if args.workers < 1:
-            raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
+        if args.run_pack:
+            queue.run_packed(args.run_pack, args.profile, args.device, log=lambda line: print(line, flush=True))
+            return 0
+        _check_queue_flags(args)
         part = "cpu" if args.cpu_only else "gpu" if args.gpu_only else "all"
         first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
         entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
@@ -153,6 +221,13 @@ def _results(args) -> int:
     pending = [e for e in entries if not e.stored and not e.missing][:args.limit]
     if args.limit is not None:
         entries = [e for e in entries if e.stored or e in pending]
+    packed = args.pack == "on" or (args.pack == "auto" and "cuda" in args.device)
+    if packed:
+        max_rows = args.max_rows or (4096 if "cuda" in args.device else 64)
+        entries = queue.plan_packs(entries, args.device, max_rows=max_rows)
+        packs = [u for u in entries if isinstance(u, queue.Pack)]
+        print(f"packs: {len(packs)} pack(s) of {sum(len(p.entries) for p in packs)} runs "
+              f"(at most {max_rows} client rows per round), {len(entries) - len(packs)} single run(s)", flush=True)
     print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
           f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
           + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)

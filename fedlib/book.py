@@ -4,7 +4,8 @@ the helpers chapters share (headers, paper-vs-ours tables, stored full-protocol 
 Layout (relative to the repository root):
     book/<chapter>.ipynb           chapter sources, stored without outputs
     book/reference/<paper>.yaml    the papers' published numbers
-    params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper
+    params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper, evidence
+                                   (a file may say ``inherit: <profile>`` and override some keys)
     results/runs/<key>.json        stored runs (usually the paper profile) with provenance, one store for all chapters
     book/_executed/<profile>/      git-ignored: staged sources + executed notebooks + HTML
 """
@@ -24,9 +25,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
@@ -36,8 +36,10 @@ from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
 from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
+from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
 
-PROFILES = ("smoke", "quick", "paper")
+PROFILES = ("smoke", "quick", "paper", "evidence")
+EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
 STATUS_PAGE = "status"
 
 
@@ -53,6 +55,30 @@ def book_dir() -> Path:
 
 class BookError(RuntimeError):
     """A chapter failed or the book could not be built; the message says where."""
+
+
+class NothingStored(RuntimeError):
+    """Raised by a chapter of the evidence build that has no stored paper-protocol run: the page
+    ends there with this message (the build keeps the cells before it, see :func:`execute_chapter`)."""
+
+
+def make_results_command(chapter: str) -> str:
+    return f"make results CHAPTER={chapter} PROFILE=paper"
+
+
+def evidence_summary(chapter: str, wanted: int, missing: int) -> str:
+    """What the evidence build of ``chapter`` shows: how many of its paper-protocol runs are stored,
+    and the command that makes the others."""
+    if missing == wanted:
+        return (f"Evidence build: none of the {wanted} paper-protocol run(s) of this page is stored under "
+                f"results/runs/ yet, so the rest of the page is not shown. `{make_results_command(chapter)}` "
+                f"makes them; `make book PROFILE=quick` shows the chapter at reduced scale.")
+    text = (f"Evidence build: {wanted - missing} of the {wanted} paper-protocol run(s) of this page are stored "
+            "under results/runs/ and shown; nothing was trained.")
+    if missing:
+        text += (f" The other {missing} are not stored: the cells that need them show \"—\" (or say \"not run\"); "
+                 f"`{make_results_command(chapter)}` makes them.")
+    return text
 
 
 # ----------------------------------------------------------------------------- profiles
@@ -72,6 +98,11 @@ def load_profile(chapter: str, profile: str) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of parameters")
+    if "inherit" in data:  # e.g. the evidence profile: the paper profile's parameters
+        base = data.pop("inherit")
+        if base not in PROFILES or base == profile:
+            raise ValueError(f"{path}: inherit must name another profile (got {base!r})")
+        data = {**load_profile(chapter, base), **data}
     return data
 
 
@@ -122,7 +153,13 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
     from IPython.display import HTML
 
     table = parameters_table(chapter, params)
-    if profile == "paper" and table.empty:
+    if profile == EVIDENCE:
+        protocol = ("<p><b>Evidence build.</b> Every number of ours on this page is a stored run of the paper's "
+                    "protocol (<code>results/runs/</code>); nothing was trained to build it. A cell without a "
+                    "stored run says so; <code>make results CHAPTER=" + escape(chapter) + " PROFILE=paper</code> "
+                    "makes the missing runs, <code>make book PROFILE=quick</code> re-runs the chapter at reduced "
+                    "scale.</p>")
+    elif profile == "paper" and table.empty:
         protocol = "<p>This run follows the paper's protocol.</p>"
     elif table.empty:
         protocol = "<p>Same settings as the paper profile.</p>"
@@ -155,7 +192,8 @@ def git_commit() -> str | None:
 
 def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
     """Run ``benchmarks/<script> <args> --json FILE`` and return (its JSON, its stdout), keeping the
-    measurement under ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
+    measurement (and the 1-minute load average before and after it, ``result["load"]``) under
+    ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
     commit (and working-tree state), the device and the torch version; a warm rebuild shows the
     stored measurement (with its own date) instead of timing again. A timing is data like a run."""
     dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
@@ -171,11 +209,14 @@ def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
         except (ValueError, KeyError):
             pass  # a damaged record: measure again (it is overwritten below)
     out_json = Path(tempfile.mkdtemp(prefix="fedlib-bench-")) / "out.json"
+    before = os.getloadavg()[0]
     proc = subprocess.run([sys.executable, str(repo_root() / "benchmarks" / script), *args, "--json", str(out_json)],
                           capture_output=True, text=True, cwd=repo_root())
     if proc.returncode != 0:
         raise RuntimeError(f"benchmarks/{script} failed:\n{proc.stderr[-3000:]}")
-    result = json.loads(out_json.read_text())
+    # the 1-minute load average around the measurement (other work competing shows there), kept with it
+    result = {**json.loads(out_json.read_text()),
+              "load": {"before": before, "after": os.getloadavg()[0], "cores": os.cpu_count()}}
     atomic_write_text(path, json.dumps({"ident": json.loads(ident), "result": result, "stdout": proc.stdout}))
     return result, proc.stdout
 
@@ -200,19 +241,6 @@ def reference_value(ref, table: str, row: str, column: str) -> tuple[float, floa
     if hit.empty:
         raise KeyError(f"reference: no entry for {table} / {row} / {column}")
     return float(hit.value.iloc[0]), float(hit["std"].iloc[0])
-
-
-def mean_std(values: Iterable[float]) -> tuple[float, float]:
-    arr = np.asarray(list(values), dtype=float)
-    if arr.size == 0:
-        return float("nan"), float("nan")
-    return float(arr.mean()), float(arr.std(ddof=0)) if len(arr) > 1 else float("nan")
-
-
-def pm(mean: float, std: float, digits: int = 2) -> str:
-    if mean != mean:  # NaN
-        return "—"
-    return f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if std == std else "")
 
 
 def bold_best(frame, columns: list[str], higher_is_better: bool = True):
@@ -321,7 +349,11 @@ def stored_results(chapter: str, configs) -> Stored:
         fingerprint = c.data_fingerprint()
         wanted[c.key(fingerprint)] = (c, fingerprint)
     as_written = {json.dumps(c.to_dict(), sort_keys=True): k for k, (c, _) in wanted.items()}
-    unverified = {c.config_key(): k for k, (c, fp) in wanted.items() if fp.get("sha256") is None}
+    def made_by(resolved, rules) -> str:  # what made a run, wherever it ran (a GPU run keeps the CPU config's key)
+        return json.dumps([placement_free(resolved), rules], sort_keys=True, default=str)
+
+    unverified = {made_by(c.resolved(), c.rule_versions()): k for k, (c, fp) in wanted.items()
+                  if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
     for path in sorted(store.root.glob("*.json")):
@@ -332,10 +364,12 @@ def stored_results(chapter: str, configs) -> Stored:
             out.skipped.append(f"{path.name} ({problem})")
             continue
         meta = result["meta"]
-        key = path.stem if path.stem in wanted else unverified.get(meta.get("config_key_without_data"))
+        made = made_by(meta.get("resolved"), meta.get("rule_versions"))
+        key = path.stem if path.stem in wanted else unverified.get(made)
         # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
-        # result_check compares the config without its placement, the rule versions and the data
-        if key is not None and (meta.get("config_key") == path.stem or path.stem in wanted):
+        # result_check compares the config without its placement, the rule versions and the data; without
+        # the data here, the file's key must be the config's key on the data the run recorded
+        if key is not None and (path.stem in wanted or wanted[key][0].key(meta.get("data") or {}) == path.stem):
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
             if check(result) is None:
@@ -497,11 +531,11 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
 
 
 def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False,
-                    progress_file: Path | None = None) -> tuple[Path, bool]:
+                    progress_file: Path | None = None, threads: int | None = None) -> tuple[Path, bool]:
     """Execute one chapter with papermill into the stage; skipped when nothing changed.
 
-    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`).
-    Returns (executed notebook, whether it ran)."""
+    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`);
+    ``threads``, the kernel's compute threads (:func:`thread_env`). Returns (executed notebook, whether it ran)."""
     import papermill
 
     out = stage / f"{chapter}.ipynb"
@@ -510,19 +544,32 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     if not force and is_current(chapter, profile, stage, fingerprint):
         return out, False
     params = {**(load_profile(chapter, profile) if chapter != STATUS_PAGE else {}), "profile": profile}
+    source = book_dir() / f"{chapter}.ipynb"
+    if profile == EVIDENCE:  # sections after the runs may lack stored runs: they say so instead of failing
+        source = _evidence_source(chapter, stage)
     env = {"FEDLIB_BOOK_STAGE": str(stage),
            # figures must be displayed inline even when the caller runs with MPLBACKEND=Agg
            "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     if progress_file:
         env[PROGRESS_ENV] = str(progress_file)
+    if threads:
+        env.update(thread_env(threads))
     sockets = tempfile.TemporaryDirectory(prefix="fedlib-kernel-")
     try:  # the kernel gets its cwd and environment from its manager: chapters can run side by side
         papermill.execute_notebook(
-            str(book_dir() / f"{chapter}.ipynb"), str(out), parameters=params,
+            str(source), str(out), parameters=params,
             kernel_name="python3", progress_bar=False, log_output=False,
             kernel_manager_class=_local_kernel_manager(Path(sockets.name), stage, env),
         )
     except papermill.PapermillExecutionError as err:
+        if err.ename == NothingStored.__name__:  # the evidence build of a chapter with no stored run: ends there
+            _end_at_nothing_stored(out, err.evalue)
+            atomic_write_text(stamp, fingerprint)
+            return out, True
+        if profile == EVIDENCE and _sections_without_runs(out, chapter):  # only tagged cells failed
+            _tag_for_reading(out)
+            atomic_write_text(stamp, fingerprint)
+            return out, True
         stamp.unlink(missing_ok=True)
         _tag_for_reading(out)
         raise BookError(describe_failure(chapter, err, out)) from None
@@ -531,6 +578,83 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
     _tag_for_reading(out)
     atomic_write_text(stamp, fingerprint)  # written only after the chapter succeeded
     return out, True
+
+
+EVIDENCE_TAG = "raises-exception"  # nbclient runs on past a failing cell with this tag
+_GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)(?::[^`]*)?`")
+
+
+def _evidence_source(chapter: str, stage: Path) -> Path:
+    """The chapter's notebook for the evidence build: every code cell after its runs cell (the first
+    calling ``.run(``) tagged to let execution go on when it fails for want of a stored run."""
+    import nbformat
+
+    nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
+    after_runs = False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if after_runs:
+            cell.metadata["tags"] = list(dict.fromkeys([*cell.metadata.get("tags", []), EVIDENCE_TAG]))
+        after_runs = after_runs or ".run(" in cell.source
+    path = stage / ".sources" / f"{chapter}.ipynb"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, nbformat.writes(nb))
+    return path
+
+
+def not_computed_note(chapter: str) -> str:
+    return (f"Not computed: the stored paper-protocol runs do not cover this yet; "
+            f"`{make_results_command(chapter)}` makes them.")
+
+
+def _sections_without_runs(path: Path, chapter: str) -> bool:
+    """After an evidence build that raised in tagged cells: each failing cell shows one line (what
+    failed, and the command that makes the missing runs) instead of its traceback, and each paragraph
+    quoting a number that was never computed (a glue key no cell glued) is replaced by a note. False
+    when an untagged cell failed (a real failure)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
+             and 'id="papermill-error-cell"' not in "".join(c.source)]
+    glued = set()
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.get("output_type") == "error"]
+        if errors and EVIDENCE_TAG not in cell.metadata.get("tags", []):
+            return False
+        if errors:
+            kept = [o for o in cell.outputs if o.get("output_type") != "error"]
+            cell.outputs = kept + [nbformat.v4.new_output(
+                "stream", name="stdout", text=f"{not_computed_note(chapter)} ({errors[0].ename}: "
+                                               f"{str(errors[0].evalue)[:200]})\n")]
+        glued |= {o.get("metadata", {}).get("scrapbook", {}).get("name") for o in cell.outputs}
+    for cell in cells:
+        if cell.cell_type == "markdown" and any(k not in glued for k in _GLUE_REF.findall(cell.source)):
+            cell.source = "\n\n".join(
+                f"*{not_computed_note(chapter)}*" if any(k not in glued for k in _GLUE_REF.findall(part)) else part
+                for part in cell.source.split("\n\n"))
+    nb.cells = cells
+    atomic_write_text(path, nbformat.writes(nb))
+    return True
+
+
+def _end_at_nothing_stored(path: Path, message: str) -> None:
+    """The executed notebook up to the cell that raised NothingStored, that cell showing ``message``
+    as its output; the cells after it (which need the runs) are dropped, papermill's error banner too."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
+             and 'id="papermill-error-cell"' not in "".join(c.source)]
+    stop = next(i for i, c in enumerate(cells) if c.cell_type == "code"
+                and any(o.get("ename") == NothingStored.__name__ for o in c.get("outputs", [])))
+    cells[stop].outputs = [nbformat.v4.new_output("stream", name="stdout", text=message + "\n")]
+    nb.cells = cells[:stop + 1]
+    atomic_write_text(path, nbformat.writes(nb))
+    _tag_for_reading(path)
 
 
 def _local_kernel_manager(folder: Path, cwd: Path, env: dict[str, str]):
@@ -596,6 +720,71 @@ def _tag_for_reading(path: Path) -> None:
     atomic_write_text(path, nbformat.writes(nb))
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity; os.cpu_count where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """A chapter kernel's environment for ``threads`` compute threads: the engine trains ``threads`` client
+    groups (``FEDLIB_CPU_WORKERS``), each with one intra-op thread, or one vectorized call with ``threads``
+    OpenMP/torch threads; never more."""
+    n = str(max(1, int(threads)))
+    return {"FEDLIB_CPU_WORKERS": n, "OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n}
+
+
+EXCLUSIVE = ("performance",)  # chapters that time engines: they run alone with every core (then the status page)
+
+
+@dataclass(frozen=True)
+class ThreadPlan:
+    """How a build uses the cores: ``jobs`` chapters at a time, each kernel with ``threads`` compute
+    threads (engine workers × 1 intra-op thread), so jobs × threads ≤ cores; the chapters in
+    EXCLUSIVE run alone with ``cores`` threads."""
+
+    cores: int
+    jobs: int
+    threads: int
+
+    @classmethod
+    def make(cls, jobs: int, cores: int | None = None) -> "ThreadPlan":
+        if jobs < 1:
+            raise ValueError(f"jobs: must be >= 1 (got {jobs})")
+        cores = available_cores() if cores is None else cores
+        jobs = min(jobs, cores)
+        return cls(cores, jobs, max(1, cores // jobs))
+
+    def describe(self) -> str:
+        return (f"plan: {self.cores} core(s); {self.jobs} chapter(s) at a time × {self.threads} engine worker(s) "
+                f"× 1 intra-op thread = {self.jobs * self.threads} compute thread(s); "
+                f"{', '.join(EXCLUSIVE)} alone with {self.cores}")
+
+
+EVIDENCE_CHAPTER_SECONDS = 20.0  # an evidence-build kernel: start, imports, reading the store (no training)
+UNMODELLED_CHAPTER_SECONDS = 60.0  # a chapter without queue items (explore, coverage, performance, status)
+
+
+def estimated_seconds(chapter: str, profile: str, threads: int = 1, cost_model=None) -> float:
+    """A chapter's time without a recorded timing: its runs not yet in the result cache, by the queue's
+    cost model (fedlib.queue.CostModel, one CPU thread per run), over ``threads``; a fixed guess for
+    chapters without runs."""
+    if profile == EVIDENCE:
+        return EVIDENCE_CHAPTER_SECONDS
+    from . import queue
+
+    try:
+        items = queue.unique(queue.chapter_items(chapter, profile))
+    except (ValueError, FileNotFoundError):
+        return UNMODELLED_CHAPTER_SECONDS
+    model = cost_model or queue.CostModel.from_results()
+    cache = ResultCache()
+    todo = [i for i in items if not cache.path(i.key).is_file()]
+    return UNMODELLED_CHAPTER_SECONDS + sum(model.estimate(i.config)[0] for i in todo) / max(1, threads)
+
+
 TIMINGS = "timings.json"  # in the stage: each chapter's last execution (wall time, runs)
 
 
@@ -619,18 +808,19 @@ def _save_timing(stage: Path, chapter: str, record: dict[str, Any]) -> None:
 
 
 def _run_with_progress(chapter: str, profile: str, stage: Path, force: bool, label: str,
-                       expected: dict[str, Any] | None, board) -> tuple[bool, dict[str, Any]]:
+                       expected: dict[str, Any] | None, board, threads: int | None = None,
+                       estimate: float | None = None) -> tuple[bool, dict[str, Any]]:
     """execute_chapter, its runs shown on ``board`` (fed by the kernel's progress events)."""
     handle, name = tempfile.mkstemp(prefix=f"fedlib-progress-{chapter}-", suffix=".jsonl")
     os.close(handle)
     channel = Path(name)
-    bar = ChapterBar(label, expected.get("wall") if expected else None, 0.0,
+    bar = ChapterBar(label, expected.get("wall") if expected else estimate, 0.0,
                      expected_runs=int(expected.get("runs", 0)) if expected else 0, stream=board.stream)
     bar.reader = ProgressFile(channel)  # read by the build's watcher thread, under board.lock
     with board.lock:
         board.bars[chapter] = bar
     try:
-        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel)
+        _, ran = execute_chapter(chapter, profile, stage, force=force, progress_file=channel, threads=threads)
     finally:
         with board.lock:
             bar.update(bar.reader.read())
@@ -643,8 +833,9 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
           log=print, jobs: int = 1) -> Path:
     """Execute the chapters (all, or ``only``) and build the HTML; returns index.html (or the stage).
 
-    ``jobs`` chapters execute at a time (each kernel trains with one thread; the status page
-    runs last, alone). ``log`` gets one line per chapter as it starts and as it ends (executed
+    ``jobs`` chapters execute at a time (at most the cores), each kernel with cores // jobs compute
+    threads (:class:`ThreadPlan`, printed first); the chapters in EXCLUSIVE, then the status page, run
+    last, alone. ``log`` gets one line per chapter as it starts and as it ends (executed
     or unchanged, its time), with an estimate of the time left from the last build's timings
     (``timings.json`` in the stage); the runs inside the chapters are shown as bars on stderr.
     A failing chapter is reported and the others still build (the HTML too); then BookError
@@ -653,8 +844,8 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     from concurrent.futures import ThreadPoolExecutor
 
     _check_profile(profile)
-    if jobs < 1:
-        raise ValueError(f"jobs: must be >= 1 (got {jobs})")
+    plan = ThreadPlan.make(jobs)  # jobs × threads ≤ cores
+    jobs = plan.jobs
     chapters = toc_chapters()
     check_only(only, chapters)
     env = os.environ.get("FEDLIB_BOOK_OUT")  # where executed notebooks and the HTML go
@@ -669,6 +860,13 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     timings = load_timings(stage)
     expected = {c: timings.get(c, {}).get("wall") for c in todo}
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
+    model = None
+    if unknown_time and profile != EVIDENCE:
+        from .queue import CostModel
+
+        model = CostModel.from_results()
+    threads_of = {c: plan.cores if c in EXCLUSIVE else plan.threads for c in todo}
+    estimate = {c: estimated_seconds(c, profile, threads_of[c], model) for c in unknown_time}
     board = Board(jobs=jobs)
     raw_log = log
 
@@ -676,12 +874,15 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         board.clear()
         raw_log(line)
 
-    board.queued_seconds = sum(expected[c] or 0.0 for c in todo if will_run[c])
+    board.queued_seconds = sum(expected[c] or estimate.get(c, 0.0) for c in todo if will_run[c])
     left = board.queued_seconds / jobs
+    log(plan.describe())
     log(f"{len(todo)} chapter(s), {sum(will_run.values())} to execute"
         + (f", {jobs} at a time" if jobs > 1 else "")
         + (f"; about {format_seconds(left)} by the last build's timings" if left else "")
-        + (f" (no timing yet for {', '.join(unknown_time)})" if unknown_time else ""))
+        + (f" (no timing yet for {', '.join(unknown_time)}: "
+           + ("a fixed guess per evidence chapter)" if profile == EVIDENCE else "the queue's cost model for their "
+              "runs not in the cache)") if unknown_time else ""))
     failures, summary = [], {}
     started = time.perf_counter()
 
@@ -691,13 +892,14 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
             will_run[chapter] = forced[chapter] or not is_current(chapter, profile, stage)
         if will_run[chapter]:
             with board.lock:
-                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or 0.0), 0.0)
+                board.queued_seconds = max(board.queued_seconds - (expected[chapter] or estimate.get(chapter, 0.0)),
+                                           0.0)
             log(f"  {label}: executing" + (f" (last time {format_seconds(expected[chapter])})"
                                            if expected[chapter] else ""))
         t0 = time.perf_counter()
         try:
             ran, counts = _run_with_progress(chapter, profile, stage, forced[chapter], label,
-                                             timings.get(chapter), board)
+                                             timings.get(chapter), board, threads_of[chapter], estimate.get(chapter))
         except Exception as err:  # noqa: BLE001 - a dead kernel, a missing profile...: the others still build
             if not isinstance(err, BookError):
                 err = BookError(f"chapter {chapter!r} failed: {type(err).__name__}: {err}")
@@ -730,11 +932,14 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     watcher.start()
     try:
         numbered = list(enumerate(todo, 1))
-        queue = [i for i in numbered if i[1] != STATUS_PAGE]
+        queue = [i for i in numbered if i[1] != STATUS_PAGE and i[1] not in EXCLUSIVE]
         if jobs > 1:  # longest first (by the last build's times): the parallel build ends sooner
-            queue.sort(key=lambda item: -(expected[item[1]] or 0.0))
+            queue.sort(key=lambda item: -(expected[item[1]] or estimate.get(item[1], 0.0)))
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             list(pool.map(lambda item: one(*item), queue))
+        for n, chapter in numbered:  # alone: the engine timings, then the status page
+            if chapter in EXCLUSIVE:
+                one(n, chapter)
         for n, chapter in numbered:
             if chapter == STATUS_PAGE:
                 one(n, chapter)
@@ -768,3 +973,77 @@ def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
     width = max([len(name) for name, _, _ in summary] + [5])
     lines = [f"  {name:<{width}}  {state:<9}  {format_seconds(seconds):>12}" for name, state, seconds in summary]
     return "\n".join(["Time per chapter:", *lines, f"  {'total':<{width}}  {'':<9}  {format_seconds(total):>12}"])
+
+
+# ----------------------------------------------------------------------------- prose from the code
+
+def _g(key: str):
+    return lambda h: f"{h[key]:g}"
+
+
+# How a page states a method's hyper-parameter: method -> {symbol in the text: its value as the runs resolve it}.
+PROSE_SYMBOLS: dict[str, dict[str, Any]] = {
+    "fedprox": {"μ": _g("mu")}, "ditto": {"λ": _g("lam")}, "fedfv": {"α": _g("alpha"), "τ": _g("tau")},
+    "moon": {"μ": _g("mu"), "τ": _g("tau")}, "qfedavg": {"q": _g("q")}, "fedfa": {"β": _g("beta"), "γ": _g("gamma")},
+    "flce": {"λ": _g("lam"), "τ": _g("tau")}, "fedemd": {"β": _g("beta")}, "s_fedavg": {"α": _g("alpha")},
+    "greedyfed": {"α": _g("alpha")}, "fedms": {"T": _g("temperature"), "α": _g("alpha")},
+    "cffl": {"α": lambda h: f"{h['alpha']:g}(1 + t/T)" if h["alpha_growth"] else f"{h['alpha']:g}",
+             "fade": lambda h: f"{h['fade']:g}"},
+    "cgsv": {"α": lambda h: f"{h['alpha']:g}"},
+    "shapfed": {"μ": lambda h: f"{h['mu']:g}"},
+    "celm": {"β": lambda h: f"{h['ema']:g}", "λ": lambda h: f"{h['l2']:g}", "L": lambda h: f"{h['lm_steps']:d}",
+             "η": lambda h: f"{h['lm_lr']:g}"},
+}
+_STATED = re.compile(r"(?<![\w‖])(α|β|γ|μ|λ|η|τ|L|T|q|fade)\s*=\s*([0-9][0-9.]*(?:\([^)]*\))?)")
+
+
+def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:
+    """Each method of the chapter's ``profile`` runs with its resolved hyper-parameters (and the run's
+    resolved ``server_val``), from the first of its runs: what the runs use, defaults filled in."""
+    from .chapters import chapter_module
+
+    out: dict[str, dict[str, Any]] = {}
+    for config in chapter_module(chapter).configs(load_profile(chapter, profile)):
+        name = getattr(getattr(config, "method", None), "name", None)
+        if name and name not in out:
+            resolved = config.resolved()
+            out[name] = {**resolved["method"], "server_val": resolved.get("server_val")}
+    return out
+
+
+def stated_value_matches(stated: str, runs: str) -> bool:
+    stated, runs = stated.rstrip(".,;").replace(" ", ""), runs.replace(" ", "")
+    try:
+        return float(stated) == float(runs)
+    except ValueError:
+        return stated == runs
+
+
+def prose_drift(chapter: str, text: str | None = None, profile: str = "paper") -> list[str]:
+    """Hyper-parameter values a chapter's text states by hand (``α = 5`` after the method's label, in the
+    same paragraph; a paragraph naming no method speaks of the chapter's own) that differ from what its
+    ``profile`` runs resolve, one line each (empty: the text agrees). ``text``: default the notebook's
+    markdown cells (glued values are rendered from the code and are not in them)."""
+    from .chapters import chapter_module
+
+    if text is None:
+        import nbformat
+
+        nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
+        text = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    labels = {label: method for method, label in getattr(chapter_module(chapter), "METHOD_LABELS", {}).items()}
+    methods = resolved_methods(chapter, profile)
+    found = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        marks = sorted((m.start(), labels[m.group(0)]) for m in
+                       re.finditer(r"\b(" + "|".join(map(re.escape, labels)) + r")\b", paragraph)) if labels else []
+        bounds = [(0, chapter)] + marks + [(len(paragraph), None)]
+        for (start, method), (end, _) in zip(bounds, bounds[1:]):
+            symbols = PROSE_SYMBOLS.get(method, {})
+            for m in _STATED.finditer(paragraph[start:end]):
+                if m.group(1) in symbols and method in methods:
+                    runs = symbols[m.group(1)](methods[method])
+                    if not stated_value_matches(m.group(2), runs):
+                        found.append(f"{chapter}: the text states {method} {m.group(1)} = {m.group(2).rstrip('.,;')}, "
+                                     f"its {profile}-profile runs use {m.group(1)} = {runs}")
+    return found

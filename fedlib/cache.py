@@ -7,20 +7,80 @@ unreadable, fails its checksum or fails the caller's check (``get(key, check=...
 config's numbers, a wrong schema, NaN scores) is reported once by a warning and treated as
 missing; in an ordinary cache it is set aside as ``<key>.json.invalid-<n>`` (kept for
 inspection), in a protected store (``protect=True``, the committed ``results/``) a reader
-leaves it where it is.
+leaves it where it is. Only regular files are read (a symbolic link, FIFO or device is refused
+without being opened), at most :data:`MAX_ENTRY_BYTES` of them. No reader removes anything, not
+even a killed writer's temporary file (a writer does, once it is an hour old).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 _REPORTED: set[tuple[str, str]] = set()  # (path, problem) already warned about in this process
+MAX_ENTRY_BYTES = 64 * 2**20  # a stored run is well under 1 MB; anything past this is not read
+
+
+class CacheWriteWarning(RuntimeWarning):
+    """A finished result could not be kept (full disk, read-only or foreign folder, a file in the
+    way); the result itself is still returned. The message is one line naming the path and cause."""
+
+
+def write_failure(err: OSError, path: Path) -> str:
+    """``<path>: <cause>`` of a failed write, one line (the path the system names, else ``path``)."""
+    where = err.filename if isinstance(getattr(err, "filename", None), str) else str(path)
+    cause = err.strerror or type(err).__name__
+    return f"{where}: {cause}".replace("\n", " ")
+
+
+def as_store(cache: "bool | ResultCache") -> "ResultCache | None":
+    """``cache`` of ``fedlib.run`` and friends: True (the default cache), False (none) or a
+    ``ResultCache``; anything else (``"no"``, 0, None) is a one-line ConfigError."""
+    if isinstance(cache, ResultCache):
+        return cache
+    if cache is True or cache is False:
+        return ResultCache() if cache else None
+    from .config import ConfigError, shown
+
+    raise ConfigError(f"cache: must be True, False or a fedlib.cache.ResultCache (got {shown(cache)})")
+
+
+def read_regular(path: Path, limit: int = MAX_ENTRY_BYTES) -> bytes:
+    """The bytes of ``path`` when it is a regular file (not a symbolic link, FIFO, socket or
+    device) of at most ``limit`` bytes; else ``ValueError`` naming what it is. Never blocks on a
+    FIFO and never reads past ``limit``."""
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode):
+        kind = ("a symbolic link" if stat.S_ISLNK(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode)
+                else "a device" if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode)
+                else "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file")
+        raise ValueError(f"{kind}, not a regular file (refused)")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)  # the file opened (it may have been swapped since the lstat)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (refused)")
+        if info.st_size > limit:
+            raise ValueError(f"too large ({info.st_size} bytes; at most {limit})")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:
+            raise ValueError(f"too large (more than {limit} bytes)")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def default_cache_root() -> Path:
@@ -64,14 +124,13 @@ class ResultCache:
     def __init__(self, root: str | Path | None = None, *, protect: bool = False):
         self.root = Path(root) if root is not None else default_cache_root() / "runs"
         self.protect = protect
-        self._remove_stale_temporaries()
 
     def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
-        """Temporary files of writers killed mid-write (never read as entries) are removed
-        once they are clearly abandoned."""
+        """Temporary files of writers killed mid-write (never read as entries) are removed once
+        they are clearly abandoned; only a writer of an ordinary cache does this (never a reader)."""
         import time
 
-        if not self.root.is_dir():
+        if self.protect or not self.root.is_dir():
             return
         now = time.time()
         for tmp in self.root.glob(".*.tmp"):
@@ -88,12 +147,18 @@ class ResultCache:
         """(payload, None) for a readable entry with a matching checksum, else (None, problem);
         (None, None) when there is no entry. Nothing is reported or moved."""
         path = self.path(key)
-        if not path.exists() and not path.is_symlink():
-            return None, None
-        if not path.is_file():
-            return None, "not a regular file"
         try:
-            entry = json.loads(path.read_text())
+            content = read_regular(path)
+        except FileNotFoundError:
+            return None, None
+        except NotADirectoryError:  # the cache root is a file: nothing stored there
+            return None, None
+        except ValueError as err:
+            return None, str(err)
+        except OSError as err:
+            return None, f"unreadable ({err.strerror or type(err).__name__})"
+        try:
+            entry = json.loads(content)
             payload = entry["payload"]
             if entry["sha256"] != _digest(payload):
                 return None, "checksum mismatch (edited or damaged)"
@@ -134,12 +199,34 @@ class ResultCache:
                     return None
         return None
 
-    def put(self, key: str, payload: dict) -> Path:
+    def put(self, key: str, payload: dict, check: Callable[[dict], str | None] | None = None) -> Path:
+        """Write the entry (atomically). An entry already there that is invalid (unreadable, wrong
+        checksum, not a regular file, or failing ``check``) is first set aside, never overwritten.
+        An ``OSError`` (full disk, read-only folder, ...) is raised: see :meth:`keep`."""
         path = self.path(key)
-        if path.exists() and self.read(key)[1] is not None:  # never overwrite an invalid entry: keep it aside
-            self.set_aside(key)
+        if os.path.lexists(path):
+            old, problem = self.read(key)
+            if problem is None and old is not None and check is not None:
+                try:
+                    problem = check(old)
+                except Exception as err:  # noqa: BLE001 - a malformed entry is an invalid one
+                    problem = type(err).__name__
+            if problem is not None and self.set_aside(key) is None:
+                raise OSError(errno.EEXIST, f"an invalid entry is in the way and cannot be set aside ({problem})",
+                              str(path))
         atomic_write_text(path, json.dumps({"sha256": _digest(payload), "payload": payload}, indent=1))
+        self._remove_stale_temporaries()
         return path
+
+    def keep(self, key: str, payload: dict) -> Path | None:
+        """:meth:`put`, but a failed write is one :class:`CacheWriteWarning` line (path and cause)
+        instead of an exception: a finished result is returned even when it cannot be cached."""
+        try:
+            return self.put(key, payload)
+        except OSError as err:
+            warnings.warn(f"could not cache the result ({write_failure(err, self.path(key))}); "
+                          "it is returned but not kept", CacheWriteWarning, stacklevel=3)
+            return None
 
     def __contains__(self, key: str) -> bool:
         return self.read(key)[0] is not None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,8 @@ MAX_SAMPLES = 10_000_000  # test_samples, server_val
 MAX_BATCH = 65_536
 MAX_EPOCHS = 1000
 MAX_SEED = 2**31 - 1
+MAX_RATE = 1e6  # lr, weight_decay, ...: past this, training overflows (1e308 crashed with a traceback)
+MAX_DEPTH = 20  # nesting of a spec value (lists in lists ...)
 SHOWN_CHARS = 60  # an echoed bad value is cut to this many characters
 
 
@@ -52,12 +55,40 @@ def shown(value: Any) -> str:
     return text
 
 
-def _check_plain(value: Any, field: str, budget: list[int]) -> None:
+def _short_name(name: str) -> str:
+    """A field name as an error shows it: cut to :data:`SHOWN_CHARS` characters."""
+    return name if len(name) <= SHOWN_CHARS else f"{name[:SHOWN_CHARS]}... (length {len(name)})"
+
+
+def _is_numpy_bool(value: Any) -> bool:
+    return type(value).__module__ == "numpy" and type(value).__name__ in ("bool_", "bool")
+
+
+def _unsigned_zero(value: Any, depth: int = 0) -> Any:
+    """-0.0 becomes 0.0 (inside lists and mappings too): the same number gives the same key.
+    Past :data:`MAX_DEPTH` levels the value is left as it is (the depth check refuses it)."""
+    if isinstance(value, float) and value == 0.0:
+        return 0.0
+    if depth > MAX_DEPTH:
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unsigned_zero(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return {k: _unsigned_zero(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def _check_plain(value: Any, field: str, budget: list[int], depth: int = 0) -> None:
     """Spec values are plain data: finite numbers, short strings and lists, bounded in total
-    (a shared or self-referencing structure cannot expand past the budget)."""
+    (a shared or self-referencing structure cannot expand past the budget) and in depth."""
+    field = _short_name(field)
     budget[0] -= 1
     if budget[0] < 0:
         raise ValueError(f"{field}: more than {MAX_SPEC_VALUES} values")
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{field}: nested more than {MAX_DEPTH} levels deep")
+    if _is_numpy_bool(value):
+        raise ValueError(f"{field}: must be plain data (got a numpy boolean)")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{field}: must be a finite number (got {value})")
     if isinstance(value, str) and len(value) > MAX_STRING:
@@ -66,10 +97,10 @@ def _check_plain(value: Any, field: str, budget: list[int]) -> None:
         if len(value) > MAX_LIST:
             raise ValueError(f"{field}: list too long ({len(value)} items; at most {MAX_LIST})")
         for item in value:
-            _check_plain(item, field, budget)
+            _check_plain(item, field, budget, depth + 1)
     elif isinstance(value, dict):
         for k, item in value.items():
-            _check_plain(item, f"{field}.{k}", budget)
+            _check_plain(item, f"{field}.{k}", budget, depth + 1)
     elif value is not None and not isinstance(value, (bool, int, float, str)):
         raise ValueError(f"{field}: must be plain data (got {type(value).__name__})")
 
@@ -92,6 +123,7 @@ class Spec(BaseModel):
             budget = [MAX_SPEC_VALUES]
             for key, item in value.items():
                 _check_plain(item, str(key), budget)
+            value = _unsigned_zero(value)
         return value
 
 
@@ -130,9 +162,9 @@ class ExperimentConfig(BaseModel):
     n_clients: int = Field(5, ge=1, le=MAX_COUNT)
     local_epochs: int = Field(1, ge=1, le=MAX_EPOCHS)
     batch_size: int = Field(128, ge=1, le=MAX_BATCH)
-    lr: float = Field(0.1, gt=0)
+    lr: float = Field(0.1, gt=0, le=MAX_RATE)
     momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=MAX_RATE)
     seed: int = Field(0, ge=0, le=MAX_SEED)
     device: str = "cpu"
     client_chunk: int | None = Field(None, ge=1, le=MAX_COUNT, description="clients trained together (memory)")
@@ -140,13 +172,15 @@ class ExperimentConfig(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _plain_values(cls, v, info):
+        if _is_numpy_bool(v) or (isinstance(v, (list, tuple)) and any(_is_numpy_bool(x) for x in v[:MAX_LIST + 1])):
+            raise ValueError("numpy booleans are not accepted (use true/false or a number)")
         if isinstance(v, bool) and info.field_name not in _BOOL_FIELDS:
             raise ValueError("true/false is not a valid value here")
         if isinstance(v, (list, tuple)) and len(v) > MAX_LIST:
             raise ValueError(f"list too long ({len(v)} items; at most {MAX_LIST})")
         if isinstance(v, str) and len(v) > MAX_STRING:
             raise ValueError(f"string too long ({len(v)} characters; at most {MAX_STRING})")
-        return v
+        return _unsigned_zero(v)
 
     @field_validator("model")
     @classmethod
@@ -222,6 +256,9 @@ class ExperimentConfig(BaseModel):
         bad_key = next((k for k in merged if not isinstance(k, str)), None)
         if bad_key is not None:
             raise ConfigError(f"{source}: config keys must be text (got {shown(bad_key)})")
+        long_key = next((k for k in merged if len(k) > MAX_STRING), None)
+        if long_key is not None:
+            raise ConfigError(f"{source}: unknown key {_short_name(long_key)!r}")
         try:
             return cls(**merged)
         except ValidationError as err:
@@ -234,16 +271,22 @@ class ExperimentConfig(BaseModel):
     def load(cls, path: str | Path, **overrides):
         """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it;
         ``overrides`` replace keys (a dict updates a split or method spec)."""
+        from .cache import read_regular
+
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"{path}: no such config file")
-        size = path.stat().st_size
-        if size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: config file too large ({size} bytes; at most {MAX_CONFIG_BYTES})")
         try:
-            text = path.read_bytes().decode("utf-8")
+            if path.is_symlink():  # a link to a config file is fine (to a FIFO or device, not)
+                path = Path(os.path.realpath(path))
+            text = read_regular(path, MAX_CONFIG_BYTES).decode("utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
         except UnicodeDecodeError as err:
             raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+        except ValueError as err:  # a FIFO, device or directory; too large
+            what = str(err).replace("too large", "config file too large")
+            raise ConfigError(f"{path}: {what}") from None
+        except OSError as err:
+            raise ConfigError(f"{path}: cannot read ({err.strerror or type(err).__name__})") from None
         data = parse_yaml(text, str(path))
         if data is None:
             raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
@@ -373,9 +416,9 @@ class ScmConfig(ExperimentConfig):
     n_clients: int = Field(500, ge=2, le=MAX_COUNT, description="K")
     local_epochs: int = Field(5, ge=1, le=MAX_EPOCHS, description="clients' local training before selection")
     batch_size: int = Field(64, ge=1, le=MAX_BATCH)
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.05, gt=0, le=MAX_RATE)
     momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(5e-4, ge=0)
+    weight_decay: float = Field(5e-4, ge=0, le=MAX_RATE)
     shift: Literal["label", "covariate"] = "label"
     alpha: float = Field(0.1, gt=0, description="Dirichlet concentration (label and quantity shift)")
     sigma: float = Field(0.05, ge=0, description="std of the affine covariate shift")
@@ -386,8 +429,8 @@ class ScmConfig(ExperimentConfig):
     post_epochs: int = Field(1, ge=1, le=MAX_EPOCHS)
     post_steps: int | None = Field(None, ge=1, le=MAX_COUNT, description="local SGD steps per round at most "
                                    "(None = whole epochs)")
-    post_lr: float = Field(0.01, gt=0)
-    prox_mu: float = Field(0.01, ge=0)
+    post_lr: float = Field(0.01, gt=0, le=MAX_RATE)
+    prox_mu: float = Field(0.01, ge=0, le=MAX_RATE)
     gammas: tuple[float, ...] = (0.67, 0.8, 0.9)
     solver: Literal["pgd", "slsqp"] = "slsqp"
     projection: Literal["paper", "euclidean"] = Field("paper", description="PGD step (Algorithm 1's, or Euclidean)")
@@ -437,8 +480,12 @@ class ScmConfig(ExperimentConfig):
         return self
 
     def resolved(self) -> dict[str, Any]:
-        """As run: neither the data root nor the chunk sizes (memory only) enter."""
-        return _plain(self.model_dump(mode="json", exclude={"data_root", "client_chunk", "predict_chunk"}))
+        """As run, without the data root and ``predict_chunk`` (evaluation batching). ``client_chunk``
+        enters when set: training clients in chunks changes the numbers in the last bits (batched
+        kernels sum in another order; see the README); unset, it is left out, as in the keys stored
+        before it entered."""
+        exclude = {"data_root", "predict_chunk"} | ({"client_chunk"} if self.client_chunk is None else set())
+        return _plain(self.model_dump(mode="json", exclude=exclude))
 
     def rule_versions(self) -> dict[str, str]:
         return {"engine": ENGINE_VERSION, "fedscm": SCM_RULE_VERSION, "pipeline": str(PIPELINE_FORMAT)}
@@ -472,8 +519,10 @@ def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None =
     """A pydantic error as one line: ``source: field: message (got value)``; an unknown key lists
     the allowed keys of ``model`` (default: RunConfig)."""
     first = err.errors()[0]
-    field = ".".join(str(p) for p in first["loc"]) or "config"
+    field = _short_name(".".join(str(p) for p in first["loc"]) or "config")
     msg = first["msg"].removeprefix("Value error, ")
+    if len(msg) > 300:
+        msg = msg[:300] + "..."
     if first["type"] == "extra_forbidden":
         allowed = ", ".join((model or RunConfig).model_fields)
         return ConfigError(f"{source}: unknown key {field!r}; allowed keys: {allowed}")

@@ -8,15 +8,20 @@ say which runs back which cells; a cell's level is:
   paper protocol, fewer seeds  some of them stored
   reduced protocol only        nothing stored; the book's build profile runs it, reduced
   queued, not run yet          in the paper profile's queue, not in the build profile
-  not runnable here            its data is absent here, or no run of ours backs it (named)
+  not runnable here            nothing stored, and its data is absent here or no run of ours backs it
+
+A stored run counts whether or not its data is on this machine (``claims.StoredIndex``: judged by
+the data fingerprint the run recorded); such cells say "data not on this machine (fingerprint
+recorded)". The data only decides what can be re-run here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from . import queue
-from .results import runs_dir
+from .claims import DATA_ABSENT, StoredIndex
 
 LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced protocol only",
           "queued, not run yet", "not runnable here")
@@ -46,17 +51,33 @@ class Cell:
     in_paper: bool
 
 
+def stored_items(index=None) -> Callable:
+    """Whether a queue item's run is stored (``claims.StoredIndex``: the item's config on the data
+    fingerprint the run recorded, the data here or not)."""
+    index = StoredIndex.read() if index is None else index
+    fingerprints: dict[str, dict] = {}
+
+    def stored(item) -> bool:
+        local = fingerprints.setdefault(item.dataset, item.config.data_fingerprint())
+        return index.run_of(item.config, local) is not None
+
+    return stored
+
+
 def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build_items=None, stored=None,
              reference=None) -> list[Cell]:
     """Every cell of ``chapter``'s paper tables (and its own tables) with its level.
 
-    ``stored``: keys stored under results/runs/ (default: read the folder)."""
+    ``stored``: whether an item's run is stored (default :func:`stored_items`), or a set of the
+    stored keys."""
     from .book import load_reference
 
     paper_items = queue.chapter_items(chapter, "paper") if paper_items is None else paper_items
     build_items = queue.chapter_items(chapter, build_profile) if build_items is None else build_items
     if stored is None:
-        stored = {p.stem for p in runs_dir(queue.repo_results()).glob("*.json")}
+        stored = stored_items()
+    elif not callable(stored):
+        stored = (lambda keys: lambda item: item.key in keys)(set(stored))
     if reference is None:
         reference = load_reference(chapter)
     missing = queue.missing_data(paper_items)
@@ -81,13 +102,14 @@ def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, 
                     None)
         return LEVELS[4], f"{name} data absent" if name else "no run of ours backs it"
     absent = sorted({missing[i.dataset] for i in backing if missing.get(i.dataset)})
+    seeds = sorted({i.seed for i in backing})
+    have = [i for i in backing if stored(i)]
+    if have:
+        level = LEVELS[0] if sorted({i.seed for i in have}) == seeds else LEVELS[1]
+        detail = f"{len({i.seed for i in have})} of {len(seeds)} seeds stored"
+        return level, detail + (f"; {DATA_ABSENT}" if any(missing.get(i.dataset) for i in have) else "")
     if absent and len(absent) == len({i.dataset for i in backing}):
         return LEVELS[4], "; ".join(absent)
-    seeds = sorted({i.seed for i in backing})
-    have = sorted({i.seed for i in backing if i.key in stored})
-    if have:
-        level = LEVELS[0] if have == seeds else LEVELS[1]
-        return level, f"{len(have)} of {len(seeds)} seeds stored"
     if any(_backs(i, cell, in_paper) for i in build_items):
         return LEVELS[2], "the build profile's run"
     return LEVELS[3], f"{len(backing)} run(s) queued"
@@ -138,7 +160,32 @@ def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
         if len(absent):
             display(Markdown("Not runnable here, and why:"),
                     absent.groupby(["table", "detail"]).size().rename("cells").reset_index().style.hide(axis="index"))
+        away = sum(DATA_ABSENT in c.detail for c in cells)
+        if away:
+            display(Markdown(f"{away} cell(s) rest on stored runs whose data is not on this machine: they count as "
+                             f"measured ({DATA_ABSENT}); only re-running them needs the data."))
     return cells_by_paper
+
+
+def reproduction(papers, build_profile: str = "quick"):
+    """Per paper, the cells its claims compare that have a number of ours and one of the paper's, and
+    how many reproduce it (``stats.reproduces``, the rule of the status page and the scorecards:
+    |ours − paper| ≤ max(2 points, the paper's std, our 95 % interval's half-width)); below 3
+    seeds a yes or no is indicative and counted apart."""
+    import pandas as pd
+
+    from .claims import numbers
+
+    rows = []
+    for paper in papers:
+        f = numbers(paper, build_profile)
+        judged = f[f["reproduces"] != "—"]
+        firm = judged[~judged["reproduces"].str.contains("indicative")]
+        rows.append({"paper": paper, "cells compared": len(judged),
+                     "reproduce": int((firm["reproduces"] == "yes").sum()),
+                     "do not": int((firm["reproduces"] == "no").sum()),
+                     "indicative (< 3 seeds)": len(judged) - len(firm)})
+    return pd.DataFrame(rows).set_index("paper")
 
 
 def per_level(cells_by_paper: dict[str, list[Cell]]):

@@ -42,6 +42,7 @@ import json
 import math
 import os
 import re
+import stat
 import tarfile
 import tempfile
 import warnings
@@ -56,7 +57,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .cache import atomic_write_text, default_cache_root
+from .cache import atomic_write_text, default_cache_root, read_regular
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CIFAR10_JPEG = Path("cifar10-jpeg") / "cifar10-jpeg.tar.gz"
@@ -122,6 +123,46 @@ class DataNotFoundError(FileNotFoundError):
 
     def __init__(self, message: str):
         super().__init__(_one_line(message))
+
+
+class DataAccessError(DataNotFoundError):
+    """A data path that is not opened (a FIFO, a device, anything under /dev) or cannot be read
+    (permission); the message is one line naming the path."""
+
+
+def _check_data_path(path: Path, label: str) -> None:
+    """Only regular files and directories are data: a FIFO (blocks), a device or anything under
+    /dev (``/dev/zero`` reads forever) is refused before it is opened; so is an unreadable path."""
+    real = os.path.realpath(path)
+    if real == "/dev" or real.startswith("/dev/"):
+        raise DataAccessError(f"{label}: {path} is under /dev (a device, not data); refused")
+    try:
+        mode = os.stat(path).st_mode
+    except PermissionError:
+        raise DataAccessError(f"{label}: {path}: permission denied") from None
+    except FileNotFoundError:
+        return  # the caller says what is missing
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+            "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        raise DataAccessError(f"{label}: {path} is {kind}, not a regular file or directory; refused")
+
+
+def _access_errors_in_one_line(function):
+    """A PermissionError (or another OS error naming a file) while reading data becomes a one-line
+    DataAccessError naming the path, not a traceback."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(name, *args, **kwargs):
+        try:
+            return function(name, *args, **kwargs)
+        except PermissionError as err:
+            raise DataAccessError(f"{name}: {err.filename or 'a data file'}: permission denied") from None
+        except IsADirectoryError as err:
+            raise DataAccessError(f"{name}: {err.filename}: a directory where a file was expected") from None
+
+    return wrapper
 
 
 class DataCorruptError(ValueError):
@@ -209,6 +250,7 @@ def dataset_spec(name: str, **kwargs) -> tuple[tuple[int, int, int], int] | None
     return _SPECS.get(name)
 
 
+@_access_errors_in_one_line
 def load_dataset(
     name: str,
     root: str | os.PathLike | None = None,
@@ -534,6 +576,7 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
 def _read_imagefolder(path_text: str, cache_dir) -> _ImageArrays:
     label = IMAGEFOLDER_PREFIX + path_text
     path = Path(path_text).expanduser().absolute()
+    _check_data_path(path, label)
     if not path.exists():
         raise DataNotFoundError(
             f"{label}: data files not found; looked in {path}. Provide a directory or .tar.gz "
@@ -678,7 +721,9 @@ def _cached(cache_file: Path, build: Callable[[], _ImageArrays], source_sha256: 
     """Arrays from ``cache_file`` if it records ``source_sha256`` (the content fingerprint of the
     files it was decoded from) and its arrays still hash to the value it records; otherwise
     (missing, unreadable, another source, altered arrays) build them and write it anew."""
-    if cache_file.exists():
+    if os.path.lexists(cache_file) and not (cache_file.is_file() and not cache_file.is_symlink()):
+        warnings.warn(f"rebuilding dataset cache {cache_file}: not a regular file")
+    elif cache_file.exists():
         try:
             return _read_cache(cache_file, source_sha256)
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as error:
@@ -745,6 +790,7 @@ SYNTHETIC_GENERATOR = "1"  # bump when _make_synthetic changes the tensors it ma
 _FINGERPRINT_MEMO: dict[str, dict] = {}
 
 
+@_access_errors_in_one_line
 def data_fingerprint(name: str, root: str | os.PathLike | None = None) -> dict:
     """What loading ``name`` reads, without decoding it: ``{"source", "files": [[name, size], ...],
     "sha256"}``; ``sha256`` hashes the file names (relative to the source), sizes and contents, so
@@ -756,6 +802,7 @@ def data_fingerprint(name: str, root: str | os.PathLike | None = None) -> dict:
     _check_known(name)
     if name.startswith(IMAGEFOLDER_PREFIX):
         path = Path(name[len(IMAGEFOLDER_PREFIX):]).expanduser().absolute()
+        _check_data_path(path, name)
         located = (path, f"image folder {path}") if path.exists() else None
         looked = [path]
     else:
@@ -817,7 +864,7 @@ def _content_fingerprint(base: Path, only: list[str] | None = None) -> dict:
     stored = default_cache_root() / "fingerprints" / f"{stamp_digest}.json"
     result = None
     try:
-        candidate = json.loads(stored.read_text())
+        candidate = json.loads(read_regular(stored, limit=1 << 20))
         if candidate.get("stamp") == stamp:
             result = candidate["fingerprint"]
     except (OSError, ValueError, KeyError, TypeError, AttributeError):

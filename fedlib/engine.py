@@ -19,7 +19,7 @@ from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
 from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches,
                          train_clients, warm_up)
 from .results import RunResult, _provenance, _strict
-from .screening import screen_updates
+from .screening import PoisoningMonitor, screen_updates
 
 __all__ = ["execute", "rounds", "TrainRequest", "EvalRequest", "reference_values"]
 
@@ -72,7 +72,8 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, glo
                  generator: torch.Generator) -> torch.Tensor:
     """Behavioural roles: free-riders return the received model; random-update clients
     send the global model plus Gaussian noise with the global parameters' std; the fault
-    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``)."""
+    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``); sign-flippers
+    send ``2 w_g - w``, their update negated (``sign_flip``, issue 33)."""
     selected_roles = roles[clients]
 
     def rows(role):
@@ -83,6 +84,9 @@ def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, glo
     huge = rows("huge_update")
     if huge.any():
         flat[huge] = global_flat + 1e6 * (flat[huge] - global_flat)
+    flip = rows("sign_flip")  # issue 33: sign-flipping attackers
+    if flip.any():
+        flat[flip] = 2 * global_flat - flat[flip]
     if free.any():
         flat[free] = global_flat
     if noisy.any():
@@ -138,6 +142,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
     last_eval = None
     reference = None
     suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
+    poisoning = PoisoningMonitor(method.parameter_uploads)  # issue 33: disagreement per round, poisoning warning
     for t in rounds:
         t_round = time.perf_counter()
         lr = cfg.lr_at(t)
@@ -252,6 +257,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             client_state = state.client_state = method.phase_done(state, phase, updates.clients, phase_flat, phase_bufs)
             record["time_train"] += time.perf_counter() - t0  # local training, though after the server step
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
+        poisoning.observe(record, screened)  # issue 33: adds record["disagreement"]
         record = _strict(record)
         history.append(record)
         if on_round is not None:
@@ -267,6 +273,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
+    poisoning.finish(final, f"{cfg.method.name} on {cfg.dataset}")  # issue 33: final["poisoning_warning"]
     if reference is not None:
         final["reference"] = reference
     final.update(method.final_extras() or {})

@@ -34,7 +34,7 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     is touched."""
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
-    store = ResultCache(runs_dir(root), protect=True)
+    store = ResultCache(_existing_runs(root), protect=True)
     for path in sorted(store.root.glob("*.json")):
         payload, problem = store.read(path.stem)
         result = (payload or {}).get("result")
@@ -64,6 +64,15 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
             store.put(new, {**payload, "result": {**result, "meta": meta}})
             os.unlink(path)
     return report
+
+
+def _existing_runs(root: str | Path | None) -> Path:
+    """``root/runs``; a root without one is a one-line FileNotFoundError (nothing to migrate there)."""
+    folder = runs_dir(root)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--root {root if root is not None else folder.parent}: no stored runs "
+                                f"(no folder {folder})")
+    return folder
 
 
 def format_report(report: dict[str, list]) -> str:

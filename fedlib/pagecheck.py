@@ -1,7 +1,8 @@
 """Checks on a rendered book page (its HTML): what a reader must never see.
 
 :func:`page_problems` lists, one line each, a Python traceback, a raw ``<Figure size ...>``
-repr (a figure that was printed instead of drawn), a NaN in a table, and a table without data.
+repr (a figure that was printed instead of drawn), a NaN in a table, a table without data, and a
+table cell whose text runs two numbers together (``82.191.002``: a mean and its sd without the ±).
 The book's browser tests run it on every page's DOM; it works on any HTML string.
 """
 
@@ -12,6 +13,8 @@ from html.parser import HTMLParser
 
 _TRACEBACK = re.compile(r"Traceback \(most recent call last\)|class=\"[^\"]*\b(output (traceback|error|stderr))")
 _FIGURE_REPR = re.compile(r"(<|&lt;)Figure size \d+(\.\d+)?x\d+(\.\d+)?")
+# two decimals glued: "82.19" + "1.002" -> "82.191.002" (a version such as 2.14.1 ends in one digit)
+_RUN_TOGETHER = re.compile(r"(?<![\w.])\d+\.\d{2,}\.\d{2,}(?![\w.])")
 _NAN = re.compile(r"(?<![\w.])[-+]?nan(?!\w|\.\w)", re.IGNORECASE)
 
 
@@ -60,4 +63,7 @@ def page_problems(html: str) -> list[str]:
         nans = [cell for cell in table["cells"] if _NAN.search(cell)]
         if nans:
             problems.append(f"{name} shows NaN: {nans[0]!r}")
+        glued = [cell for cell in table["cells"] + table["header"] if _RUN_TOGETHER.search(cell)]
+        if glued:
+            problems.append(f"{name} runs two numbers together: {glued[0]!r}")
     return problems

@@ -37,6 +37,7 @@ ROLES = (
     "label_flip",
     "random_data",
     "random_update",
+    "sign_flip",  # sends 2 w_g - w (its update negated), every round: a poisoning attack (issue 33)
 )
 
 
@@ -705,8 +706,9 @@ def feature_noise(
 
 
 SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
-                   "nan_updates", "huge_updates")
-HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update"}  # faults for robustness tests
+                   "nan_updates", "huge_updates", "sign_flips")
+# faults and attacks for robustness tests: NaN uploads, uploads scaled by 1e6, sign-flipped uploads 2 w_g - w
+HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update", "sign_flips": "sign_flip"}
 
 
 def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
@@ -742,6 +744,9 @@ def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Parti
         if mods.get("free_riders"):
             part = free_rider(part, mods["free_riders"])
         for modifier in HOSTILE_ROLES:
+            count = mods.get(modifier)
+            if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer))):
+                raise ConfigError(f"config: split.{modifier}: must be an integer (got {count!r})")
             if mods.get(modifier):
                 part = _mark_benign(part, mods[modifier], HOSTILE_ROLES[modifier], modifier)
         clients = mods.get("noisy_clients")

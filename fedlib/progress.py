@@ -3,7 +3,9 @@
 Papermill captures everything a chapter's kernel prints into the page, so a chapter cannot
 show its progress on the builder's terminal. Instead, when ``$FEDLIB_PROGRESS`` names a file,
 ``run_many`` announces each batch of runs and ``run`` each finished run (cached or fresh) as
-one JSON line appended to that file; the book build sets the variable for the kernel, reads the
+one JSON line appended to that file, and long steps that are not runs (the FedSCM pipeline's
+stages, the performance page's engines) announce themselves as a "stage" (``name``, optionally
+``done`` of ``total``); the book build sets the variable for the kernel, reads the
 file while the chapter executes (:class:`ProgressFile`) and draws a bar on its terminal
 (:class:`ChapterBar`). Without the variable, :func:`report` does nothing.
 """
@@ -21,8 +23,9 @@ ENV = "FEDLIB_PROGRESS"
 
 
 def report(event: str, **fields: Any) -> None:
-    """Append one event ("batch" with ``total``, "run" with ``cached`` and ``wall``) to the
-    side channel, if one is set; never raises (progress must not break a run)."""
+    """Append one event ("batch" with ``total``, "run" with ``cached`` and ``wall``, "stage" with
+    ``name`` and optionally ``done``/``total``) to the side channel, if one is set; never raises
+    (progress must not break a run)."""
     path = os.environ.get(ENV)
     if not path:
         return
@@ -116,6 +119,7 @@ class ChapterBar(_StatusLine):
         self.expected_runs = expected_runs
         self.done = 0
         self.cached = 0
+        self.stage = ""  # the last "stage" event: what the chapter is doing between runs
         self.start = self._last_log
 
     def update(self, events: list[dict[str, Any]]) -> None:
@@ -125,6 +129,9 @@ class ChapterBar(_StatusLine):
             elif event.get("event") == "run":
                 self.done += 1
                 self.cached += bool(event.get("cached"))
+            elif event.get("event") == "stage":
+                count = f" {event['done']}/{event['total']}" if "done" in event and "total" in event else ""
+                self.stage = f"{event.get('name', '')}{count}"
         self.announced = max(self.announced, self.done)
 
     def remaining(self) -> float | None:
@@ -151,12 +158,15 @@ class ChapterBar(_StatusLine):
         cached = f", {self.cached} cached" if self.cached else ""
         left = self.remaining()
         eta = f", about {format_seconds(left)} left" if left is not None else ""
-        return f"    {self.label} [{bar}] {runs}{cached}, {format_seconds(self.clock() - self.start)}{eta}"
+        stage = f" ({self.stage})" if self.stage else ""
+        return f"    {self.label} [{bar}] {runs}{cached}{stage}, {format_seconds(self.clock() - self.start)}{eta}"
 
     def short(self) -> str:
         """E.g. "celm [######......] 12/58" for a line shared with other chapters."""
         bar, total = self.bar(12)
-        return f"{self.label} [{bar}] {self.done}/{total or '?'}"
+        if not total and self.stage:  # no runs announced: the stage says what it is doing
+            return f"{self.label} {self.stage}"
+        return f"{self.label} [{bar}] {self.done}/{total or '?'}" + (f" {self.stage}" if self.stage else "")
 
 
 class Board(_StatusLine):

@@ -186,19 +186,171 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
+def answers(item: QueueItem, payload: dict) -> str | None:
+    """None when a stored entry (checksum already verified) is a valid run of ``item``: the right
+    schema, and it answers the item's key (its resolved config, rule versions and data, as the
+    chapters judge it: ``fedlib.results.result_check``); else what is wrong."""
+    from .config import RunConfig, ScmConfig
+    from .results import check_result, placement_free, result_check, run_of
+
+    if not isinstance(payload, dict):
+        return "not a stored run"
+    run = run_of(payload)
+    config = item.config
+    if isinstance(config, RunConfig):
+        problem = check_result(run)
+        if problem:
+            return problem
+        fingerprint = config.data_fingerprint()
+        if not fingerprint.get("sha256"):  # data absent here: the file's own record of its data
+            fingerprint = run["meta"].get("data") or {}
+        return result_check(config, fingerprint)(run)
+    stored_config = payload.get("config")
+    if isinstance(config, ScmConfig):
+        if not isinstance(run.get("methods"), dict):
+            return "not a FedSCM pipeline result"
+        try:
+            stored = ScmConfig.make(stored_config)
+        except ValueError:
+            return "its config is not a valid FedSCM config"
+        same = placement_free(stored.resolved()) == placement_free(config.resolved())
+        return None if same else "its config is not the requested one"
+    return None if stored_config == config.to_dict() else "its config is not the requested one"
+
+
+def stored_state(item: QueueItem) -> tuple[bool, str | None]:
+    """(stored, problem): whether a valid run of ``item`` is stored where the queue writes or in the
+    repository, judged by content (checksum, schema, answering the key; regular files of bounded
+    size only, read without moving anything); else the problem of a damaged file (None: no file)."""
+    from .cache import ResultCache
+
+    found = None
+    for root in dict.fromkeys((results_root(), repo_results())):
+        store = ResultCache(runs_dir(root), protect=True)
+        payload, problem = store.read(item.key)
+        if payload is None and problem is None:
+            continue
+        if problem is None:
+            try:
+                problem = answers(item, payload)
+            except Exception as err:  # noqa: BLE001 - a malformed entry is a damaged one
+                problem = f"invalid content ({type(err).__name__})"
+        if problem is None:
+            return True, None
+        found = found or f"{store.path(item.key)}: {problem}"
+    return False, found
+
+
 def is_stored(item: QueueItem) -> bool:
-    """Whether the run of ``item`` is stored where the queue writes, or already in the repository."""
-    return any((runs_dir(root) / f"{item.key}.json").is_file() for root in (results_root(), repo_results()))
+    """Whether a valid run of ``item`` is stored (:func:`stored_state`); when its data is not on this
+    machine, also by the fingerprint the run recorded (``fedlib.claims.StoredIndex``)."""
+    if stored_state(item)[0]:
+        return True
+    if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
+        return False
+    from .claims import StoredIndex
+
+    return StoredIndex.read().run_of(item.config) is not None
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
     """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
-    the run sits in the queue."""
+    the run sits in the queue. A damaged file or another run's there is set aside first (renamed)."""
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
-    return store_run(item.key, canonical, result, results_root(),
+    return store_run(item.key, canonical, result, results_root(), check=lambda entry: answers(item, entry),
                      queue={"profile": profile, "table": item.table, "row": item.row, "column": item.column,
                             "seed": item.seed})
+
+
+# ----------------------------------------------------------------------------- claims
+
+CLAIM_SUFFIX = ".claim"  # runs/.<key>.claim: {"pid", "host", "since"} of the queue running <key>
+
+
+def _claim_path(key: str, root: Path | None = None) -> Path:
+    return runs_dir(root if root is not None else results_root()) / f".{key}{CLAIM_SUFFIX}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def claim_owner(key: str, root: Path | None = None) -> dict | None:
+    """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none."""
+    from .cache import read_regular
+
+    path = _claim_path(key, root)
+    try:
+        owner = json.loads(read_regular(path, limit=4096))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        owner = None
+    if isinstance(owner, dict):
+        return owner
+    try:  # unreadable (being written, or its writer died mid-write): held, until a minute old
+        since = os.lstat(path).st_mtime
+    except OSError:
+        since = time.time()
+    return {"pid": None, "host": None, "since": since}
+
+
+def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
+    """Claim the run ``key`` for this process: an atomic exclusive create of ``runs/.<key>.claim``
+    holding the pid and host. A claim whose owner is dead (same host, pid gone), or an unreadable
+    one over a minute old, is taken over; another host's claim holds until it is released.
+    Returns (claimed, the current owner when not)."""
+    import socket
+
+    path = _claim_path(key, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            owner = claim_owner(key, root)
+            if owner is None:
+                continue  # released meanwhile: try again
+            dead = (owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
+                    and not _alive(owner["pid"]))
+            dead = dead or (owner.get("pid") is None and time.time() - float(owner.get("since") or 0) > 60)
+            if not dead:
+                return False, owner
+            stale = path.with_name(f"{path.name}.stale-{os.getpid()}")
+            try:
+                os.replace(path, stale)  # one taker wins the rename; the others find it gone
+            except FileNotFoundError:
+                continue
+            try:
+                moved = json.loads(stale.read_text())
+            except (OSError, ValueError):
+                moved = {}
+            if moved.get("pid") != owner.get("pid"):  # a live taker's fresh claim: put it back
+                try:
+                    os.link(stale, path)
+                except FileExistsError:
+                    pass
+            stale.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as fh:
+            fh.write(mine)
+        return True, None
+    return False, claim_owner(key, root)
+
+
+def release(key: str, root: Path | None = None) -> None:
+    """Remove this process's claim on ``key`` (another owner's claim is left alone)."""
+    owner = claim_owner(key, root)
+    if owner is not None and owner.get("pid") == os.getpid():
+        _claim_path(key, root).unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- data
@@ -283,21 +435,36 @@ class CostModel:
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
+        from .cache import ResultCache
+
         for path in sorted(p for r in roots for p in r.glob("*.json")):
-            try:
-                payload = json.loads(path.read_text())["payload"]
+            try:  # the store's reader: regular files of bounded size with a valid checksum only
+                payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
+                if payload is None:
+                    continue
                 config, wall = payload["config"], float(payload.get("wall_time") or 0)
-                model.add(config, wall, payload.get("device"))
+                pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
+                model.add(config, wall, payload.get("device"), int(pack.get("size", 1)))
             except (ValueError, KeyError, TypeError, OSError):
                 continue
         return model
 
-    def add(self, config, wall_time: float, device: str | None) -> None:
+    packed: list[tuple[tuple, float]] = field(default_factory=list)  # the same, of runs trained in packs
+
+    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1) -> None:
+        """One stored run; a run of a pack of ``pack_size`` took the pack's wall time, shared by its runs."""
         if wall_time < 1.0:  # served from a cache, not a measurement
             return
         w = work(config)
         if w > 0:
-            self.samples.append((self._signature(config, device_kind(device)), wall_time / w))
+            sample = (self._signature(config, device_kind(device)), wall_time / w / pack_size)
+            (self.packed if pack_size > 1 else self.samples).append(sample)
+
+    def packed_rate(self, config, device: str = "cpu") -> float | None:
+        """Median seconds per sample pass of stored packed runs with the same signature, or None."""
+        sig = self._signature(config, device_kind(device))
+        rates = [r for s, r in self.packed if s == sig]
+        return statistics.median(rates) if rates else None
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
@@ -328,6 +495,35 @@ class Entry:
     stored: bool
     missing: str | None  # why it cannot run here
     chapters: tuple[str, ...] = ()  # every chapter whose runs include this one
+    damaged: str | None = None  # a stored file that is not a valid run of it (set aside when it runs)
+
+    @property
+    def items(self) -> list[QueueItem]:
+        return [self.item]
+
+    def describe(self) -> str:
+        return self.item.describe()
+
+
+@dataclass
+class Pack:
+    """Pending runs trained as one population in one worker (``fedlib.packing``): the unit of work
+    of a packed queue. Its runs share data, model, batch size, local epochs and rounds."""
+
+    entries: list[Entry]
+    cost: float  # seconds for the whole pack (see :func:`pack_cost`)
+    how: str
+    stored: bool = False
+    missing: str | None = None
+
+    @property
+    def items(self) -> list[QueueItem]:
+        return [e.item for e in self.entries]
+
+    def describe(self) -> str:
+        first = self.entries[0].item
+        tables = ", ".join(dict.fromkeys(f"{e.item.chapter} {e.item.table}" for e in self.entries))
+        return f"pack of {len(self.entries)} ({tables}; {first.config.model}, {first.dataset})"
 
 
 def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "all", datasets=None,
@@ -340,16 +536,34 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     if part not in ("all", "cpu", "gpu"):
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = list(items if items is not None else all_items(profile, only))
+    _check_labels(items, tables, first)
     shared = sharing(items)
     items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
              and (not datasets or i.dataset in datasets) and (not tables or i.table in tables)
              and (seeds is None or i.seed in seeds)]
     model = cost_model or CostModel.from_results()
     missing = missing_data(items)
-    entries = [Entry(i, *model.estimate(i.config, device), is_stored(i), missing[i.dataset],
-                     shared.get(i.key, (i.chapter,))) for i in items]
+    entries = []
+    for i in items:
+        stored, problem = stored_state(i)
+        entries.append(Entry(i, *model.estimate(i.config, device), stored, missing[i.dataset],
+                             shared.get(i.key, (i.chapter,)), damaged=problem))
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
+
+
+def _check_labels(items: list[QueueItem], tables, first) -> None:
+    """Unknown ``tables`` or ``first`` (chapter, table) labels are one-line ValueErrors."""
+    known = sorted({i.table for i in items})
+    for table in tables or []:
+        if table not in known:
+            raise ValueError(f"--table: no table {table[:60]!r} in the queue; known: {', '.join(known)}")
+    for chapter, table in first or []:
+        of_chapter = sorted({i.table for i in items if i.chapter == chapter})
+        if not of_chapter:
+            raise ValueError(f"--first: no run of chapter {chapter[:60]!r} in the queue")
+        if table is not None and table not in of_chapter:
+            raise ValueError(f"--first: chapter {chapter} has no table {table[:60]!r}; known: {', '.join(of_chapter)}")
 
 
 def _hms(seconds: float) -> str:
@@ -381,7 +595,8 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
         lines.append(f"{'state':8} {'est.':>9}  run")
         for e in entries:
             state = "stored" if e.stored else ("absent" if e.missing else "pending")
-            lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]")
+            lines.append(f"{state:8} {_hms(e.cost):>9}  {e.item.describe()} [{e.item.dataset}, {e.how}]"
+                         + (f" (damaged file: {e.damaged[-160:]})" if e.damaged and not e.stored else ""))
         lines.append("")
     lines.append(f"{'chapter':12} {'table':28} {'stored':>6} {'pending':>7} {'absent':>6} {'pending h':>9}")
     rows = summary(entries, workers)
@@ -407,26 +622,156 @@ def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu")
     return store_payload(item, item.runner(config), profile)
 
 
+def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", log=print) -> list[Path]:
+    """Run the items ``chapter:key`` as packs (``fedlib.run.run_pack``) on ``device``; each run is stored
+    as it finishes, so a killed pack loses only the runs not yet finished."""
+    from .run import run_pack
+
+    items = []
+    for spec in specs:
+        chapter, sep, key = spec.partition(":")
+        if not sep:
+            raise ValueError(f"--run-pack: expected CHAPTER:KEY (got {spec!r})")
+        by_key = {i.key: i for i in chapter_items(chapter, profile)}
+        if key not in by_key:
+            raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
+        if by_key[key].runner is not run_round:
+            raise ValueError(f"{chapter}: {key} is not an engine run; it cannot be packed")
+        items.append(by_key[key])
+    configs = [i.config if device == "cpu" else i.config.model_copy(update={"device": device}) for i in items]
+    paths: list[Path] = []
+
+    def stored(i: int, result: dict) -> None:
+        paths.append(store_payload(items[i], result, profile))
+        log(f"stored {paths[-1]} ({items[i].describe()})")
+
+    run_pack(configs, on_done=stored)
+    return paths
+
+
+# ----------------------------------------------------------------------------- packs
+
+# Until a packed GPU run is stored (meta.pack), a pack of R runs on CUDA is assumed to take the time of
+# R / min(R, ASSUMED_GPU_PACK_SPEEDUP) separate runs: an assumption (issue #28's goal), shown as "assumed".
+ASSUMED_GPU_PACK_SPEEDUP = 20.0
+
+
+def item_value(item: QueueItem) -> float:
+    """What storing a run is worth: the paper cells it backs, doubled for a first seed (it makes a cell
+    measured) and for a headline row, divided by 1 + the table's rank (appendix tables count less)."""
+    return len(item.cells) * (2.0 if item.first_seed else 1.0) * (2.0 if item.headline else 1.0) / (1 + item.table_rank)
+
+
+def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tuple[float, str]:
+    """(seconds, how) of one pack: the measured seconds per sample pass of stored packed runs like these
+    when there are any; else the separate runs' estimates, which on a CPU add up (it is arithmetic-bound)
+    and on CUDA are divided by the assumed speed-up."""
+    rates = cost_model.packed_rate(entries[0].item.config, device)
+    if rates is not None:
+        return STARTUP_SECONDS + rates * sum(work(e.item.config) for e in entries), "measured pack"
+    separate = sum(e.cost - STARTUP_SECONDS for e in entries)
+    if device_kind(device) == "cuda":
+        return STARTUP_SECONDS + separate / min(len(entries), ASSUMED_GPU_PACK_SPEEDUP), "assumed pack speed-up"
+    return STARTUP_SECONDS + separate, "separate estimates"
+
+
+def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, max_runs: int | None = None,
+               cost_model: "CostModel | None" = None) -> list[Entry | Pack]:
+    """The pending runnable entries grouped into packs, most valuable per device-second first.
+
+    Engine runs with equal ``fedlib.packing.pack_signature`` join one pack, taken in queue order, up
+    to ``max_rows`` client rows per round (clients per round x runs) and ``max_runs`` runs; other runs
+    (FedSCM's one-shot pipeline) stay single. Units are ordered by their best member's place (seed 0
+    before seeds 1-2, then ``--first``), then by value (:func:`item_value`) per estimated second."""
+    from .packing import pack_signature
+
+    model = cost_model or CostModel.from_results()
+    pending = [e for e in entries if not e.stored and not e.missing]
+    groups: dict[tuple, list[list[Entry]]] = {}
+    singles: list[Entry] = []
+    for e in pending:
+        if e.item.runner is not run_round:
+            singles.append(e)
+            continue
+        packs = groups.setdefault(pack_signature(e.item.config), [[]])
+        current = packs[-1]
+        rows = sum(x.item.config.per_round for x in current) + e.item.config.per_round
+        if current and (rows > max_rows or (max_runs is not None and len(current) >= max_runs)):
+            packs.append(current := [])
+        current.append(e)
+    units: list[Entry | Pack] = list(singles)
+    for packs in groups.values():
+        for members in packs:
+            units.append(members[0] if len(members) == 1 else Pack(members, *pack_cost(members, device, model)))
+    place = {id(e): n for n, e in enumerate(pending)}
+
+    def order(unit) -> tuple:
+        members = unit.entries if isinstance(unit, Pack) else [unit]
+        best = min(place[id(e)] for e in members)
+        first_seed = any(e.item.first_seed for e in members)
+        value = sum(item_value(e.item) for e in members)
+        return (not first_seed, -value / max(unit.cost, 1e-9), best)
+
+    return sorted(units, key=order)
+
+
 @dataclass
 class Outcome:
     stored: list[QueueItem] = field(default_factory=list)
     failed: list[tuple[QueueItem, str]] = field(default_factory=list)
     killed: list[QueueItem] = field(default_factory=list)  # still running when the budget ran out
+    claimed: list[QueueItem] = field(default_factory=list)  # held by another live queue: skipped
     elapsed: float = 0.0
 
 
-def _command(entry: Entry, profile: str, device: str) -> list[str]:
+def _command(entry: Entry | Pack, profile: str, device: str) -> list[str]:
+    if isinstance(entry, Pack):
+        return [sys.executable, "-m", "fedlib", "results", "--run-pack",
+                *[f"{i.chapter}:{i.key}" for i in entry.items], "--profile", profile, "--device", device]
     return [sys.executable, "-m", "fedlib", "results", "--run-one", entry.item.key, "--chapter", entry.item.chapter,
             "--profile", profile, "--device", device]
 
 
-def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None = None, workers: int = 1,
-              device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5) -> Outcome:
-    """Run the pending entries, ``workers`` processes at a time, in order.
+def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | None:
+    """Claim every run of ``unit`` (:func:`claim`); the runs another live queue holds, or stored
+    meanwhile, are left out. Returns what this queue runs (a smaller pack, one entry) or None."""
+    kept = []
+    for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
+        try:
+            held, owner = claim(entry.item.key)
+        except OSError as err:  # a read-only or full store: nothing could be stored either
+            from .cache import write_failure
+
+            outcome.failed.append((entry.item, write_failure(err, _claim_path(entry.item.key))))
+            log(f"[FAILED] {entry.describe()}: cannot claim it ({outcome.failed[-1][1]})")
+            continue
+        if not held:
+            outcome.claimed.append(entry.item)
+            log(f"[claimed] {entry.describe()}: run by pid {owner.get('pid')} on {owner.get('host')}; skipped")
+            continue
+        if is_stored(entry.item):  # another queue finished it meanwhile
+            release(entry.item.key)
+            log(f"[stored] {entry.describe()}: stored meanwhile; skipped")
+            continue
+        kept.append(entry)
+    if not kept:
+        return None
+    if not isinstance(unit, Pack) or len(kept) == len(unit.entries):
+        return unit
+    share = (unit.cost - STARTUP_SECONDS) * len(kept) / len(unit.entries)
+    return kept[0] if len(kept) == 1 else Pack(kept, STARTUP_SECONDS + share, unit.how)
+
+
+def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float | None = None, workers: int = 1,
+              device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5,
+              claims: bool = True) -> Outcome:
+    """Run the pending entries (single runs or :class:`Pack` s), ``workers`` processes at a time, in order.
 
     With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
     when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
-    the budget are stopped (nothing partial is stored)."""
+    the budget are stopped (nothing partial is stored). With ``claims``, each run is claimed
+    first (:func:`claim`): a run another live queue on this store holds, or one it stored
+    meanwhile, is skipped; a dead queue's claim is taken over."""
     pending = [e for e in entries if not e.stored and not e.missing]
     outcome = Outcome()
     t0 = time.monotonic()
@@ -452,11 +797,15 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
                 pending = [] if not running else pending
                 break
             pending.remove(pick)
+            if claims:
+                pick = _claim_unit(pick, outcome, log)
+                if pick is None:
+                    continue
             started += 1
             out = tempfile.TemporaryFile(mode="w+")
             proc = subprocess.Popen(command(pick, profile, device), stdout=out, stderr=subprocess.STDOUT, env=env)
             running.append((pick, proc, time.monotonic(), out))
-            log(f"[start {started}/{total}] {pick.item.describe()} (≈ {_hms(pick.cost)}) · {stamp()}")
+            log(f"[start {started}/{total}] {pick.describe()} (≈ {_hms(pick.cost)}) · {stamp()}")
         if not running:
             break
         time.sleep(poll)
@@ -469,18 +818,21 @@ def run_queue(entries: list[Entry], profile: str = "paper", budget: float | None
             if code is None:
                 proc.kill()
                 proc.wait()
-                outcome.killed.append(entry.item)
-                log(f"[stopped] {entry.item.describe()}: past the budget, not stored")
+                outcome.killed.extend(entry.items)
+                log(f"[stopped] {entry.describe()}: past the budget, not stored")
             elif code == 0:
-                outcome.stored.append(entry.item)
-                log(f"[done  {len(outcome.stored)}] {entry.item.describe()} in {_hms(time.monotonic() - start)} "
+                outcome.stored.extend(entry.items)
+                log(f"[done  {len(outcome.stored)}] {entry.describe()} in {_hms(time.monotonic() - start)} "
                     f"(est. {_hms(entry.cost)}) · {stamp()}")
             else:
                 out.seek(0)
                 tail = " | ".join(out.read().strip().splitlines()[-3:])
-                outcome.failed.append((entry.item, tail))
-                log(f"[FAILED] {entry.item.describe()} (exit {code}): {tail}")
+                outcome.failed.extend((item, tail) for item in entry.items)
+                log(f"[FAILED] {entry.describe()} (exit {code}): {tail}")
             out.close()
+            if claims:
+                for item in entry.items:
+                    release(item.key)
         running = still
         if budget is not None and pending and not running:
             left = budget - (time.monotonic() - t0)

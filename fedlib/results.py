@@ -225,9 +225,11 @@ def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | 
     return lambda entry: check(run_of(entry))
 
 
-def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None, **extra: Any):
-    """Keep one run under ``results/runs/<key>.json`` (atomic; an invalid file there is set aside,
-    never deleted). Every writer of stored runs goes through here. Returns the path."""
+def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None,
+              check: Callable[[dict], str | None] | None = None, **extra: Any):
+    """Keep one run under ``results/runs/<key>.json`` (atomic; an invalid file there, or one failing
+    ``check``, is set aside, never deleted). Every writer of stored runs goes through here. Returns the path."""
     from .cache import ResultCache
 
-    return ResultCache(runs_dir(results_root), protect=True).put(key, stored_payload(config, result, **extra))
+    return ResultCache(runs_dir(results_root), protect=True).put(key, stored_payload(config, result, **extra),
+                                                                 check=check)

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Callable
 
-from .cache import ResultCache
+from .cache import ResultCache, as_store
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset
 from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
@@ -42,9 +42,10 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     The cache key is ``config.key(fingerprint)``: the resolved config, the rule versions and the
     content fingerprint of the data (of ``dataset`` when given). A cached entry is returned only
     if its config, versions and data match the request and its numbers are valid
-    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run."""
+    (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run.
+    A finished run is returned even when the cache cannot be written (one ``CacheWriteWarning``)."""
     config = _as_config(config)
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
     fingerprint = _fingerprint_of(config, dataset)
     if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
         dataset = _load(config)
@@ -61,7 +62,7 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     fresh.meta.update(_key_provenance(config, fingerprint, key))
     result = RunResult.from_dict(json.loads(json.dumps(fresh.to_dict(), allow_nan=False)))
     if store is not None:  # the same JSON as a stored copy under results/runs/
-        store.put(key, stored_payload(config.to_dict(), result.to_dict()))
+        store.keep(key, stored_payload(config.to_dict(), result.to_dict()))  # never loses the run
     report_progress("run", cached=False, wall=result.meta.get("wall_time", 0.0))
     return result
 
@@ -92,7 +93,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     if isinstance(configs, (str, bytes, dict, RunConfig)) or not hasattr(configs, "__iter__"):
         raise ConfigError(f"run_many: expected a list of configs, got {type(configs).__name__}")
     configs = [_as_config(c) for c in configs]
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
     report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
     if pack:
         return _run_packed(configs, store, executor, progress, max_rows)
@@ -121,7 +122,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         for i in done:
             payload = pending.pop(i).result()  # a worker's exception is raised here
             if store is not None:  # under the key of the data the worker read (its own files)
-                store.put(payload["meta"].get("config_key", keys[i]), stored_payload(payload["config"], payload))
+                store.keep(payload["meta"].get("config_key", keys[i]), stored_payload(payload["config"], payload))
             results[i] = RunResult.from_dict(payload)
             bar.update(1)
     bar.close()
@@ -145,8 +146,8 @@ def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_r
     packs = [[missing[j] for j in pack] for pack in make_packs([configs[i] for i in missing], max_rows)]
 
     def keep(i: int, payload: dict) -> None:
-        if store is not None:
-            store.put(payload["meta"]["config_key"], stored_payload(payload["config"], payload))
+        if store is not None:  # never loses the run: a failed write is one warning
+            store.keep(payload["meta"]["config_key"], stored_payload(payload["config"], payload))
         results[i] = RunResult.from_dict(payload)
         report_progress("run", cached=False, wall=payload["meta"].get("wall_time", 0.0))
 

@@ -49,13 +49,15 @@ import numpy as np
 import torch
 
 from . import partition as partition_module
-from .cache import ResultCache
+from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
 from .engine import execute as engine_run
+from .packing import execute_packed
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
+from .progress import report
 from .population import (
     ClientBatches,
     LocalTraining,
@@ -187,14 +189,21 @@ def post_train(model, dataset, flat, buffers, clients: np.ndarray, weights: np.n
     """Algorithm 2, steps 3-5: the global model starts as Σ_k λ_k h_k of ``clients`` (or ``init``),
     then the engine trains it with that cohort (:func:`post_training_config`); returns the final
     global model (flat, buffers)."""
+    prepared = post_training(model, dataset, flat, buffers, clients, weights, fed, config, prox_mu, per_round, init)
+    return engine_run(prepared, progress=False).model  # steps 4-5: the rounds
+
+
+def post_training(model, dataset, flat, buffers, clients: np.ndarray, weights: np.ndarray, fed: dict,
+                  config: ScmConfig, prox_mu: float, per_round: int | None = None,
+                  init: tuple[torch.Tensor, dict] | None = None):
+    """:func:`post_train`'s federation, ready for the engine (alone, or packed with the other plans')."""
     if init is None:
         sel = torch.as_tensor(clients, device=flat.device)
         w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
         init = aggregate(flat[sel], w, {k: v[sel] for k, v in buffers.items()})  # step 3
     run_config = post_training_config(config, weights, prox_mu, per_round)
-    prepared = given(run_config, dataset, model, fed["x"], fed["y"], [fed["indices"][c] for c in clients],
-                     fed["x_eval"], fed["y_eval"], init=init, keep_model=True)
-    return engine_run(prepared, progress=False).model  # steps 4-5: the rounds
+    return given(run_config, dataset, model, fed["x"], fed["y"], [fed["indices"][c] for c in clients],
+                 fed["x_eval"], fed["y_eval"], init=init, keep_model=True)
 
 
 def with_server_client(fed: dict, x_extra: torch.Tensor, y_extra: torch.Tensor) -> dict:
@@ -363,11 +372,13 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     layout_flat0, bufs0 = layout0.flat_of(model).clone(), {k: v.unsqueeze(0).clone() for k, v in
                                                              layout0.buffers_of(model).items()}
     t0 = time.perf_counter()
+    report("stage", name=f"local training of {config.n_clients} clients")
     flat, bufs = train_local_models(model, fed, config, device)
     timings["local_training"] = time.perf_counter() - t0
     log(f"trained {config.n_clients} clients in {timings['local_training']:.1f} s")
 
     t0 = time.perf_counter()
+    report("stage", name=f"{config.n_clients} clients predict the server set")
     x_server = fed["x_server"].to(device)
     probs = client_probabilities(model, flat, bufs, x_server, config.predict_chunk).double().cpu()  # Alg. 2, step 1
     timings["predictions"] = time.perf_counter() - t0
@@ -385,6 +396,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     rng = np.random.default_rng(config.seed + 4242)
     plans: list[tuple[str, np.ndarray, np.ndarray, float, bool]] = []  # label, clients, weights, mu, post-train
     t0 = time.perf_counter()
+    report("stage", name=f"selection for {len(config.gammas)} γ")
     selections = {}
     for gamma in config.gammas:
         sel = select(probs, gamma, config, kappa=config.kappa,
@@ -414,8 +426,18 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
         elif m in ("k3da", "comda", "fmda_ot"):
             plans.append((LABELS[m], np.arange(config.n_clients), np.ones(config.n_clients), 0.0, m))
     x_server = fed["x_server"]
+    # the plain post-trainings (FedSCM per γ, Random, SDEA, FedAvg) train as one pack (fedlib.packing)
+    plain = [salt for salt, plan in enumerate(plans) if plan[4] is True and config.post_rounds]
+    if plain:
+        report("stage", name=f"post-training of {len(plain)} cohort(s), packed", done=0, total=len(plans))
+        packed = execute_packed([post_training(model, ds, flat, bufs, plans[i][1], plans[i][2], fed, config, plans[i][3],
+                                               config.fedavg_per_round if plans[i][0] == "FedAvg" else None)
+                                 for i in plain])
+        trained = {i: r.model for i, r in zip(plain, packed)}
+        pack_seconds = sum(r.meta["wall_time"] for r in packed) / len(packed)
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
         t0 = time.perf_counter()
+        report("stage", name=f"{label} on {len(clients)} client(s)", done=salt, total=len(plans))
         info: dict[str, Any] = {}
         if train == "k3da":  # KD3A: CF-weighted sources + the target trained on knowledge-vote labels
             kd = fda.kd3a_weights(probs, config.vote_gate, config.cf_permutations, config.seed)
@@ -465,8 +487,8 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
             clients = np.flatnonzero(weights > 0)
             weights = weights[clients]
         elif train and config.post_rounds:
-            g_flat, g_bufs = post_train(model, ds, flat, bufs, clients, weights, fed, config, mu,
-                                        config.fedavg_per_round if label == "FedAvg" else None)
+            g_flat, g_bufs = trained[salt]
+            info = {"packed_with": len(plain), "pack_seconds": pack_seconds}  # its rounds ran in the pack
         else:
             sel = torch.as_tensor(clients, device=flat.device)
             w = torch.as_tensor(weights / weights.sum(), dtype=flat.dtype, device=flat.device)
@@ -515,12 +537,14 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
     (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
     config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
-    store = cache if isinstance(cache, ResultCache) else (ResultCache() if cache else None)
+    store = as_store(cache)  # True, False or a ResultCache
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
+        report("run", cached=True, wall=0.0)
         return run_of(hit)
     result = json.loads(json.dumps(execute(config, dataset, progress)))
-    if store is not None:
-        store.put(config.key(), stored_payload(config.to_dict(), result))
+    if store is not None:  # a cache that cannot be written: one warning line, the result is returned
+        store.keep(config.key(), stored_payload(config.to_dict(), result))
+    report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
     return result
 
 

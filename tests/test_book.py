@@ -116,15 +116,16 @@ def test_progress_events_reach_the_builder_and_timings_are_stored(tmp_path, monk
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     lines = []
     stage = book.build("smoke", html=False, log=lines.append)
-    assert lines[0].startswith("1 chapter(s), 1 to execute") and "no timing yet for mini" in lines[0]
-    assert "[1/1] mini: executing" in lines[1]
-    assert "[1/1] mini: executed in" in lines[2] and "3 runs (3 from the cache)" in lines[2]
+    assert lines[0].startswith("plan: ")  # the thread plan first
+    assert lines[1].startswith("1 chapter(s), 1 to execute; about 1 min 00 s") and "no timing yet for mini" in lines[1]
+    assert "[1/1] mini: executing" in lines[2]
+    assert "[1/1] mini: executed in" in lines[3] and "3 runs (3 from the cache)" in lines[3]
     assert lines[-1].startswith("Time per chapter:") and "mini" in lines[-1] and "total" in lines[-1]
     timing = book.load_timings(stage)["mini"]
     assert timing["runs"] == 3 and timing["cached"] == 3 and timing["wall"] > 0
     lines.clear()
     book.build("smoke", html=False, log=lines.append, force=True)  # now the estimate is known
-    assert "by the last build's timings" in lines[0] and "(last time" in lines[1]
+    assert "by the last build's timings" in lines[1] and "(last time" in lines[2]
 
 
 def test_a_failure_names_chapter_cell_and_error_and_the_other_chapters_still_build(tmp_path, monkeypatch):
@@ -186,7 +187,8 @@ def test_chapter_header_is_one_small_html_table_of_differences():
 
 
 def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypatch):
-    cell = "import os\nprint(os.getcwd(), os.environ['FEDLIB_BOOK_STAGE'], value)"
+    cell = ("import os\nprint(os.getcwd(), os.environ['FEDLIB_BOOK_STAGE'], value, os.environ['FEDLIB_CPU_WORKERS'], "
+            "os.environ['OMP_NUM_THREADS'])")
     repo = _mini_repo(tmp_path, cell)
     shutil.copy(repo / "book" / "mini.ipynb", repo / "book" / "twin.ipynb")
     shutil.copytree(repo / "params" / "mini", repo / "params" / "twin")
@@ -194,12 +196,15 @@ def test_chapters_execute_side_by_side_each_in_its_own_kernel(tmp_path, monkeypa
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     monkeypatch.delenv("FEDLIB_BOOK_STAGE", raising=False)
+    monkeypatch.setattr(book, "available_cores", lambda: 2)
     lines = []
     stage = book.build("smoke", html=False, log=lines.append, jobs=2)
-    assert "2 to execute, 2 at a time" in lines[0]
+    assert lines[0].startswith("plan: 2 core(s); 2 chapter(s) at a time × 1 engine worker(s)")
+    assert "2 to execute, 2 at a time" in lines[1]
     for chapter in ("mini", "twin"):
         text = nbformat.read(stage / f"{chapter}.ipynb", as_version=4).cells[-1].outputs[0]["text"]
-        assert text.split() == [str(stage), str(stage), "2"]  # the kernel's cwd and environment
+        # the kernel's cwd and environment: 2 chapters on 2 cores, so 1 engine worker and 1 thread each
+        assert text.split() == [str(stage), str(stage), "2", "1", "1"]
         assert book.load_timings(stage)[chapter]["jobs"] == 2
     assert "FEDLIB_BOOK_STAGE" not in __import__("os").environ  # the builder's own environment is untouched
 
@@ -229,3 +234,229 @@ def test_api_tables_list_every_config_field_and_every_registered_method(tmp_path
     cgsv = next(line for line in methods_md.splitlines() if line.startswith("| [`cgsv`]"))
     assert "`alpha=0.95`" in cgsv and "github.com/XinyiYS/Gradient-Driven-Rewards" in cgsv  # its docstring's source
     assert (ROOT / "book" / "api.md").is_file() and "file: api" in (ROOT / "book" / "_toc.yml").read_text()
+
+
+# ----------------------------------------------------------------------------- the evidence profile (#32)
+
+
+def test_the_evidence_profile_is_the_paper_profile_by_inheritance(tmp_path, monkeypatch):
+    for chapter in ("fedavg", "celm", "fedscm", "performance"):
+        assert book.load_profile(chapter, book.EVIDENCE) == book.load_profile(chapter, "paper")
+    (tmp_path / "params" / "mini").mkdir(parents=True)
+    (tmp_path / "params" / "mini" / "paper.yaml").write_text("rounds: 100\nseeds: [0, 1]\n")
+    (tmp_path / "params" / "mini" / "evidence.yaml").write_text("inherit: paper\nseeds: [0]\n")
+    (tmp_path / "params" / "mini" / "quick.yaml").write_text("inherit: quick\n")
+    monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
+    assert book.load_profile("mini", "evidence") == {"rounds": 100, "seeds": [0]}  # overrides win
+    with pytest.raises(ValueError, match="quick.yaml: inherit must name another profile"):
+        book.load_profile("mini", "quick")
+
+
+def test_the_evidence_build_of_fedavg_trains_nothing_and_shows_the_stored_runs(tmp_path, monkeypatch):
+    """The chapter's runs are the stored paper-protocol runs: no batch or run event on the progress channel,
+    nothing written to an empty result cache, and every number of Table 1 a stored run's."""
+    from fedlib.chapters.fedavg import FedAvg
+
+    channel, cache = tmp_path / "progress.jsonl", tmp_path / "cache"
+    monkeypatch.setenv("FEDLIB_PROGRESS", str(channel))
+    monkeypatch.setenv("FEDLIB_CACHE", str(cache))
+    ch = FedAvg(book.EVIDENCE, book.load_profile("fedavg", book.EVIDENCE))
+    runs = ch.run()
+    assert not channel.exists() and not any((cache / "runs").rglob("*.json"))  # 0 runs announced, 0 computed
+    stored = book.stored_results("fedavg", ch.configs(ch.paper_params))
+    assert len(runs) == len(stored.results) > 0 and set(ch.results) == set(stored.results)
+    assert [source for source, _, _ in ch.by_source()] == ["stored paper profile"]  # one source, not twice
+    table, _, values = ch.table1()
+    assert not any("ours (" in c for c in table.columns)
+    column = f"{values['own_protocol']}, stored paper profile: FedAvg (uniform)"
+    shown = 0
+    make = chapter_module("fedavg").config
+    for split in ch.params["splits"]:  # each cell: the mean of the stored runs' final accuracies
+        runs_of_split = [ch.result(make(ch.params, split, "fedavg_uniform", seed)) for seed in ch.params["seeds"]]
+        finals = [100 * r.final["accuracy"] for r in runs_of_split if r is not None]
+        if finals:
+            shown += 1
+            assert table.loc[split, column].startswith(f"{sum(finals) / len(finals):.2f}")
+    assert shown > 0
+
+
+def test_the_evidence_summary_counts_and_names_the_command():
+    assert book.evidence_summary("celm", 10, 0) == (
+        "Evidence build: 10 of the 10 paper-protocol run(s) of this page are stored under results/runs/ and shown; "
+        "nothing was trained.")
+    assert "The other 7 are not stored" in book.evidence_summary("celm", 10, 7)
+    assert "`make results CHAPTER=celm PROFILE=paper` makes them" in book.evidence_summary("celm", 10, 7)
+    assert book.evidence_summary("flce", 3, 3).startswith("Evidence build: none of the 3 paper-protocol run(s)")
+
+
+def _executed(cells):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = cells
+    return nb
+
+
+def _error(name="AttributeError", value="'NoneType' object has no attribute 'meta'"):
+    return nbformat.v4.new_output("error", ename=name, evalue=value, traceback=["Traceback ..."])
+
+
+def _glued(name):
+    return nbformat.v4.new_output("display_data", data={"text/plain": "1"},
+                                  metadata={"scrapbook": {"name": name, "mime_prefix": ""}})
+
+
+def test_a_section_without_stored_runs_says_so_and_its_paragraph_too(tmp_path):
+    ok, bad = nbformat.v4.new_code_cell("ch.table1()"), nbformat.v4.new_code_cell("ch.table2()")
+    ok.outputs, bad.outputs = [_glued("t1_best")], [_error()]
+    bad.metadata["tags"] = [book.EVIDENCE_TAG]
+    text = nbformat.v4.new_markdown_cell("## Table 2\n\n**Verdict.** CELM reaches {glue:text}`t2_rare:.1f` %.\n\n"
+                                         "Best in {glue:text}`t1_best`.")
+    path = tmp_path / "celm.ipynb"
+    nbformat.write(_executed([ok, bad, text]), path)
+    assert book._sections_without_runs(path, "celm")
+    nb = nbformat.read(path, as_version=4)
+    note = book.not_computed_note("celm")
+    assert nb.cells[1].outputs[0].text == f"{note} (AttributeError: 'NoneType' object has no attribute 'meta')\n"
+    assert nb.cells[2].source == f"## Table 2\n\n*{note}*\n\nBest in {{glue:text}}`t1_best`."
+    bad.metadata["tags"] = []  # an untagged cell failing is a real failure
+    nbformat.write(_executed([ok, bad]), path)
+    assert not book._sections_without_runs(path, "celm")
+
+
+def test_a_chapter_with_nothing_stored_ends_at_its_runs_cell(tmp_path):
+    runs, after = nbformat.v4.new_code_cell("ch.run()"), nbformat.v4.new_code_cell("ch.table1()")
+    runs.outputs = [_error("NothingStored", "none stored")]
+    banner = nbformat.v4.new_markdown_cell('<span id="papermill-error-cell">An Exception was encountered</span>')
+    banner.metadata["tags"] = ["papermill-error-cell-tag"]
+    path = tmp_path / "flce.ipynb"
+    nbformat.write(_executed([banner, nbformat.v4.new_markdown_cell("# FLCE"), runs, after]), path)
+    book._end_at_nothing_stored(path, "none stored: make results CHAPTER=flce PROFILE=paper")
+    nb = nbformat.read(path, as_version=4)
+    assert [c.source for c in nb.cells] == ["# FLCE", "ch.run()"]
+    assert nb.cells[1].outputs[0].text == "none stored: make results CHAPTER=flce PROFILE=paper\n"
+
+
+def test_the_evidence_source_tags_the_cells_after_the_runs_only(tmp_path):
+    path = book._evidence_source("celm", tmp_path)
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    runs = next(i for i, c in enumerate(code) if ".run(" in c.source)
+    assert all(book.EVIDENCE_TAG not in c.metadata.get("tags", []) for c in code[:runs + 1])
+    assert all(book.EVIDENCE_TAG in c.metadata.get("tags", []) for c in code[runs + 1:]) and code[runs + 1:]
+
+
+# ----------------------------------------------------------------------------- the thread plan (#32)
+
+
+@pytest.mark.parametrize("jobs, cores, expected", [(2, 2, (2, 1)), (4, 2, (2, 1)), (1, 2, (1, 2)), (2, 16, (2, 8)),
+                                                   (3, 16, (3, 5)), (1, 1, (1, 1))])
+def test_the_thread_plan_never_runs_more_compute_threads_than_cores(jobs, cores, expected):
+    plan = book.ThreadPlan.make(jobs, cores=cores)
+    assert (plan.jobs, plan.threads) == expected and plan.jobs * plan.threads <= cores
+    assert book.thread_env(plan.threads) == dict.fromkeys(
+        ("FEDLIB_CPU_WORKERS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"), str(expected[1]))
+    with pytest.raises(ValueError, match="jobs: must be >= 1"):
+        book.ThreadPlan.make(0, cores=cores)
+
+
+def test_the_plan_line_states_the_product():
+    assert book.ThreadPlan.make(2, cores=2).describe() == (
+        "plan: 2 core(s); 2 chapter(s) at a time × 1 engine worker(s) × 1 intra-op thread = 2 compute thread(s); "
+        "performance alone with 2")
+
+
+def test_chapters_without_timings_are_estimated_by_the_cost_model(tmp_path, monkeypatch):
+    from fedlib import queue
+
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
+    assert book.estimated_seconds("fedavg", book.EVIDENCE) == book.EVIDENCE_CHAPTER_SECONDS
+    assert book.estimated_seconds("performance", "quick") == book.UNMODELLED_CHAPTER_SECONDS  # no queue items
+    model = queue.CostModel()  # no stored timings: the fallback rates
+    items = queue.unique(queue.chapter_items("fedavg", "smoke"))
+    expected = sum(model.estimate(i.config)[0] for i in items)
+    assert book.estimated_seconds("fedavg", "smoke", cost_model=model) == pytest.approx(
+        book.UNMODELLED_CHAPTER_SECONDS + expected)
+    assert book.estimated_seconds("fedavg", "smoke", threads=2, cost_model=model) == pytest.approx(
+        book.UNMODELLED_CHAPTER_SECONDS + expected / 2)
+
+
+# ----------------------------------------------------------------------------- prose from the code (#32)
+
+STALE_CELM_BASELINES = """**Baselines** (hyper-parameters in `fedlib.methods.gradient` / `fairness`): FedAvg with uniform
+weights (the paper's choice: no client metadata), CFFL (server validation accuracy → reputation
+`sinh(α·(fade·r + (1 − fade)·r̃))` with α = 5 and fade = 0.5, clients below 1/3 of the mean
+reputation removed; the server holds out 1,000 training samples as its validation set), CGSV (cosine of each update
+with the aggregate, reputation EMA α = 0.95), ShapFed (class-wise cosine of the classifier rows,
+μ = 0.5)."""  # the CELM page's paragraph before issue 32
+
+
+def test_the_drift_check_catches_the_stale_celm_baselines_paragraph():
+    assert book.prose_drift("celm", STALE_CELM_BASELINES) == [
+        "celm: the text states cffl α = 5, its paper-profile runs use α = 5(1 + t/T)",
+        "celm: the text states cffl fade = 0.5, its paper-profile runs use fade = 0.8",
+        "celm: the text states shapfed μ = 0.5, its paper-profile runs use μ = 0.9"]
+    # main's text between the two: fade fixed, α and μ still the old variants'
+    assert [line.split(",")[0] for line in book.prose_drift("celm", STALE_CELM_BASELINES.replace(
+        "fade = 0.5", "fade = 0.8"))] == ["celm: the text states cffl α = 5", "celm: the text states shapfed μ = 0.5"]
+    # a paragraph naming no method speaks of the chapter's own: CELM's EMA β
+    assert book.prose_drift("celm", "smoothed by an EMA with β = 0.7 (Eq. 13)") == [
+        "celm: the text states celm β = 0.7, its paper-profile runs use β = 0.5"]
+
+
+def test_the_drift_check_reads_each_method_in_its_own_part_of_the_paragraph():
+    assert book.prose_drift("flce", "Baselines: FedProx (μ = 0.1), MOON (μ = 1, τ = 0.7), CGSV (α = 0.95)") == [
+        "flce: the text states fedprox μ = 0.1, its paper-profile runs use μ = 0.01",
+        "flce: the text states moon τ = 0.7, its paper-profile runs use τ = 0.5"]
+    assert book.prose_drift("fedms", "FedProx (μ = 1); FedMS: T = 0.1, ε_b = 0.001") == [
+        "fedms: the text states fedms T = 0.1, its paper-profile runs use T = 0.01"]
+
+
+@pytest.mark.parametrize("chapter", ["fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard"])
+def test_no_chapter_states_a_value_its_runs_do_not_use(chapter):
+    assert book.prose_drift(chapter) == []
+
+
+def test_the_celm_baselines_are_rendered_from_the_runs():
+    from fedlib.chapters.celm import baselines_text
+
+    text = baselines_text(book.load_profile("celm", "paper"))
+    assert "α = 5(1 + t/T) and fade = 0.8" in text and "μ = 0.9" in text and "rows' parameters" in text
+    assert "1,000 training samples" in text and "coefficient 1/3, or 1/6 on PLS and SLS" in text
+    assert book.prose_drift("celm", text) == []
+
+
+# ----------------------------------------------------------------------------- the performance page (#32)
+
+
+def _bench(**extra):
+    rows = [{"N": 20, "vectorized_s": 1.0, "loop_s": 1.5, "central_s": 1.1, **extra},
+            {"N": 100, "vectorized_s": 2.0, "loop_s": 5.0, "central_s": 2.5, **extra}]
+    return {"device_name": "x86_64, 2 cores", "rows": rows}
+
+
+def test_the_live_verdict_reads_right_without_flower():
+    from fedlib.chapters.performance import live_text
+
+    assert live_text(_bench()) == (
+        "On x86_64, 2 cores, Flower was not timed in this run, so there is no comparison with it; the vectorized round "
+        "is within 1.2 × a centralized epoch at every N (largest ratio 0.91×); the per-client loop takes up to 2.50× "
+        "as long as the vectorized round.")
+    run = _bench()
+    for row in run["rows"]:
+        row["flower_s"] = 10 * row["vectorized_s"]
+    assert "fedlib's vectorized engine is faster than Flower at every N timed; Flower takes 10.00× the time of a " \
+           "fedlib round at N = 100 (smallest ratio over N: 10.00×)" in live_text(run)
+
+
+def test_no_verdict_when_other_work_competed():
+    from fedlib.chapters.performance import competed, live_text, merge_runs
+
+    quiet, busy = {"before": 0.3, "after": 2.1, "cores": 2}, {"before": 4.3, "after": 4.6, "cores": 2}
+    assert not competed(quiet) and competed(busy) and not competed(None)
+    run = merge_runs([{**_bench(), "engine": "vectorized", "load": quiet, "breakdown": [{"N": 20}]},
+                      {**_bench(flower_s=3.0), "engine": "flower", "load": busy}])
+    assert run["rows"][0]["flower_s"] == 3.0 and run["breakdown"] == [{"N": 20}]
+    assert live_text(run) == (
+        "No verdict: other work competed for the CPU while Flower (simulation) ran (1-minute load average up to 4.6 "
+        "on 2 cores, before and after each engine: fedlib vectorized 0.3 → 2.1; Flower (simulation) 4.3 → 4.6). The "
+        "times above are as measured; ratios between engines are not comparable on a shared machine. Rebuild this "
+        "page on a quiet machine for a verdict.")

@@ -74,3 +74,34 @@ def test_every_paper_coverage_is_computed_from_the_repository():
         cells = coverage.coverage(paper, "smoke")
         assert cells and all(c.level in coverage.LEVELS for c in cells)
         assert any(c.in_paper for c in cells)
+
+
+def test_stored_runs_count_when_their_data_is_not_on_this_machine(monkeypatch):
+    """Data presence changes only what can be re-run: a stored seed keeps its level, marked."""
+    monkeypatch.setattr(queue, "data_missing", lambda d: "mnist data absent" if d == "mnist" else None)
+    paper = [item("F.MNIST PLS", "CELM", s, dataset="mnist") for s in (0, 1, 2)]
+    paper += [item("F.MNIST PLS", "FedAvg", s, dataset="mnist") for s in (0, 1, 2)]
+    stored = {"F.MNIST PLS|CELM-0", "F.MNIST PLS|CELM-1", "F.MNIST PLS|CELM-2", "F.MNIST PLS|FedAvg-1"}
+    cells = {(c.table, c.row, c.column): c for c in
+             coverage.coverage("celm", paper_items=paper, build_items=[], stored=stored, reference=REFERENCE)}
+    celm, fedavg = cells[("Table 1", "F.MNIST PLS", "CELM")], cells[("Table 1", "F.MNIST PLS", "FedAvg")]
+    assert celm.level == "paper protocol, all seeds"
+    assert celm.detail == "3 of 3 seeds stored; data not on this machine (fingerprint recorded)"
+    assert fedavg.level == "paper protocol, fewer seeds" and fedavg.detail.startswith("1 of 3 seeds stored; data not")
+    # nothing stored and no data: not runnable here
+    assert cells[("Table 1", "F.MNIST SLS", "CELM")].level == "not runnable here"
+
+
+def test_the_repository_coverage_is_the_same_without_any_data(tmp_path, monkeypatch):
+    """The stored runs of the repository give the same levels with an empty data folder (MNIST,
+    CIFAR-10 and Fashion-MNIST all absent) as with the data here; only the notes differ."""
+    from fedlib import data
+
+    levels = {}
+    for name, root in (("here", None), ("empty", tmp_path)):
+        if root is not None:
+            monkeypatch.setenv("FEDLIB_DATA", str(root))
+            monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "none")
+        levels[name] = {(c.table, c.row, c.column): c.level for paper in ("celm", "logitfl", "fedms")
+                        for c in coverage.coverage(paper, "smoke") if c.level in coverage.LEVELS[:2]}
+    assert levels["here"] and levels["here"] == levels["empty"]

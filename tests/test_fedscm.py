@@ -65,7 +65,8 @@ def test_bad_configs_fail_with_one_line(overrides, message):
 
 def test_key_ignores_where_and_how_but_not_what():
     a = _config()
-    assert a.key() == _config(data_root="/elsewhere", client_chunk=3, predict_chunk=2).key()
+    assert a.key() == _config(data_root="/elsewhere", predict_chunk=2).key()
+    assert a.key() != _config(client_chunk=3).key()  # chunked training changes the last bits (README)
     assert a.key() != _config(alpha=0.1).key()
     assert method_labels(a)[:2] == ["FedSCM (γ = 0.67)", "FedSCM (γ = 0.8)"]
 
@@ -269,3 +270,22 @@ def test_cohort_weights_must_match_the_clients():
 
     with pytest.raises(ConfigError, match=r"weights must have one entry per client \(5\), got 2"):
         make_config({"method": {"name": "cohort", "weights": [1.0, 2.0]}, "n_clients": 5})
+
+
+def test_the_plain_post_trainings_pack_and_equal_each_cohort_alone(data, monkeypatch):
+    """FedSCM per γ, Random, SDEA and FedAvg post-train as one pack (fedlib.packing); each equals
+    its cohort trained alone by the engine."""
+    import fedlib.scm_pipeline as pipeline
+    from fedlib.engine import execute as alone
+
+    cfg = _config(methods=("fedscm", "random", "sdea", "fedavg"))
+    packed = execute(cfg, dataset=data)
+    calls = []
+    monkeypatch.setattr(pipeline, "execute_packed",
+                        lambda prepared: calls.append(len(prepared)) or [alone(p, False) for p in prepared])
+    separate = execute(cfg, dataset=data)
+    assert calls == [len(cfg.gammas) + len(cfg.random_sizes) + 2]
+    for label, method in packed["methods"].items():
+        assert method["packed_with"] == calls[0]
+        assert method["clients"] == separate["methods"][label]["clients"]
+        assert abs(method["accuracy"] - separate["methods"][label]["accuracy"]) <= 1e-6, label

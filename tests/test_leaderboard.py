@@ -208,3 +208,15 @@ def test_tiny_table_end_to_end():
     assert gtg["accuracy"] == pytest.approx(frame.loc[0, "accuracy"])  # GTG-Shapley trains as FedAvg
     assert np.isfinite(frame["rho_shapley"][:2]).all() and np.isfinite(frame["kl_shapley"]).all()
     assert frame["maverick_rank"].dropna().between(1, 4).all() and len(frame["maverick_rank"].dropna()) >= 2
+
+
+def test_means_and_bests_compare_methods_on_the_federations_all_of_them_ran():
+    import pandas as pd
+
+    # B ran seed 1 only, where A (mean over both seeds 80) scores 70: on the shared seed B (75) is ahead
+    frame = pd.DataFrame([{"dataset": "fmnist", "split": "PLS", "seed": s, "method": m, "accuracy": a}
+                          for s, m, a in ((0, "A", 90.0), (1, "A", 70.0), (1, "B", 75.0))])
+    shared = lb.on_shared_federations(frame)
+    assert list(shared["seed"]) == [1, 1]
+    means = shared.groupby("method")["accuracy"].mean()
+    assert means["B"] > means["A"] and frame.groupby("method")["accuracy"].mean()["A"] > 75.0

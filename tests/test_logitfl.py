@@ -55,8 +55,9 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
         results[c.key()] = fedlib.run(c, dataset=ds, progress=False)
     row = chapter.row(params, results, 2, with_fedavg=False)
     assert set(row) == {"simple", "uwa", "meta"}
-    for a, (mean, _) in row.items():
+    for a, (mean, _, n) in row.items():
         assert mean == pytest.approx(100 * results[chapter.logit_config(params, a, 2, 0).key()].final["accuracy"])
+        assert n == 1  # one seed
     res = results[chapter.logit_config(params, "simple", 2, 0).key()]
     comm = chapter.communication(res)
     assert comm["up"] == comm["down"] == 3 * 150 * 6
@@ -150,8 +151,8 @@ def test_first_protocol_runs_stay_readable_after_calibration():
 
 
 def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_over_seeds():
-    """Stored paper-profile rows: per k, the mean ± population std of the stored seeds' final accuracy
-    (hand-derived: 60 and 70 -> 65.00 ± 5.00); a k without stored runs has no row."""
+    """Stored paper-profile rows: per k, the mean ± sample std (seeds) of the stored seeds' final accuracy
+    (hand-derived: 60 and 70 -> 65.00 ± 7.07 (2)); a k without stored runs has no row."""
     from fedlib.chapters.logitfl import LogitFL, row_configs
     from fedlib.run import RunResult
 
@@ -166,6 +167,16 @@ def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_ov
     table, stored = chapter.k_sweep_table({2: mine})
     frame = table.data
     assert list(frame.index) == [("ours (smoke)", 2), ("stored paper profile, seeds [0, 1]", 2)]
-    assert frame.loc[("stored paper profile, seeds [0, 1]", 2), "Simple avg."] == "65.00 ± 5.00"
+    assert frame.loc[("stored paper profile, seeds [0, 1]", 2), "Simple avg."] == "65.00 ± 7.07 (2)"
     assert frame.loc[("ours (smoke)", 2), "Meta-model"] == "70.00"
-    assert stored[2]["meta"] == pytest.approx((96.0, 1.0)) and list(stored) == [2]
+    assert stored[2]["meta"] == pytest.approx((96.0, 2 ** 0.5, 2)) and list(stored) == [2]
+
+
+def test_the_k_sweep_counts_compare_methods_on_the_seeds_they_share():
+    from fedlib.chapters.logitfl import _k_sweep_counts
+    from fedlib.stats import SeedSpread
+
+    # the meta-model's mean (77) is the highest, but on seed 0, the one all four share, UWA leads (65)
+    by_k = {2: {"simple": SeedSpread.of({0: 60.0, 1: 70.0}), "uwa": SeedSpread.of({0: 65.0}),
+                "meta": SeedSpread.of({0: 64.0, 1: 90.0}), "fedavg": SeedSpread.of({0: 50.0})}}
+    assert _k_sweep_counts(by_k, ["simple", "uwa", "meta", "fedavg"]) == (0, 1)

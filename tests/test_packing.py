@@ -145,3 +145,41 @@ def test_convolutional_runs_pack_to_float_rounding(model):
             np.testing.assert_allclose(hb["weights"], ha["weights"], rtol=1e-6)
         rel = float((a.model[0] - b.model[0]).norm() / a.model[0].norm())
         assert rel < 1e-3, f"{model} {c.method.name} seed {c.seed}: {rel:.2e}"
+
+
+def test_the_performance_page_reads_a_packed_benchmark_record():
+    from fedlib.chapters.performance import packed_table, packed_text
+
+    row = dict(separate_runs_per_min=10.0, training_flops=1.0, packed_flops_per_s=1.0)
+    record = {"device": "cpu (x86_64, 2 cores, 2 threads)", "rows": [
+        {**row, "workload": "w", "pack_size": 1, "packed_runs_per_min": 12.0, "packed_over_separate": 1.2,
+         "packed_fraction_of_peak": 0.05, "load_before_after": [0.5, 1.0]},
+        {**row, "workload": "w", "pack_size": 5, "packed_runs_per_min": 30.0, "packed_over_separate": 3.0,
+         "packed_fraction_of_peak": 0.1, "load_before_after": [1.0, 3.5]}]}
+    assert packed_text(record) == ("cpu (x86_64, 2 cores, 2 threads): w: packed / separate 1.20x to 3.00x over pack "
+                                   "sizes 1, 5; most runs per device-minute packed: 30.0 at pack size 5 (measured "
+                                   "while other work competed: load up to 3.5 on 2 cores; ratios are indicative)")
+    record["rows"][1]["load_before_after"] = [1.0, 2.4]
+    assert packed_text(record).endswith("at pack size 5")  # no warning at load <= cores + 0.5
+    table = packed_table(record)
+    assert list(table.loc[("w", 5)]) == [10.0, 30.0, "3.00x", "10.00 %", "1.0 → 2.4"]
+
+
+def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    run_module = sys.modules["fedlib.run"]
+
+    configs = _variants("fedavg")
+    sent = []
+    original = run_module._run_pack_in_worker
+    monkeypatch.setattr(run_module, "_run_pack_in_worker",
+                        lambda dicts, max_rows: sent.append(len(dicts)) or original(dicts, max_rows))
+    with ThreadPoolExecutor(1) as pool:
+        through_pool = run_many(configs, executor=pool, cache=False, progress=False, pack=True)
+    assert sent == [4]  # one submission: the whole pack
+    here = run_many(configs, cache=False, progress=False, pack=True)
+    for a, b in zip(through_pool, here):
+        assert [h["weights"] for h in a.history] == [h["weights"] for h in b.history]
+        assert [h["accuracy"] for h in a.history] == [h["accuracy"] for h in b.history]

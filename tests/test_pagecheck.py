@@ -34,3 +34,15 @@ def test_each_problem_is_caught(bad, expected):
 def test_words_containing_nan_are_not_nan():
     page = "<table><tr><td>Nanjing</td><td>financial</td><td>0.5</td><td>nan.jpg</td></tr></table>"
     assert page_problems(page) == []
+
+
+@pytest.mark.parametrize("cell", ["82.191.002", "82.191.002 (3)", "0.9512.34"])
+def test_a_cell_running_two_numbers_together_is_caught(cell):
+    page = f"<table><tr><th>split</th><th>CELM</th></tr><tr><td>PLS</td><td>{cell}</td></tr></table>"
+    assert page_problems(GOOD + page) == [f"table 2 (split, CELM) runs two numbers together: {cell!r}"]
+
+
+def test_separated_numbers_and_versions_are_not_run_together():
+    page = ("<table><tr><td>82.19 ± 1.00 (3)</td><td>torch 2.14.1</td><td>python 3.11.7</td><td>1.5.0</td>"
+            "<td>2026-11-26</td><td>82.19</td></tr></table>")
+    assert page_problems(page) == []

@@ -76,3 +76,31 @@ def test_board_shares_one_line_and_divides_the_time_left_by_the_jobs():
     assert board.line() == "    celm [######......] 6/12 | fedms [............] 0/4 | about 4 min 10 s left"
     board.draw()
     assert out.getvalue() == board.line() + "\n"
+
+
+def test_a_stage_shows_what_a_chapter_does_between_runs():
+    now = [0.0]
+    bar = progress.ChapterBar("[6/11] fedscm", expected_seconds=None, remaining_after=0.0, stream=io.StringIO(),
+                              clock=lambda: now[0])
+    bar.update([{"event": "stage", "name": "local training of 100 clients"}])
+    assert bar.short() == "[6/11] fedscm local training of 100 clients"  # no runs announced yet
+    assert bar.line() == "    [6/11] fedscm [........................] no runs yet " \
+                         "(local training of 100 clients), 0 s"
+    bar.update([{"event": "batch", "total": 4}, {"event": "stage", "name": "FedAvg on 100 client(s)",
+                                                 "done": 2, "total": 9}])
+    assert bar.short() == "[6/11] fedscm [............] 0/4 FedAvg on 100 client(s) 2/9"
+
+
+def test_a_cached_scm_federation_reports_a_cached_run(tmp_path, monkeypatch):
+    """A FedSCM federation announces itself on the channel as a run, here a cached one."""
+    from fedlib import scm_pipeline
+    from fedlib.cache import ResultCache
+    from fedlib.config import ScmConfig
+
+    channel = tmp_path / "events.jsonl"
+    monkeypatch.setenv(progress.ENV, str(channel))
+    cache = ResultCache(tmp_path / "runs")
+    config = ScmConfig.make({"dataset": "fmnist", "n_clients": 10})
+    cache.put(config.key(), {"config": config.to_dict(), "result": {"methods": {}, "meta": {}}})
+    scm_pipeline.run_pipeline(config, cache=cache)
+    assert [(e["event"], e["cached"]) for e in progress.ProgressFile(channel).read()] == [("run", True)]

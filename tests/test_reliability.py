@@ -690,3 +690,678 @@ def test_16_a_cache_entry_and_a_stored_copy_are_the_same_json(tmp_path, monkeypa
     old = ResultCache(tmp_path / "old")
     old.put(cfg.key(), first.to_dict())  # the cache's format before one store
     assert fedlib.run(cfg, cache=old, progress=False).to_dict() == first.to_dict()
+
+
+# --- store, config, queue (issue 33)
+
+import errno  # noqa: E402
+import stat as stat_module  # noqa: E402
+import threading  # noqa: E402
+
+from fedlib import queue as fedlib_queue  # noqa: E402
+from fedlib.__main__ import main as cli  # noqa: E402
+
+
+def _one_line_err(capsys, prefix: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(prefix) and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def _unwritable(kind: str, monkeypatch, tmp_path: Path) -> tuple[ResultCache, str]:
+    """A cache that cannot be written, and the cause its one line must name."""
+    import fedlib.cache
+
+    if kind == "a file in the way":  # FEDLIB_CACHE pointing at a file
+        (tmp_path / "afile").write_text("not a folder")
+        return ResultCache(tmp_path / "afile" / "runs"), "Not a directory"
+    causes = {"full disk": (errno.ENOSPC, "No space left on device"),
+              "read-only": (errno.EROFS, "Read-only file system"),
+              "another user's folder": (errno.EACCES, "Permission denied")}
+    code, text = causes[kind]
+
+    def refuse(*args, dir=None, **kwargs):
+        raise (PermissionError if code == errno.EACCES else OSError)(code, text, str(dir))
+
+    monkeypatch.setattr(fedlib.cache.tempfile, "mkstemp", refuse)
+    return ResultCache(tmp_path / "cache"), text
+
+
+@pytest.mark.parametrize("kind", ["a file in the way", "full disk", "read-only", "another user's folder"])
+def test_33_1_a_finished_run_is_returned_when_the_cache_cannot_be_written(kind, tmp_path, monkeypatch):
+    from fedlib.cache import CacheWriteWarning
+
+    store, cause = _unwritable(kind, monkeypatch, tmp_path)
+    with pytest.warns(CacheWriteWarning) as caught:
+        result = fedlib.run(make_config(TINY), cache=store, progress=False)
+    assert result.final["rounds_completed"] == 1 and 0 <= result.final["accuracy"] <= 1
+    message = str(caught[0].message)
+    assert "\n" not in message and cause in message and str(store.root) in message
+    assert not list(tmp_path.rglob("*.json"))  # nothing half-written
+
+
+def test_33_1_the_cli_writes_json_first_and_reports_the_cache_in_one_line(tmp_path, monkeypatch, capsys):
+    config = tmp_path / "c.yaml"
+    config.write_text("dataset: synthetic\nn_clients: 3\nrounds: 1\nbatch_size: 32\nfraction: 0.1\n"
+                      "test_samples: 100\nseed: 1\n")
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "afile"))
+    out = tmp_path / "result.json"
+    assert cli(["run", str(config), "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    lines = [line.rsplit("\r", 1)[-1] for line in captured.err.splitlines()]  # after the progress bar
+    errors = [line for line in lines if line.startswith("fedlib")]
+    assert len(errors) == 1 and errors[0].startswith("fedlib: could not cache the result")
+    assert str(tmp_path / "afile") in errors[0] and "Not a directory" in errors[0] and "Traceback" not in captured.err
+    assert json.loads(out.read_text())["final"]["rounds_completed"] == 1 and "final:" in captured.out
+    (tmp_path / "adir").mkdir()  # a --json target that cannot be written: one line, the numbers still shown
+    assert cli(["run", str(config), "--json", str(tmp_path / "adir"), "--no-cache"]) == 1
+    captured = capsys.readouterr()
+    assert "could not write --json" in captured.err and "Traceback" not in captured.err and "final:" in captured.out
+
+
+@pytest.fixture(scope="module")
+def tiny_results():
+    """A run of TINY and one of another config (seed 2): JSON-ready results."""
+    mine, other = make_config(TINY), make_config(TINY, seed=2)
+    return {"mine": (mine, fedlib.run(mine, cache=False, progress=False).to_dict()),
+            "other": (other, fedlib.run(other, cache=False, progress=False).to_dict())}
+
+
+def _queue_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "out"))
+    monkeypatch.setattr(fedlib_queue, "repo_results", lambda: tmp_path / "repo")
+    return tmp_path / "out" / "runs"
+
+
+def _damage(kind: str, runs: Path, key: str, tiny_results) -> None:
+    from fedlib.results import store_run
+
+    path = runs / f"{key}.json"
+    good = path.read_bytes()
+    if kind == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "another run's content":
+        other, result = tiny_results["other"]
+        path.unlink()
+        store_run(key, other.to_dict(), result, runs.parent)
+    elif kind == "wrong schema":
+        path.unlink()
+        ResultCache(runs, protect=True).put(key, {"config": TINY, "result": {"x": 1}})
+    elif kind == "score out of range":
+        mine, result = tiny_results["mine"]
+        path.unlink()
+        store_run(key, mine.to_dict(), {**result, "final": {**result["final"], "accuracy": 1.5}}, runs.parent)
+
+
+DAMAGED = ["truncated", "empty", "another run's content", "wrong schema", "score out of range"]
+
+
+@pytest.mark.parametrize("kind", DAMAGED)
+def test_33_2_the_queue_judges_a_stored_run_by_content_and_sets_a_damaged_one_aside(kind, tmp_path, monkeypatch,
+                                                                                     tiny_results):
+    runs = _queue_store(tmp_path, monkeypatch)
+    config, result = tiny_results["mine"]
+    item = fedlib_queue.QueueItem("demo", "Table 1", "row", "col", config.seed, config, fedlib_queue.run_round)
+    fedlib_queue.store_payload(item, result, "paper")
+    assert fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0].stored
+    _damage(kind, runs, item.key, tiny_results)
+    damaged = (runs / f"{item.key}.json").read_bytes()
+    entry = fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0]
+    assert not entry.stored and entry.damaged and item.key in entry.damaged  # pending again
+    assert "damaged file" in fedlib_queue.format_list([entry])
+    assert (runs / f"{item.key}.json").read_bytes() == damaged  # reading moved nothing
+    fedlib_queue.store_payload(item, result, "paper")  # the rerun: the damaged file is set aside, not deleted
+    assert (runs / f"{item.key}.json.invalid-1").read_bytes() == damaged
+    assert fedlib_queue.is_stored(item)
+
+
+def _in_thread(function, timeout: float = 20.0):
+    """(finished, value): ``function()`` in a daemon thread, given ``timeout`` seconds."""
+    box = {}
+    thread = threading.Thread(target=lambda: box.setdefault("value", function()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), box.get("value")
+
+
+def test_33_6_special_and_huge_files_under_runs_are_refused_unopened(tmp_path, monkeypatch, tiny_results):
+    from fedlib.cache import MAX_ENTRY_BYTES
+
+    runs = _queue_store(tmp_path, monkeypatch)
+    config, result = tiny_results["mine"]
+    elsewhere = ResultCache(tmp_path / "elsewhere").put("x", {"config": config.to_dict(), "result": result})
+    runs.mkdir(parents=True)
+    os.mkfifo(runs / "fifo.json")
+    (runs / "link.json").symlink_to(elsewhere)  # a valid entry, but a link
+    with open(runs / "huge.json", "wb") as fh:  # sparse: no disk used
+        fh.truncate(MAX_ENTRY_BYTES + 1)
+    store = ResultCache(runs, protect=True)
+
+    def look():
+        model = fedlib_queue.CostModel.from_results(runs)
+        return model, {k: store.read(k) for k in ("fifo", "link", "huge")}
+
+    finished, value = _in_thread(look)
+    if not finished:  # an old reader blocked on the FIFO: release it before failing
+        fd = os.open(runs / "fifo.json", os.O_WRONLY | os.O_NONBLOCK)
+        os.close(fd)
+    assert finished, "a FIFO under results/runs/ blocked the reader"
+    model, read = value
+    assert model.samples == []
+    assert read["fifo"][0] is None and "FIFO" in read["fifo"][1]
+    assert read["link"][0] is None and "symbolic link" in read["link"][1]
+    assert read["huge"][0] is None and "too large" in read["huge"][1]
+    (runs / "zero.json").symlink_to("/dev/zero")  # would read forever
+    finished, value = _in_thread(look)
+    assert finished and store.read("zero")[0] is None and "symbolic link" in store.read("zero")[1]
+    linked = fedlib_queue.QueueItem("demo", "T", "r", "c", 0, config, fedlib_queue.run_round)
+    (runs / f"{config.key()}.json").symlink_to(elsewhere)
+    stored, problem = fedlib_queue.stored_state(linked)
+    assert not stored and "symbolic link" in problem
+
+
+def test_33_6_no_symlink_or_special_file_is_committed_under_results_runs():
+    listing = subprocess.run(["git", "ls-files", "-s", "results/runs"], cwd=ROOT, capture_output=True, text=True)
+    assert listing.returncode == 0 and listing.stdout.strip()
+    assert [line for line in listing.stdout.splitlines() if not line.startswith("100644 ")] == []
+
+
+_STORE_AND_LOG = """
+import json, sys, time
+from fedlib.cache import ResultCache
+config, key, runs, log = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+with open(log, "a") as fh:
+    fh.write(key + "\\n")
+time.sleep(0.3)
+ResultCache(runs, protect=True).put(key, {"config": config, "result": {"meta": {}}})
+"""
+
+
+def test_33_4_two_queues_on_one_store_claim_each_run(tmp_path, monkeypatch):
+    import socket
+
+    runs = _queue_store(tmp_path, monkeypatch)
+    log = tmp_path / "started.txt"
+    items = [fedlib_queue.QueueItem("demo", "T", f"r{i}", "c", 0, _FakeConfig(f"k{i}"), lambda c: {}) for i in range(4)]
+
+    def command(entry, profile, device):
+        return [sys.executable, "-c", _STORE_AND_LOG, json.dumps(entry.item.config.to_dict()), entry.item.key,
+                str(runs), str(log)]
+
+    def one_queue():
+        entries = [fedlib_queue.Entry(i, 1.0, "test", False, None) for i in items]
+        return fedlib_queue.run_queue(entries, workers=2, log=lambda _: None, command=command, poll=0.05)
+
+    threads = [threading.Thread(target=one_queue) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    started = log.read_text().split()
+    assert sorted(started) == [f"k{i}" for i in range(4)]  # each run once, not once per queue
+    assert all(fedlib_queue.is_stored(i) for i in items) and not list(runs.glob(".*.claim"))
+    # a live owner's claim holds; a dead owner's is taken over
+    live = {"pid": os.getppid(), "host": socket.gethostname(), "since": 0}
+    (runs / ".held.claim").write_text(json.dumps(live))
+    assert fedlib_queue.claim("held", runs.parent) == (False, live)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (runs / ".gone.claim").write_text(json.dumps({**live, "pid": dead.pid}))
+    assert fedlib_queue.claim("gone", runs.parent) == (True, None)
+    assert json.loads((runs / ".gone.claim").read_text())["pid"] == os.getpid()
+    fedlib_queue.release("gone", runs.parent)
+    assert not (runs / ".gone.claim").exists() and (runs / ".held.claim").exists()
+    (runs / ".cut.claim").write_text("")  # a writer died between creating and filling its claim
+    assert fedlib_queue.claim("cut", runs.parent)[0] is False  # held while it may be being written
+    os.utime(runs / ".cut.claim", (time.time() - 120, time.time() - 120))
+    assert fedlib_queue.claim("cut", runs.parent) == (True, None)
+
+
+class _FakeConfig:
+    dataset, model, rounds, local_epochs, n_clients, fraction, seed = "fmnist", "mlp", 1, 1, 5, 1.0, 0
+
+    def __init__(self, name):
+        self.name = name
+
+    def key(self):
+        return self.name
+
+    def to_dict(self):
+        return {"name": self.name}
+
+
+_DATA_PATHS = """
+import io, json, os, sys
+from contextlib import redirect_stderr
+from fedlib.__main__ import main
+out = []
+for path in sys.argv[2:]:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(["run", sys.argv[1], f"dataset=imagefolder:{path}"])
+    out.append([code, err.getvalue()])
+print(json.dumps(out))
+"""
+
+
+def test_33_7_fifos_devices_and_dev_paths_are_refused_in_one_line(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("n_clients: 3\nrounds: 1\n")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    paths = [tmp_path / "fifo", "/dev/zero", tmp_path / "zero", "/dev/null"]
+    env = {**os.environ, "FEDLIB_CACHE": str(tmp_path / "cache")}
+    try:  # a reader that opens them blocks (FIFO) or reads forever (/dev/zero): a time limit
+        done = subprocess.run([sys.executable, "-c", _DATA_PATHS, str(config), *map(str, paths)], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a special data path blocked or read forever")
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    for path, (code, err) in zip(paths, results):
+        assert code == 2 and err.startswith("fedlib: ") and err.count("\n") == 1, (path, err)
+        assert str(path) in err and "refused" in err
+
+
+def test_33_7_a_permission_error_is_one_line_naming_the_path(tmp_path, monkeypatch):
+    import fedlib.data
+    from fedlib.data import DataNotFoundError
+
+    _image_tar(tmp_path / "tree.tar", compress=False)
+    secret = tmp_path / "tree.tar"
+
+    def denied(path):
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(fedlib.data, "_file_sha256", denied)
+    with pytest.raises(DataNotFoundError) as info:
+        load_dataset(f"imagefolder:{secret}", cache_dir=tmp_path / "c")
+    assert "\n" not in str(info.value) and str(secret) in str(info.value) and "permission denied" in str(info.value)
+
+
+def _deep(levels: int):
+    value = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+EXTREME_CONFIGS = [  # (config data, text of the one-line error)
+    ({"lr": 1e308}, "lr"),
+    ({"weight_decay": 1e308}, "weight_decay"),
+    ({"lr": 1e7}, "lr"),
+    ({"x" * 1_000_000: 1}, "unknown key"),
+    ({"split": {"name": "iid", "a": _deep(900)}}, "nested"),
+    ({"rounds": np.bool_(True)}, "numpy boolean"),
+    ({"lr_milestones": [np.bool_(True)]}, "numpy boolean"),
+]
+
+
+@pytest.mark.parametrize("data,text", EXTREME_CONFIGS, ids=[f"extreme-{i}" for i in range(len(EXTREME_CONFIGS))])
+def test_33_8_config_extremes_give_one_short_config_error(data, text):
+    with pytest.raises(ConfigError) as info:
+        make_config(data)
+    message = str(info.value)
+    assert type(info.value) is ConfigError and "\n" not in message and text in message and len(message) < 400
+
+
+def test_33_8_fedscm_rates_are_bounded_and_minus_zero_is_zero():
+    from fedlib.config import ScmConfig
+
+    with pytest.raises(ConfigError, match="lr"):
+        ScmConfig.make({"lr": 1e308})
+    assert make_config(TINY, momentum=-0.0).key() == make_config(TINY, momentum=0.0).key()
+    plain = make_config(TINY, split={"name": "iid", "covariate_shift": 0.0})
+    assert make_config(TINY, split={"name": "iid", "covariate_shift": -0.0}).key() == plain.key()
+    assert make_config(TINY, momentum=-0.0).to_dict()["momentum"] == 0.0
+    assert str(make_config(TINY, momentum=-0.0).momentum) == "0.0"
+
+
+@pytest.mark.parametrize("cache", ["no", 1, None, "False"])
+def test_33_8_cache_takes_only_booleans_or_a_store(cache):
+    from fedlib.config import ScmConfig
+    from fedlib.scm_pipeline import run_pipeline
+
+    with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
+        fedlib.run(make_config(TINY), cache=cache, progress=False)
+    with pytest.raises(ConfigError, match="cache: must be True, False or a fedlib.cache.ResultCache"):
+        run_pipeline(ScmConfig.make({"dataset": "synthetic", "n_clients": 12}), cache=cache)
+
+
+BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one line)
+    ({"roundz": 1}, "unknown parameter 'roundz'"),
+    ({"profile": "nosuch"}, "unknown profile 'nosuch'; known: evidence, paper, quick, smoke"),
+    ({"seeds": 5}, "parameter seeds must be list (got 5)"),
+    ({"seeds": []}, "parameter seeds must not be empty"),
+    ({"seeds": ["a"]}, "parameter seeds must hold int items"),
+    ({"rounds": "10"}, "parameter rounds must be int"),
+]
+
+
+@pytest.mark.parametrize("values,text", BAD_PARAMETERS, ids=[f"param-{i}" for i in range(len(BAD_PARAMETERS))])
+def test_33_9_chapters_check_their_papermill_parameters(values, text):
+    from fedlib.chapters.base import ChapterParameterError, check_parameters
+
+    namespace = {**book.load_profile("celm", "quick"), "profile": "quick", **values}
+    with pytest.raises(ChapterParameterError) as info:
+        check_parameters("celm", namespace)
+    assert str(info.value).startswith(f"celm: {text}") and "\n" not in str(info.value)
+
+
+def test_33_9_imported_constants_are_not_parameters():
+    """A chapter's own constants imported into the notebook (``from ... import TABLE4_FORMAT``) pass;
+    the same value under a lower-case name is an unknown parameter."""
+    from fedlib.chapters.base import ChapterParameterError, check_parameters
+
+    namespace = {**book.load_profile("flce", "smoke"), "profile": "smoke", "TABLE4_FORMAT": {"a": "{:.2f}"}}
+    check_parameters("flce", namespace)
+    namespace["table4_format"] = namespace.pop("TABLE4_FORMAT")
+    with pytest.raises(ChapterParameterError, match="flce: unknown parameter 'table4_format'"):
+        check_parameters("flce", namespace)
+
+
+def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
+    from fedlib.chapters.base import _notebook_defaults, _yaml, check_parameters, profiles_of
+
+    chapters = sorted(p.name for p in (ROOT / "params").iterdir() if p.is_dir())
+    for chapter in chapters:
+        cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+        tagged = next(i for i, c in enumerate(cells) if "parameters" in c["metadata"].get("tags", []))
+        first = next(c for c in cells[tagged + 1:] if c["cell_type"] == "code")
+        assert f"check_parameters({chapter!r}, globals())" in "".join(first["source"]), chapter
+        for profile in profiles_of(chapter):  # no false alarm on any profile or the notebook's own defaults
+            check_parameters(chapter, {**_notebook_defaults(chapter), **_yaml(chapter, profile), "profile": profile})
+        check_parameters(chapter, _notebook_defaults(chapter))
+
+
+BAD_FLAGS = [  # (flags, flag named in the one line)
+    (["--budget", "-5"], "--budget"),
+    (["--budget", "nan"], "--budget"),
+    (["--budget", "inf"], "--budget"),
+    (["--limit", "-8"], "--limit"),
+    (["--limit", "0"], "--limit"),
+    (["--first", "nosuch"], "--first"),
+    (["--first", "fedavg:No such table"], "--first"),
+    (["--table", "No such table"], "--table"),
+    (["--dataset", "nosuch"], "--dataset"),
+    (["--device", "tpu"], "--device"),
+    (["--seed", "-1"], "--seed"),
+]
+
+
+@pytest.mark.parametrize("flags,flag", BAD_FLAGS, ids=[" ".join(f) for f, _ in BAD_FLAGS])
+def test_33_10_queue_flags_are_validated_in_one_line(flags, flag, capsys):
+    assert cli(["results", "--list", "--summary", "--only", "fedavg", *flags]) == 2
+    assert flag in _one_line_err(capsys, "fedlib results: ")
+
+
+def test_33_11_migrate_dry_run_touches_nothing_and_readers_keep_temporaries(tmp_path, capsys, tiny_results):
+    runs = tmp_path / "results" / "runs"
+    config, result = tiny_results["mine"]
+    ResultCache(runs, protect=True).put("a" * 20, {"config": config.to_dict(), "result": result})  # re-keyable
+    tmp = runs / f".{config.key()}.json.abc123.tmp"  # a killed writer's, two hours old
+    tmp.write_text("{")
+    os.utime(tmp, (time.time() - 7200, time.time() - 7200))
+
+    def snapshot():
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in runs.iterdir()}
+
+    before = snapshot()
+    assert cli(["migrate-results", "--dry-run", "--root", str(tmp_path / "results")]) == 0
+    assert "re-keyed 1" in capsys.readouterr().out and snapshot() == before
+    assert ResultCache(runs).get("a" * 20) is not None  # an ordinary cache's reader
+    assert ResultCache(runs, protect=True).read("a" * 20)[1] is None and snapshot() == before
+
+
+def test_33_11_migrate_fails_on_a_missing_root_and_a_read_only_store(tmp_path, capsys, monkeypatch, tiny_results):
+    import fedlib.cache
+
+    assert cli(["migrate-results", "--root", str(tmp_path / "nope")]) == 2
+    assert "no stored runs" in _one_line_err(capsys, "fedlib migrate-results: ")
+    runs = tmp_path / "results" / "runs"
+    config, result = tiny_results["mine"]
+    old = ResultCache(runs, protect=True).put("a" * 20, {"config": config.to_dict(), "result": result})
+
+    def read_only(path, text):
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(fedlib.cache, "atomic_write_text", read_only)
+    assert cli(["migrate-results", "--root", str(tmp_path / "results")]) == 1
+    assert "Read-only file system" in _one_line_err(capsys, "fedlib migrate-results: ") and old.exists()
+
+
+def test_33_12_client_chunk_enters_every_key_it_changes_and_no_stored_key_moves():
+    from fedlib.config import ScmConfig
+
+    scm = ScmConfig.make({"dataset": "synthetic", "n_clients": 12})
+    assert ScmConfig.make({"dataset": "synthetic", "n_clients": 12, "client_chunk": 3}).key() != scm.key()
+    assert ScmConfig.make({"dataset": "synthetic", "n_clients": 12, "predict_chunk": 3}).key() == scm.key()
+    assert "client_chunk" not in scm.resolved()  # unset: the key of runs stored before it entered
+    assert make_config(TINY, client_chunk=1).key() != make_config(TINY).key()
+
+
+# --- poisoning and explorer (issue 33)
+
+POISONED = dict(dataset="synthetic", n_clients=5, rounds=4, batch_size=16, lr=0.1, local_epochs=3, seed=3)
+
+
+def _quiet_run(cfg):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fedlib.run(cfg, cache=False, progress=False)
+    return result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "celm", "fedmedian"])
+def test_33_3_sign_flippers_are_measured_reported_and_warned(method):
+    """2 of 5 clients (40 %) send 2 w_g - w every round: each round's record shows them against the
+    median update, the run warns and names them in final["poisoning_warning"]; the clean run does not."""
+    params = SMALL_PARAMS.get(method, {})
+    r, warned = _quiet_run(make_config(POISONED, split={"name": "iid", "sign_flips": 2},
+                                       method={"name": method, **params}))
+    flippers = [i for i, role in enumerate(r.meta["client_roles"]) if role == "sign_flip"]
+    assert len(flippers) == 2 and r.final["stopped"] is None
+    caught = []
+    for h in r.history:
+        d = h["disagreement"]
+        cosine = dict(zip(h["aggregated"], d["cosine"]))
+        assert all(cosine[c] > 0.3 for c in cosine if c not in flippers) and len(d["norm_ratio"]) == 5
+        assert set(d["anomalous"]) <= set(flippers)  # a benign client is never anomalous
+        if d["anomalous"] == flippers:
+            assert all(cosine[c] < -0.05 for c in flippers)
+            caught.append(h["round"])
+    assert caught[:3] == [0, 1, 2]  # (near convergence the flipped updates shrink to noise)
+    found = r.final["poisoning_warning"]
+    assert found["clients"] == flippers and found["rounds"] == caught and found["contested"]
+    assert any("possible poisoning" in w and str(flippers[:10]) in w for w in warned), warned
+    json.dumps(r.to_dict(), allow_nan=False)
+    clean, warned = _quiet_run(make_config(POISONED, split={"name": "iid"}, method={"name": method, **params}))
+    assert clean.final["poisoning_warning"] is None and not any("poisoning" in w for w in warned)
+    assert all(h["disagreement"]["anomalous"] == [] for h in clean.history)
+
+
+def test_33_3_a_collapse_after_an_unclipped_outsized_update_is_reported():
+    """A sampled run (2 clients a round, too few to clip) aggregates a 1e6-scaled update in its last
+    round and ends at 10 % with stopped: null: the collapse is reported with the round and the client."""
+    cfg = make_config(dataset="synthetic", n_clients=6, clients_per_round=2, rounds=5, batch_size=16, seed=5,
+                      split={"name": "iid", "huge_updates": 1})
+    r, warned = _quiet_run(cfg)
+    huge = r.meta["client_roles"].index("huge_update")
+    assert r.final["stopped"] is None and huge in r.history[-1]["aggregated"]
+    assert r.history[-1]["disagreement"]["anomalous"] == [huge]
+    found = r.final["poisoning_warning"]
+    assert found is not None and found["clients"] == [huge]
+    collapse = found["collapses"][-1]
+    assert collapse["round"] == 4 and collapse["accuracy"] == pytest.approx(r.final["accuracy"])
+    assert collapse["best"] - collapse["accuracy"] >= 0.2
+    assert any(f"after anomalous updates of client(s) [{huge}]" in w for w in warned), warned
+
+
+def test_33_3_disagreement_statistics_by_hand():
+    """Cosine to the coordinate-wise median update and norm ratio to the median norm, on 5 updates."""
+    g = torch.zeros(2)
+    flat = torch.tensor([[1.0, 0.0], [2.0, 0.0], [1.0, 1.0], [-1.0, 0.0], [30.0, 0.0]])
+    s = screen_updates(np.arange(5), flat, {}, g, clip_factor=10.0)
+    d = s.disagreement
+    # median update (1, 0); norms 1, 2, √2, 1, 30 -> median norm √2
+    assert d["cosine"] == pytest.approx([1.0, 1.0, 2 ** -0.5, -1.0, 1.0], abs=1e-6)
+    assert d["norm_ratio"] == pytest.approx([2 ** -0.5, 2 ** 0.5, 1.0, 2 ** -0.5, 30 / 2 ** 0.5], rel=1e-6)
+    assert d["anomalous"] == [3, 4]  # against the median; more than 10x the median norm
+    assert s.clipped == [4]  # the statistics are of the updates as sent, before clipping
+
+
+BAD_SIGN_FLIPS = [(-1, "sign_flips must be in [0, 9]"), (11, "sign_flips must be in [0, 9]"),
+                  (1.5, "split.sign_flips: must be an integer (got 1.5)"),
+                  (True, "split.sign_flips: must be an integer (got True)"),
+                  ("2", "split.sign_flips: must be an integer (got '2')")]
+
+
+@pytest.mark.parametrize("value, text", BAD_SIGN_FLIPS)
+def test_33_3_a_bad_sign_flip_count_is_one_line(value, text):
+    with pytest.raises(ValueError) as err:
+        fedlib.run(make_config(TINY, n_clients=9, split={"name": "iid", "sign_flips": value}), cache=False,
+                   progress=False)
+    assert text in str(err.value) and "\n" not in str(err.value)
+
+
+FAKE_VOILA = r"""
+import os, socket, subprocess, sys, time
+wanted = int(sys.argv[1])
+busy = socket.socket(); busy.bind(("127.0.0.1", 0)); busy.listen()  # 'the asked port was taken'
+port = busy.getsockname()[1]
+kernel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(sys.argv[2], "w").write(f"{os.getpid()} {kernel.pid}")
+print(f"[Voila] The port {wanted} is already in use, trying another port.")
+print("[Voila] Voilà is running at:")
+print(f"http://127.0.0.1:{port}/?token=...", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_33_5_a_signal_stops_the_explorer_its_server_and_kernels(tmp_path, sig):
+    """``fedlib explore`` under SIGTERM or SIGINT stops the server and its kernel (a stand-in server
+    that takes another port than asked, starts a 'kernel' and ignores nothing); the URL it printed
+    has the port the server took and a token."""
+    fake, pids = tmp_path / "fake_voila.py", tmp_path / "pids"
+    fake.write_text(FAKE_VOILA)
+    code = (f"import sys; from fedlib import explore; "
+            f"sys.exit(explore.serve(8866, command=[sys.executable, {str(fake)!r}, '8866', {str(pids)!r}]))")
+    process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert "The live explorer is at http://127.0.0.1:" in line, (line, process.stderr.read())
+        server, kernel = map(int, pids.read_text().split())
+        port = re.search(r":(\d+)/", line).group(1)
+        assert port != "8866" and "(port 8866 was taken)" in line
+        assert re.search(r"\?token=[\w-]{40,}", line)
+        assert _alive(server) and _alive(kernel)
+        process.send_signal(sig)
+        assert process.wait(timeout=30) == 0
+        assert "stopping Voilà and its kernels" in process.stderr.read()
+        deadline = time.monotonic() + 10
+        while (_alive(server) or _alive(kernel)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(server) and not _alive(kernel)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_33_5_voila_is_configured_for_localhost_a_token_a_host_check_and_culling(tmp_path):
+    """The command line and the private config file, read back by Voilà's own parser."""
+    voila_app = pytest.importorskip("voila.app")
+    from fedlib import explore
+
+    token = explore.new_token()
+    folder = explore.write_config(token)
+    try:
+        assert (folder / "voila.json").stat().st_mode & 0o077 == 0  # private
+        command = explore.voila_command(9999, folder)
+        assert token not in " ".join(command)  # not visible in ps
+        assert "--Voila.ip=127.0.0.1" in command and "--port=9999" in command and "--no-browser" in command
+        app = voila_app.Voila()
+        app.parse_command_line(command[1:])
+        assert app.config_file_paths == [str(folder)]  # not the working folder's voila.json
+        app.load_config_file("voila", path=app.config_file_paths)
+        assert app.token == token and len(token) >= 40 and app.ip == "127.0.0.1" and app.open_browser is False
+        assert app.tornado_settings == {"allow_remote_access": False, "local_hostnames": ["localhost"]}
+        kernels = app.config.MappingKernelManager
+        assert kernels.cull_idle_timeout == explore.CULL_IDLE_S > 0 and kernels.cull_interval > 0
+        assert kernels.cull_connected is False and kernels.cull_busy is False
+    finally:
+        import shutil
+
+        shutil.rmtree(folder)
+
+
+def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
+    """The real server: a DNS-rebinding Host gets 403, a page without the token goes to the login,
+    and the URL has the port Voilà moved to when the asked one was taken."""
+    import http.client
+    import socket
+    from urllib.parse import urlsplit
+
+    from fedlib import explore
+
+    try:
+        explore.voila_command(0)
+    except FileNotFoundError:
+        pytest.skip("voila is not installed")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    asked = busy.getsockname()[1]
+    log = open(tmp_path / "voila.log", "w")
+    process, url = explore.start(asked, stdout=log)
+    try:
+        taken = urlsplit(url).port
+        assert taken != asked and re.search(r"\?token=[\w-]{40,}$", url)
+
+        def status(path, host):
+            connection = http.client.HTTPConnection("127.0.0.1", taken, timeout=20)
+            connection.request("GET", path, headers={"Host": host})
+            return connection.getresponse().status
+
+        assert status("/", "rebinding.example") == 403
+        assert status("/", f"rebinding.example:{taken}") == 403
+        assert status("/", f"127.0.0.1:{taken}") == 302  # to /login: no token, no kernel
+        assert status("/", f"localhost:{taken}") == 302
+    finally:
+        assert explore.stop(process) == 0
+        log.close()
+        busy.close()
+
+
+def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robust_rules():
+    from fedlib import book
+    from fedlib.chapters import leaderboard as lb
+    from fedlib.results import RunResult
+
+    for profile in ("smoke", "quick", "paper"):
+        params = book.load_profile("leaderboard", profile)
+        p = params["poisoning"]
+        assert p["sign_flips"] / p["n_clients"] == pytest.approx(0.4)  # 40 % sign-flippers
+        cfgs = lb.poisoning_configs(params)
+        attacked = [c for c in cfgs if c.split.params.get("sign_flips") == p["sign_flips"]]
+        assert len(attacked) == (len(params["methods"]) + 4) * len(params["seeds"]) and len(cfgs) - len(attacked) == \
+            len(params["seeds"])  # plus clean FedAvg per seed
+        names = {c.method.name for c in attacked}
+        assert names >= {lb.ENTRIES[m][0] for m in params["methods"]} | {"fedmedian", "fedtrimmedavg", "krum"}
+        assert all(c.split.name == "iid" and c.n_clients == p["n_clients"] and not c.reference_values for c in cfgs)
+    robust = {json.dumps({"name": c.method.name, **c.method.params}, sort_keys=True) for c in attacked
+              if c.method.name in ("fedmedian", "fedtrimmedavg", "krum")}  # paper profile: f = 4 of n = 10
+    assert robust == {json.dumps(m, sort_keys=True) for m in [
+        {"name": "fedmedian"}, {"name": "fedtrimmedavg", "beta": 0.4}, {"name": "krum", "num_malicious_clients": 4},
+        {"name": "krum", "num_malicious_clients": 4, "num_clients_to_keep": 6}]}
+    roles = ["benign", "benign", "benign", "sign_flip", "sign_flip"]
+    warned = RunResult(config={}, history=[], meta={"client_roles": roles},
+                       final={"accuracy": 0.25, "poisoning_warning": {"clients": [1, 3]}})
+    assert lb.poisoning_metrics(warned) == {"accuracy": 25.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
+    quiet = RunResult(config={}, history=[], meta={"client_roles": roles}, final={"accuracy": 0.5})
+    assert lb.poisoning_metrics(quiet)["warned"] is False and lb.poisoning_metrics(quiet)["flippers_named"] == 0.0

@@ -15,6 +15,9 @@ over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book`
 
 from __future__ import annotations
 
+import ast
+import inspect
+import json
 from typing import Any, Callable
 
 from .. import book, data, frames, queue
@@ -35,6 +38,124 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
     return [r for r, v in values if v is not None], [100.0 * v for _, v in values if v is not None]
 
 
+# ----------------------------------------------------------------------------- papermill parameters
+
+class ChapterParameterError(ValueError):
+    """A chapter's papermill parameters do not fit its profiles' schema; one line, before any run."""
+
+
+NOTEBOOK_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "display"}  # a kernel's own globals
+
+
+def profiles_of(chapter: str) -> list[str]:
+    """The chapter's profiles: every ``params/<chapter>/<profile>.yaml`` there is."""
+    return sorted(p.stem for p in (book.repo_root() / "params" / chapter).glob("*.yaml"))
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", (list, tuple)),
+                        ("dict", dict)):
+        if isinstance(value, types):
+            return kind
+    return type(value).__name__
+
+
+def _fits(value: Any, kinds: set[str]) -> bool:
+    kind = _kind(value)
+    return kind in kinds or (kind == "int" and "float" in kinds)
+
+
+def _notebook_defaults(chapter: str) -> dict[str, Any]:
+    """The literal values of the notebook's parameters cell (a non-literal value: ``...``)."""
+    path = book.book_dir() / f"{chapter}.ipynb"
+    if not path.is_file():
+        return {}
+    cells = json.loads(path.read_text())["cells"]
+    source = next(("".join(c["source"]) for c in cells if "parameters" in c.get("metadata", {}).get("tags", [])), "")
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    try:
+                        out[target.id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        out[target.id] = ...
+    return out
+
+
+def parameter_schema(chapter: str) -> dict[str, dict[str, Any]]:
+    """Name -> {"kinds", "items", "nonempty"} from every profile of the chapter and its notebook's
+    parameters cell: the value kinds seen (an int fits a float), the kinds of list items, and
+    whether every list seen was non-empty (then an empty one is refused)."""
+    sources = [_yaml(chapter, p) for p in profiles_of(chapter)]
+    sources.append(_notebook_defaults(chapter))
+    schema: dict[str, dict[str, Any]] = {}
+    for params in sources:
+        for name, value in params.items():
+            if name == "notes":
+                continue
+            entry = schema.setdefault(name, {"kinds": set(), "items": set(), "nonempty": True, "any": False})
+            if value is ...:
+                entry["any"] = True
+                continue
+            entry["kinds"].add(_kind(value))
+            if isinstance(value, (list, tuple)):
+                entry["items"].update(_kind(v) for v in value)
+                entry["nonempty"] = entry["nonempty"] and bool(value)
+    schema.setdefault("profile", {"kinds": {"str"}, "items": set(), "nonempty": True, "any": False})
+    return schema
+
+
+def _yaml(chapter: str, profile: str) -> dict[str, Any]:
+    import yaml
+
+    if profile in book.PROFILES:  # with what it inherits (the evidence profile: the paper profile's values)
+        return book.load_profile(chapter, profile)
+    data = yaml.safe_load((book.repo_root() / "params" / chapter / f"{profile}.yaml").read_text()) or {}
+    return data if isinstance(data, dict) else {}
+
+
+def _injected(namespace: dict[str, Any]) -> dict[str, Any]:
+    """The notebook globals that are parameters: not private, not the kernel's, not modules, classes,
+    functions or imported constants (UPPER_CASE names; no profile has one)."""
+    return {k: v for k, v in namespace.items() if not k.startswith("_") and k not in NOTEBOOK_NAMES
+            and not k.isupper() and not inspect.ismodule(v) and not callable(v)}
+
+
+def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
+    """Check a chapter notebook's parameters (papermill's ``-p``/``-y`` values and the parameters
+    cell, i.e. the notebook's globals) against its profiles before anything runs: an unknown name,
+    an unknown profile (no ``params/<chapter>/<profile>.yaml``) or a value of the wrong type is one
+    ``ChapterParameterError`` line."""
+    from ..config import shown
+
+    profiles = profiles_of(chapter)
+    profile = namespace.get("profile", "quick")
+    if not isinstance(profile, str) or profile not in profiles:
+        raise ChapterParameterError(f"{chapter}: unknown profile {shown(profile)}; known: {', '.join(profiles)}")
+    schema = parameter_schema(chapter)
+    for name, value in _injected(namespace).items():
+        entry = schema.get(name)
+        if entry is None:
+            known = ", ".join(sorted(schema))
+            raise ChapterParameterError(f"{chapter}: unknown parameter {shown(name)}; known: {known}")
+        if entry["any"] or entry["kinds"] <= {"null"}:
+            continue
+        expected = " or ".join(sorted(entry["kinds"] - {"null"})) + (" or null" if "null" in entry["kinds"] else "")
+        if not _fits(value, entry["kinds"]):
+            raise ChapterParameterError(f"{chapter}: parameter {name} must be {expected} (got {shown(value)})")
+        if isinstance(value, (list, tuple)):
+            if entry["nonempty"] and not value:
+                raise ChapterParameterError(f"{chapter}: parameter {name} must not be empty (got [])")
+            bad = [v for v in value if entry["items"] and not _fits(v, entry["items"])]
+            if bad:
+                raise ChapterParameterError(f"{chapter}: parameter {name} must hold "
+                                            f"{' or '.join(sorted(entry['items']))} items (got {shown(bad[0])})")
+
+
 def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
     """A ``fedlib.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
     ``options``: the item's other fields, the runner ``run_round`` unless given)."""
@@ -53,7 +174,8 @@ class Chapter:
         self.paper_params = book.load_profile(self.name, "paper")
         self.reference = (None if self.reference_paper is None
                           else book.load_reference(self.reference_paper or self.name))
-        self.ours = f"ours ({profile})"
+        # the evidence profile's own runs are the stored paper-protocol runs: one source, no training
+        self.ours = OURS_STORED if profile == book.EVIDENCE else f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
         self.runs: list = []
         self.stored = None  # book.Stored: the stored paper-profile runs
@@ -71,7 +193,9 @@ class Chapter:
 
     @classmethod
     def from_notebook(cls, namespace: dict[str, Any]) -> "Chapter":
-        """The chapter as the notebook's parameters cell (papermill's injected values) sets it."""
+        """The chapter as the notebook's parameters cell (papermill's injected values) sets it,
+        once they pass :func:`check_parameters`."""
+        check_parameters(cls.name, namespace)
         params = {n: namespace[n] for n in cls.parameter_names() if n in namespace}
         return cls(namespace.get("profile", "quick"), params)
 
@@ -90,6 +214,8 @@ class Chapter:
 
             torch.set_num_threads(self.params["threads"])
         configs = self.configs() if configs is None else configs
+        if self.evidence:
+            return self._stored_as_ours(configs, quiet)
         by_dataset: dict[str, list] = {}
         for c in configs:
             by_dataset.setdefault(c.dataset, []).append(c)
@@ -109,6 +235,26 @@ class Chapter:
             print(self.stored.describe())
         return self.runs
 
+    @property
+    def evidence(self) -> bool:
+        """Whether this build shows the stored paper-protocol runs only (``make book``'s default)."""
+        return self.profile == book.EVIDENCE
+
+    def _stored_as_ours(self, configs, quiet: bool) -> list:
+        """The evidence profile: the stored runs of ``configs`` stand for this build's runs (nothing
+        trains); the ones not stored are counted and named with the command that makes them."""
+        self.stored = book.stored_results(self.name, configs)
+        self.results = dict(self.stored.results)
+        self.runs = list(self.results.values())
+        missing = [c for c in configs if c.key() not in self.results]
+        if not quiet:
+            print(book.evidence_summary(self.name, len(configs), len(missing)))
+            if self.runs:
+                print(self.stored.describe())
+        if not self.runs:
+            raise book.NothingStored(book.evidence_summary(self.name, len(configs), len(missing)))
+        return self.runs
+
     def stored_runs(self, configs=None):
         return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
 
@@ -122,7 +268,7 @@ class Chapter:
     def by_source(self) -> list[tuple[str, dict, dict]]:
         """(source, runs by key, params) of this build and, when there are any, of the stored paper-profile runs."""
         out = [(self.ours, self.results, self.params)]
-        if self.stored is not None and self.stored.results:
+        if self.stored is not None and self.stored.results and not self.evidence:
             out.append((OURS_STORED, self.stored.results, self.paper_params))
         return out
 
@@ -153,6 +299,10 @@ class Chapter:
     def comparison(self, rows: list[tuple[str, dict, dict]], digits: int = 2):
         """The paper-vs-ours frame: per row a 'paper' line and one per source, a column per method."""
         return frames.comparison(rows, self.labels, digits, index=self.index)
+
+    def styled(self, rows: list[tuple[str, dict, dict]]):
+        """The comparison frame of ``rows``, the best method per line in bold (on the seeds they share)."""
+        return frames.styled_comparison(rows, self.labels, index=self.index)
 
     # -- the page --------------------------------------------------------------------------
     def header(self):

@@ -30,9 +30,10 @@ from typing import Any
 import numpy as np
 
 from .. import frames, partition
-from ..book import bold_best, reference_value
+from ..book import reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..stats import mean_std, pm
 from . import run_options, unique_configs
 from .base import Chapter, dataset_label
 
@@ -228,10 +229,10 @@ def choose_pls_allocation(matches, target: tuple[float, float] = (0.508, 0.586))
 
 
 def best_counts(rows: list[tuple[str, dict, dict]], source: str, method: str = "celm") -> tuple[int, int, int]:
-    """(rows where ``method`` is best in ours, rows where it is best in the paper, rows compared)."""
+    """(rows where ``method`` is best in ours (on the seeds the methods share), rows where it is best
+    in the paper, rows compared)."""
     def is_best(values):
-        finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-        return method in finite and finite[method] == max(finite.values())
+        return method in frames.best_on_shared_seeds(values)
 
     compared = [(paper, ours[source]) for _, paper, ours in rows  # the rows ``source`` ran
                 if any(v[0] == v[0] for v in ours.get(source, {}).values())]
@@ -475,11 +476,6 @@ class CELM(Chapter):
         return [(label.format(split=split), self.paper_values(table, f"{prefix} {SPLITS[split][1]}", methods),
                  self.sources(method_configs(SPLITS[split][0], methods, **options))) for split in splits]
 
-    def styled(self, rows):
-        """The comparison frame of ``rows``, the best method per line in bold."""
-        frame = self.comparison(rows)
-        return bold_best(frame, list(frame.columns))
-
     def table1(self):
         """Table 1 on the profile's dataset: the styled frame, its rows and the numbers the text quotes."""
         rows = self.split_rows("Table 1", self.params["splits"])
@@ -627,7 +623,7 @@ class CELM(Chapter):
 
         def spread(part, source):
             return {"source": f"{source}, seeds {list(seeds)}",
-                    **{m: f"{part[m].mean():.3f} ± {part[m].std(ddof=0):.3f}" for m in names}}
+                    **{m: pm(*mean_std(part[m]), digits=3) for m in names}}
 
         lines, inside, means, papers = [], dict.fromkeys(names, 0), {}, {}
         for dataset, paper_row, split in TABLE4_ROWS:
@@ -711,8 +707,7 @@ class CELM(Chapter):
                                     for s in self.params["seeds"]] for label, f in fractions.items()}
             rows.append((split, frames.paper_values(self.reference, "Table 8", f"{self.prefix} {row}", fractions, str),
                          {self.ours: frames.seed_mean_std(self.results, per_fraction)}))
-        table = frames.comparison(rows, {label: label for label in fractions}, index="split")
-        return bold_best(table, list(table.columns))
+        return frames.styled_comparison(rows, {label: label for label in fractions}, index="split")
 
     def fig6(self):
         """Fig. 6: CELM's final accuracy (%) over the probe steps L x Adam step size η grid."""
@@ -783,3 +778,42 @@ class CELM(Chapter):
                     "paper": table2_values["t2_rare_paper_celm"], "ours": round(table2_values["t2_rare_celm"], 2),
                     "unit": "%"})
         return self.record_headlines(out)
+
+
+def baselines_text(params: dict[str, Any]) -> str:
+    """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs of Table 1
+    resolve (``fedlib.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
+    from fractions import Fraction
+
+    from .. import book
+    from ..methods import build_method
+
+    runs = dict(book.resolved_methods("celm", "paper"))
+    table1 = experiment_configs(params, "table1")
+    runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")} for c in table1}
+    sym = lambda method, s: book.PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
+    cffl = runs["cffl"]
+    by_coefficient: dict[Fraction, list[str]] = {}  # the removal coefficient each split's CFFL runs use
+    for split in params["splits"]:
+        run = next((c for c in table1 if c.method.name == "cffl" and c.split.name == SPLITS[split][0]["name"]
+                    and c.split.params == {k: v for k, v in SPLITS[split][0].items() if k != "name"}), None)
+        if run is not None:
+            coefficient = Fraction(build_method("cffl", run.method.params).coefficient).limit_denominator(100)
+            by_coefficient.setdefault(coefficient, []).append(split)
+    ordered = sorted(by_coefficient.items(), key=lambda item: -len(item[1]))
+    coefficients = f"{ordered[0][0]}" if ordered else f"{Fraction(cffl['threshold']).limit_denominator(100)}"
+    coefficients += "".join(f", or {c} on {' and '.join(splits)} (its authors' code uses it for their label-imbalance "
+                            "split)" for c, splits in ordered[1:])
+    return (
+        "**Baselines** (as this page's runs resolve them; `fedlib.methods.gradient` / `fairness`): FedAvg with "
+        "uniform weights (the paper's choice: no client metadata), CFFL (server validation accuracy `acc_i` → "
+        "reputation `r_i ← fade·r_i + (1 − fade)·acc_i / Σ acc`, weights `sinh(α r) / Σ sinh(α r)` with "
+        f"α = {sym('cffl', 'α')} and fade = {sym('cffl', 'fade')}, clients below coefficient / |R| of the reputation "
+        f"removed, coefficient {coefficients}, updates clipped to ±{cffl['clip']:g} and the largest "
+        f"{100 * cffl['theta']:g} % of their entries uploaded; the server holds out {cffl['server_val']:,} training "
+        f"samples as its validation set), CGSV (cosine of each update with the aggregate, reputation EMA "
+        f"α = {sym('cgsv', 'α')}), ShapFed (class-wise cosine of the classifier rows' "
+        f"{SHAPFED_SIGNALS[runs['shapfed']['signal']]}, μ = {sym('shapfed', 'μ')}).")
+
+
+SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}

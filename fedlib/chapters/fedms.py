@@ -195,9 +195,10 @@ def reward_series(result, key: str = "rewards") -> dict[str, np.ndarray]:
             "cumulative_other": np.cumsum(total["other"]) / n_other}
 
 
-def best_method(values: dict[str, tuple[float, float]]) -> str | None:
-    finite = {m: v[0] for m, v in values.items() if v[0] == v[0]}
-    return max(finite, key=finite.get) if finite else None
+def best_method(values: dict[str, tuple]) -> str | None:
+    """The best method of ``values`` on the seeds they share (the first of a tie); None: none comparable."""
+    best = frames.best_on_shared_seeds(values)
+    return next((m for m in values if m in best), None)
 
 
 def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dict[str, Any]]:
@@ -363,10 +364,11 @@ class FedMS(Chapter):
         return verdict.set_index(["source", "method"]), {"t1_softmax_source": shown, "t1_softmax_verdict": text}
 
     def table1_cifar10(self):
+        """Table 1 (CIFAR-10), styled (bold: the best per line on shared seeds; None when not run), and its numbers."""
         rows = self.table1_rows(cifar10=True) if self.cifar_note() else []
         ran = [o[self.ours] for _, _, o in rows if best_method(o[self.ours]) is not None]
         values = {"t1c_best": sum(best_method(o) == "fedms" for o in ran), "t1c_n": len(ran)}
-        return (self.comparison(rows) if rows else None), values
+        return (self.styled(rows) if rows else None), values
 
     def fig2(self):
         """Fig. 2: FedAvg with and without the Maverick, and GTG vs MS-GTG rewards of each."""

@@ -301,9 +301,10 @@ class FLCE(Chapter):
                 paper = frames.paper_values(self.reference, "Table 3", self.paper_row(d, split), variants, str)
                 kl.update({(d, split, v): self.mean(partial(kl_to, contribute=readers[v]), d, split, "flce",
                                                     **VARIANTS[variant_run(v)]) for v in variants})
-                lines += [{**row, "source": "paper", **{v: book.pm(p[0], float("nan"), 4) for v, p in paper.items()}},
+                lines += [{**row, "source": "paper",
+                           **{v: book.pm(p[0], float("nan"), digits=4) for v, p in paper.items()}},
                           {**row, "source": self.ours,
-                           **{v: book.pm(kl[(d, split, v)], float("nan"), 4) for v in variants}}]
+                           **{v: book.pm(kl[(d, split, v)], float("nan"), digits=4) for v in variants}}]
         flce = lambda key: kl[(*key[:2], "FLCE")]  # noqa: E731
         ablated = [(k, v) for k, v in kl.items() if k[2] != "FLCE" and k[2] not in simplifications]
         effects = []

@@ -13,6 +13,13 @@ method's final contribution vector to each reference (Spearman ρ and KL); the f
 of the z-score rule (CELM §6.2) over the run's contribution history; the Maverick's rank; the
 server time per round relative to FedAvg on the same federation.
 
+Poisoning (issue 33): on one more federation (IID, ``poisoning.n_clients`` clients of which
+``poisoning.sign_flips`` send sign-flipped updates ``2 w_g - w`` every round), every method of the
+list and the robust aggregation rules (coordinate-wise median, trimmed mean, Krum, multi-Krum, each
+told the attacker count f) run once more: final accuracy, whether the run warned of poisoning
+(``final["poisoning_warning"]``, ``fedlib.screening``), and which clients the warning named; a
+clean FedAvg run on the same federation is the reference.
+
 Logit-based UWA cannot enter a parameter-averaging federation (clients share logits on a public
 set, not models), so it gets its own rows on the logit protocol's federation (``uwa_configs``):
 accuracy, server time relative to simple logit averaging, and the fidelity of its mean
@@ -23,7 +30,7 @@ from __future__ import annotations
 
 import itertools
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -51,6 +58,14 @@ ENTRIES: dict[str, tuple[str, dict[str, Any], str, str]] = {
     "fedscm": ("fedscm_select", {}, "scores", "FedSCM selection"),
 }
 BASELINE = "fedavg"  # server time is relative to sample-count FedAvg on the same federation
+# the poisoning table's robust rules: key -> (registered method, its parameters from (n clients, f attackers), label)
+ROBUST: dict[str, tuple[str, Callable[[int, int], dict[str, Any]], str]] = {
+    "fedmedian": ("fedmedian", lambda n, f: {}, "Median"),
+    "fedtrimmedavg": ("fedtrimmedavg", lambda n, f: {"beta": f / n}, "Trimmed mean (β = f/n)"),
+    "krum": ("krum", lambda n, f: {"num_malicious_clients": f}, "Krum"),
+    "multi_krum": ("krum", lambda n, f: {"num_malicious_clients": f, "num_clients_to_keep": n - f}, "multi-Krum (keep n − f)"),
+}
+CLEAN = "FedAvg, no attack"  # the poisoning table's reference row
 
 SPLITS: dict[str, dict[str, Any]] = {
     "IID": {"name": "iid"},
@@ -66,6 +81,8 @@ KL_SMOOTHING = 0.01  # share of the uniform distribution mixed into both sides o
 
 
 def label(key: str) -> str:
+    if key in ROBUST:
+        return ROBUST[key][2]
     return ENTRIES[key][3] if key in ENTRIES else key
 
 
@@ -97,6 +114,49 @@ def configs(params: dict[str, Any], datasets: list[str] | None = None) -> list[R
     """Every parameter-averaging run of the chapter (dataset x split x method x seed)."""
     return [run_config(params, d, s, m, seed) for d in (datasets or params["datasets"]) for s in params["splits"]
             for m in params["methods"] for seed in params["seeds"]]
+
+
+def poisoning_config(params: dict[str, Any], key: str, seed: int, attacked: bool = True) -> RunConfig:
+    """One run of the poisoning table: ``key`` of :data:`ENTRIES` or :data:`ROBUST` on the IID
+    federation of ``params["poisoning"]`` with its sign-flippers (none when not ``attacked``)."""
+    p = params["poisoning"]
+    n, f = p["n_clients"], p["sign_flips"]
+    if key in ROBUST:
+        name, hyper, _ = ROBUST[key]
+        method = {"name": name, **hyper(n, f)}
+    elif key in ENTRIES:
+        name, fixed, _, _ = ENTRIES[key]
+        method = {"name": name, **fixed, **params.get("method_params", {}).get(key, {})}
+    else:
+        raise ValueError(f"poisoning: unknown method {key!r}; known: {', '.join([*ENTRIES, *ROBUST])}")
+    split = {"name": "iid", **({"sign_flips": f} if attacked else {})}
+    return make_config(
+        dataset=p["dataset"], model=params["models"][p["dataset"]], fraction=params["fraction"],
+        test_samples=params["test_samples"], server_val=params["server_val"], n_clients=n, rounds=params["rounds"],
+        lr=params["lr"], lr_milestones=params["lr_milestones"], batch_size=params["batch_size"],
+        local_epochs=params["local_epochs"], split=split, method=method, seed=seed, **run_options(params))
+
+
+def poisoning_methods(params: dict[str, Any]) -> list[str]:
+    """The poisoning table's rows: the leaderboard's methods, then the robust rules."""
+    return [*params["methods"], *ROBUST]
+
+
+def poisoning_configs(params: dict[str, Any]) -> list[RunConfig]:
+    """Every run of the poisoning table: each method under attack, and clean FedAvg, per seed."""
+    return ([poisoning_config(params, m, seed) for m in poisoning_methods(params) for seed in params["seeds"]]
+            + [poisoning_config(params, BASELINE, seed, attacked=False) for seed in params["seeds"]])
+
+
+def poisoning_metrics(result) -> dict[str, Any]:
+    """Accuracy, whether the run warned of poisoning, and the sign-flippers / benign clients it named."""
+    roles = np.asarray(result.meta["client_roles"])
+    found = result.final.get("poisoning_warning")
+    named = set(found["clients"]) if found else set()
+    flippers = set(np.flatnonzero(roles == "sign_flip").tolist())
+    return {"accuracy": 100 * result.final["accuracy"], "warned": found is not None,
+            "flippers_named": len(named & flippers) / len(flippers) if flippers else float("nan"),
+            "benign_named": len(named - flippers)}
 
 
 def uwa_configs(params: dict[str, Any], dataset: str) -> list[RunConfig]:
@@ -220,6 +280,15 @@ def table(results: dict, params: dict[str, Any], datasets: list[str]) -> "pd.Dat
     return pd.DataFrame(rows)
 
 
+def on_shared_federations(frame):
+    """The rows of the (dataset, split, seed) federations every method of ``frame`` ran, so that means,
+    bests and ranks compare the methods on the same runs."""
+    if frame is None or frame.empty:
+        return frame
+    keys = ["dataset", "split", "seed"]
+    return frame[frame.groupby(keys)["method"].transform("nunique") == frame["method"].nunique()]
+
+
 def uwa_metrics(result) -> dict[str, Any]:
     """UWA's (or simple averaging's) numbers on its logit federation."""
     out = {"accuracy": 100 * result.final["accuracy"], "balanced_accuracy": 100 * result.final["balanced_accuracy"],
@@ -253,6 +322,12 @@ def queue_items(params: dict[str, Any]) -> list:
     for d in params["datasets"]:
         items += [item("Leaderboard (logit)", f"{d} k={c.split.params['k']}", aggregator(c), c)
                   for c in uwa_configs(params, d)]
+    p = params["poisoning"]
+    column = f"{p['dataset']} IID, {p['sign_flips']} of {p['n_clients']} sign-flipping"
+    items += [item("Leaderboard (poisoning)", column, label(m), poisoning_config(params, m, seed))
+              for m in poisoning_methods(params) for seed in params["seeds"]]
+    items += [item("Leaderboard (poisoning)", column, CLEAN, poisoning_config(params, BASELINE, seed, attacked=False))
+              for seed in params["seeds"]]
     return items
 
 
@@ -281,22 +356,28 @@ class Leaderboard(Chapter):
     def configs(self, params=None) -> list[RunConfig]:
         """Per dataset, the parameter-averaging runs, then UWA's logit runs."""
         p = self.params if params is None else params
-        return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)]
+        return [c for d in p["datasets"] for c in configs(p, [d]) + uwa_configs(p, d)] + poisoning_configs(p)
 
     def stored_runs(self, configs=None):
         """None: the page shows this build's runs only."""
         return None
 
     def run(self) -> list:
-        """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line."""
-        super().run(quiet=True)
+        """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line.
+        The poisoning runs' warnings are expected: the poisoning table reports them, the page does not repeat them."""
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*possible poisoning", category=RuntimeWarning)
+            super().run(quiet=True)
         self.datasets = [d for d in self.params["datasets"] if self.has(d)]
         self.frame = table(self.results, self.params, self.datasets)
         logit = sum(len(uwa_configs(self.params, d)) for d in self.datasets)
+        poisoned = sum(self.result(c) is not None for c in poisoning_configs(self.params))
         wall = sum(r.meta["wall_time"] for r in self.runs)
         print(f"profile {self.profile}; datasets {', '.join(self.datasets)}; seeds {self.params['seeds']}; "
-              f"{len(self.runs)} runs ({len(self.runs) - logit} parameter-averaging, {logit} logit); {wall:.0f} s of "
-              f"compute when first computed; device {self.runs[0].meta['device']}")
+              f"{len(self.runs)} runs ({len(self.runs) - logit - poisoned} parameter-averaging, {logit} logit, "
+              f"{poisoned} poisoning); {wall:.0f} s of compute when first computed; device {self.runs[0].meta['device']}")
         return self.runs
 
     def overview(self) -> dict[str, Any]:
@@ -308,15 +389,18 @@ class Leaderboard(Chapter):
 
     def summary(self, columns: dict[str, str] | None = None, split: str | None = None, sort: str | None = None,
                 ascending: bool = True):
-        """Each method's mean of ``columns`` (renamed) over datasets and seeds (and splits unless ``split``)."""
-        sub = self.frame if split is None else self.frame[self.frame["split"] == split]
+        """Each method's mean of ``columns`` (renamed) over datasets and seeds (and splits unless ``split``), on the
+        federations every method ran (:func:`on_shared_federations`)."""
+        frame = on_shared_federations(self.frame)
+        sub = frame if split is None else frame[frame["split"] == split]
         cols = list(columns or [c for c in sub.columns if c not in ("dataset", "split", "seed", "method", "key")])
         out = sub.groupby("method", sort=False)[cols].mean(numeric_only=True)
         return (out if sort is None else out.sort_values(sort, ascending=ascending)).rename(columns=columns or {})
 
     def accuracy_table(self):
-        """Final accuracy (%) per split and the mean balanced accuracy, mean over datasets and seeds; best first."""
-        f = self.frame
+        """Final accuracy (%) per split and the mean balanced accuracy, mean over datasets and seeds (on the
+        federations every method ran); best first."""
+        f = on_shared_federations(self.frame)
         acc = f.pivot_table(index="method", columns="split", values="accuracy", aggfunc="mean")[
             [s for s in self.params["splits"] if s in set(f["split"])]]
         acc["mean"] = acc.mean(axis=1)
@@ -425,6 +509,40 @@ class Leaderboard(Chapter):
         values = {"lb_uwa_gap": float(uwa.loc["UWA", "accuracy"] - uwa.loc["simple average", "accuracy"]),
                   "lb_uwa_rho": float(uwa.loc["UWA"].get("rho_size", float("nan")))}
         return uwa.style.format("{:.3f}", na_rep="—"), values
+
+    def poisoning_table(self):
+        """Under 40 %-style sign-flipping (``poisoning``): each method's accuracy, the share of seeds whose
+        run warned, the share of the sign-flippers the warning named and the benign clients it named (mean over
+        seeds); the first row is clean FedAvg on the same federation. Best accuracy under attack first."""
+        import pandas as pd
+        from IPython.display import Markdown
+
+        p, seeds = self.params, self.params["seeds"]
+        rows = [{"method": label(m), "seed": s, **poisoning_metrics(r)} for m in poisoning_methods(p) for s in seeds
+                if (r := self.result(poisoning_config(p, m, s))) is not None]
+        clean = [self.result(poisoning_config(p, BASELINE, s, attacked=False)) for s in seeds]
+        rows += [{"method": CLEAN, "seed": s, **poisoning_metrics(r)} for s, r in zip(seeds, clean) if r is not None]
+        frame = pd.DataFrame(rows)
+        if frame.empty:
+            return frame, {"lb_poison_best": Markdown("none"), "lb_poison_best_value": float("nan"),
+                           "lb_poison_fedavg": float("nan"), "lb_poison_clean": float("nan"),
+                           "lb_poison_warned": 0, "lb_poison_runs": 0, "lb_poison_setting": Markdown("not run")}
+        frame["warned"] = frame["warned"].astype(float)
+        out = frame.groupby("method", sort=False)[["accuracy", "warned", "flippers_named", "benign_named"]].mean()
+        attacked = out.drop(index=[CLEAN], errors="ignore").sort_values("accuracy", ascending=False)
+        out = pd.concat([out.loc[[CLEAN]], attacked]) if CLEAN in out.index else attacked
+        under_attack = frame[frame["method"] != CLEAN]
+        values = {"lb_poison_best": best(attacked, "accuracy"), "lb_poison_best_value": float(attacked["accuracy"].max()),
+                  "lb_poison_fedavg": float(attacked.loc[label(BASELINE), "accuracy"]) if label(BASELINE) in
+                  attacked.index else float("nan"),
+                  "lb_poison_clean": float(out.loc[CLEAN, "accuracy"]) if CLEAN in out.index else float("nan"),
+                  "lb_poison_warned": int(under_attack["warned"].sum()), "lb_poison_runs": len(under_attack),
+                  "lb_poison_setting": Markdown(f"{p['poisoning']['sign_flips']} of {p['poisoning']['n_clients']}")}
+        out = out.rename(columns={"accuracy": "accuracy %", "warned": "warned (share of seeds)",
+                                  "flippers_named": "sign-flippers named", "benign_named": "benign clients named"})
+        style = out.style.format({"accuracy %": "{:.2f}", "warned (share of seeds)": "{:.2f}",
+                                  "sign-flippers named": "{:.2f}", "benign clients named": "{:.1f}"}, na_rep="—")
+        return style.background_gradient(cmap="Greens", subset=["accuracy %"]), values
 
     def radars(self):
         """One radar per method, six axes on [0, 1] (1 = best; a missing axis at 0): accuracy and balanced accuracy

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import frames
-from ..book import bold_best, git_commit, load_profile, mean_std, pm, results_dir, stored_results
+from ..book import git_commit, load_profile, mean_std, pm, results_dir, stored_results
 from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
@@ -322,19 +322,22 @@ def calibrated_choice(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _accuracy_frame(rows: dict, index):
-    """{row label: {method: (mean, std)}} as a table of "mean ± std" (bold: each row's best); ``index``
-    names the row level(s) (tuple labels make a MultiIndex)."""
+    """{row label: {method: Spread}} as a table of "mean ± sd (n)" (bold: each row's best, on the seeds
+    the row's methods share); ``index`` names the row level(s) (tuple labels make a MultiIndex)."""
     import pandas as pd
 
-    frame = pd.DataFrame.from_dict({label: {m: pm(*v) for m, v in r.items()} for label, r in rows.items()},
-                                   orient="index").rename(columns=LABELS).rename_axis(index)
-    return bold_best(frame, list(frame.columns))
+    def table(cell):
+        return pd.DataFrame.from_dict({label: {m: cell(v) for m, v in r.items()} for label, r in rows.items()},
+                                      orient="index").rename(columns=LABELS).rename_axis(index)
+
+    return frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v))
 
 
 def _k_sweep_counts(by_k: dict, methods: list[str]) -> tuple[int, int]:
-    """For {k: {method: (mean, std)}}: how many k have the meta-model best, and UWA ahead of simple averaging."""
-    return (sum(max(methods, key=lambda m: r[m][0]) == "meta" for r in by_k.values()),
-            sum(r["uwa"][0] > r["simple"][0] for r in by_k.values()))
+    """For {k: {method: Spread}}: how many k have the meta-model best, and UWA ahead of simple averaging,
+    each on the seeds the methods compared share (``frames.best_on_shared_seeds``)."""
+    return (sum(frames.best_on_shared_seeds({m: r[m] for m in methods if m in r}) == {"meta"} for r in by_k.values()),
+            sum(frames.best_on_shared_seeds({m: r[m] for m in ("uwa", "simple")}) == {"uwa"} for r in by_k.values()))
 
 
 class LogitFL(Chapter):
@@ -421,9 +424,9 @@ class LogitFL(Chapter):
         simple = [100 * r.final["accuracy"] for c in row_configs(self.paper_params, self.k0)["simple"]
                   if (r := self.stored.results.get(c.key()))]
         if simple:
-            mean, std = mean_std(simple)
+            mean, std, n = mean_std(simple)
             text += (f" Stored paper-profile runs at the profile's protocol: simple averaging "
-                     f"{pm(mean, std) if len(simple) > 1 else f'{mean:.2f}'} % over {len(simple)} seed(s) ("
+                     f"{pm(mean, std, n)} % (mean ± sd (seeds)) ("
                      + ("" if abs(mean - PAPER_SIMPLE) <= 3 else "not ") + "within 3 points of the paper).")
         return first_frame, choice, {"cal_text": text}
 
@@ -432,16 +435,19 @@ class LogitFL(Chapter):
         import pandas as pd
 
         aggregators = self.params["aggregators"]
-        paper = {m: 100 * v[0] for m, v in self.paper_values("Headline", "MNIST k=2", LABELS).items()}  # FedAvg: NaN
+        paper = {m: v[0] for m, v in self.paper_values("Headline", "MNIST k=2", LABELS).items()}  # %; FedAvg: NaN
         sources = self.sources(lambda p: row_configs(p, self.k0))
         head, stored_head = sources[self.ours], sources.get(OURS_STORED, {})
-        lines = {"paper (LeNet, full protocol)": {m: pm(paper[m], float("nan")) for m in head},
-                 self.ours: {m: pm(*v) for m, v in head.items()}}
+        lines = {"paper (LeNet, full protocol)": {m: (paper[m], float("nan")) for m in head}, self.ours: head}
         if any(v[0] == v[0] for v in stored_head.values()):
             seeds = sorted({r.config["seed"] for r in self.stored.results.values()})
-            lines[f"{OURS_STORED} (seeds {seeds})"] = {m: pm(*v) for m, v in stored_head.items()}
-        frame = pd.DataFrame.from_dict(lines, orient="index").rename(columns=LABELS).rename_axis("source")
-        return bold_best(frame, list(frame.columns)), {
+            lines[f"{OURS_STORED} (seeds {seeds})"] = stored_head
+
+        def table(cell):
+            return (pd.DataFrame.from_dict({k: {m: cell(v) for m, v in line.items()} for k, line in lines.items()},
+                                           orient="index").rename(columns=LABELS).rename_axis("source"))
+
+        return frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v)), {
             "head_k": self.k0, "head_best": LABELS[max(aggregators, key=lambda a: head[a][0])],
             "head_uwa_gain": head["uwa"][0] - head["simple"][0], "head_meta_gain": head["meta"][0] - head["simple"][0],
             "paper_uwa_gain": paper["uwa"] - paper["simple"], "paper_meta_gain": paper["meta"] - paper["simple"],
@@ -490,9 +496,10 @@ class LogitFL(Chapter):
         stored_text = ""
         if stored:
             stored_meta, stored_uwa = _k_sweep_counts(stored, methods)
-            stored_text = (f"On the stored paper-profile runs (mean over seeds), the meta-model is best for "
-                           f"{stored_meta} of {len(stored)} values of k and UWA beats simple averaging for "
-                           f"{stored_uwa} of {len(stored)}.")
+            stored_text = (f"On the stored paper-profile runs (means on the seeds the methods share), the meta-model "
+                           f"is best for {stored_meta} of {len(stored)} values of k and UWA is ahead of simple "
+                           f"averaging for {stored_uwa} of {len(stored)}; whether a margin exceeds the seeds' noise "
+                           f"is judged in the scorecard (95 % t-intervals of the paired margins).")
         return table, fig, {"k_meta_best": meta_best, "k_uwa_wins": uwa_wins, "k_n": len(ks),
                             "k_stored_text": stored_text}
 
@@ -589,7 +596,7 @@ class LogitFL(Chapter):
         import pandas as pd
 
         aggregators, lines, headlines = self.params["aggregators"], [], []
-        paper = {a: 100 * v[0] for a, v in self.paper_values("Headline", "MNIST k=2", aggregators).items()}
+        paper = {a: v[0] for a, v in self.paper_values("Headline", "MNIST k=2", aggregators).items()}  # %
         for k in self.params["ks"]:
             sources = self.sources(lambda p: row_configs(p, k, with_fedavg=False))
             for a in aggregators:

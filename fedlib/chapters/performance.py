@@ -11,6 +11,7 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from .. import book
+from ..progress import report
 from .base import Chapter
 
 ENGINE_LABELS = {"vectorized": "fedlib vectorized", "loop": "fedlib loop", "flower": "Flower (simulation)",
@@ -21,6 +22,102 @@ VALUATION_COLUMNS = {"server_s": ("server s / round", "{:.3f}"), "ratio": ("× F
                      "flops": ("GFLOP / round", "{:.3f}"), "arithmetic_s": ("arithmetic s", "{:.4f}"),
                      "multiple": ("× arithmetic", "{:.1f}x")}  # record key -> (column, format)
 NOT_MEASURED = "not measured in this profile"
+STORED_CPU_RUN = "peers-cpu-2core.json"  # benchmarks/results/: the evidence build's "live" run (nothing is timed)
+LOAD_MARGIN = 0.5  # a 1-minute load average above cores + this, before or after an engine: other work competed
+
+
+def competed(load: dict[str, Any] | None) -> bool:
+    """Whether other work competed for the CPU while an engine was timed: the 1-minute load average before
+    or after it exceeded the cores (the benchmark plans one compute thread per core) by more than LOAD_MARGIN."""
+    return bool(load) and max(load["before"], load["after"]) > load["cores"] + LOAD_MARGIN
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """One benchmark record from one invocation per engine: the first's provenance, every engine's columns
+    per N, the breakdown and valuation of the invocation that has them, and each engine's load."""
+    merged = {k: v for k, v in runs[0].items() if k not in ("rows", "load")}
+    rows: dict[int, dict] = {}
+    for run in runs:
+        for row in run["rows"]:
+            rows.setdefault(row["N"], {}).update(row)
+        merged |= {k: run[k] for k in ("breakdown", "valuation", "valuation_clients") if run.get(k)}
+    merged["rows"] = [rows[n] for n in sorted(rows)]
+    merged["load"] = {run["engine"]: run["load"] for run in runs if run.get("load")}
+    return merged
+
+
+def live_text(run: dict, stored: str = "") -> str:
+    """The live run's verdict as sentences that read right whatever was timed; no verdict (and why) when
+    other work competed for the CPU during any engine."""
+    busy = {e: load for e, load in (run.get("load") or {}).items() if competed(load)}
+    if busy:
+        worst = max(max(load["before"], load["after"]) for load in busy.values())
+        cores = next(iter(busy.values()))["cores"]
+        return (f"No verdict: other work competed for the CPU while {', '.join(ENGINE_LABELS[e] for e in busy)} "
+                f"ran (1-minute load average up to {worst:.1f} on {cores} cores, before and after each engine: "
+                + "; ".join(f"{ENGINE_LABELS[e]} {ld['before']:.1f} → {ld['after']:.1f}"
+                            for e, ld in run["load"].items())
+                + "). The times above are as measured; ratios between engines are not comparable on a shared "
+                "machine. Rebuild this page on a quiet machine for a verdict.")
+    flower, loop = ratios(run, "flower"), ratios(run, "loop")
+    central = ratios(run, "vectorized", "central")
+    parts = []
+    if flower:
+        faster = "faster" if all(v > 1 for v in flower.values()) else "not faster"
+        at = (f"Flower takes {flower[100]:.2f}× the time of a fedlib round at N = 100" if 100 in flower
+              else "Flower was not timed at N = 100")
+        parts.append(f"fedlib's vectorized engine is {faster} than Flower at every N timed; {at} (smallest ratio "
+                     f"over N: {min(flower.values()):.2f}×)")
+    else:
+        parts.append("Flower was not timed in this run, so there is no comparison with it")
+    if central:
+        within = "within" if max(central.values()) <= 1.2 else "not within"
+        parts.append(f"the vectorized round is {within} 1.2 × a centralized epoch at every N (largest ratio "
+                     f"{max(central.values()):.2f}×)")
+    else:
+        parts.append("the centralized epoch was not timed")
+    parts.append(f"the per-client loop takes up to {max(loop.values()):.2f}× as long as the vectorized round"
+                 if loop else "the per-client loop was not timed")
+    return f"{stored}On {run['device_name']}, " + "; ".join(parts) + "."
+
+
+def packed_table(record: dict) -> pd.DataFrame:
+    """One row per workload and pack size of a ``benchmarks/packed.py`` record."""
+    rows = [{"workload": r["workload"], "pack size": r["pack_size"],
+             "separate (runs/min)": round(r["separate_runs_per_min"], 2),
+             "packed (runs/min)": round(r["packed_runs_per_min"], 2),
+             "packed / separate": f"{r['packed_over_separate']:.2f}x",
+             "packed, % of peak": f"{100 * r['packed_fraction_of_peak']:.2f} %",
+             "load before → after": f"{r['load_before_after'][0]:.1f} → {r['load_before_after'][1]:.1f}"}
+            for r in record["rows"]]
+    return pd.DataFrame(rows).set_index(["workload", "pack size"])
+
+
+def packed_text(record: dict, cores: int | None = None) -> str:
+    """The computed sentence on one record: the packed/separate range per workload, and a warning
+    when the machine was busy (load above its cores) during any measurement."""
+    parts = []
+    for workload in dict.fromkeys(r["workload"] for r in record["rows"]):
+        rows = [r for r in record["rows"] if r["workload"] == workload]
+        best = max(rows, key=lambda r: r["packed_runs_per_min"])
+        parts.append(f"{workload}: packed / separate {min(r['packed_over_separate'] for r in rows):.2f}x to "
+                     f"{max(r['packed_over_separate'] for r in rows):.2f}x over pack sizes "
+                     f"{', '.join(str(r['pack_size']) for r in rows)}; most runs per device-minute packed: "
+                     f"{best['packed_runs_per_min']:.1f} at pack size {best['pack_size']}")
+    cores = cores or _cores_of(record["device"])
+    busy = [r for r in record["rows"] if max(r["load_before_after"]) > cores + 0.5]
+    warning = (f" (measured while other work competed: load up to "
+               f"{max(max(r['load_before_after']) for r in busy):.1f} on {cores} cores; ratios are indicative)"
+               if busy else "")
+    return f"{record['device']}: " + "; ".join(parts) + warning
+
+
+def _cores_of(device: str) -> int:
+    """Cores named in a CPU device string ("cpu (x86_64, 2 cores, ...)"); GPUs: a large number (no load check)."""
+    import re
+
+    found = re.search(r"(\d+) cores", device)
+    return int(found.group(1)) if found else 1_000_000
 
 
 def plan_text(plan: dict[str, Any]) -> str:
@@ -78,19 +175,35 @@ class Performance(Chapter):
     name = "performance"
     reference_paper = None
     live: dict[str, Any] = {}  # this build's benchmark JSON (``measure``)
+    stored_note = ""  # the evidence build: where its (stored) "live" run comes from
 
     def measure(self) -> str:
-        """Runs ``benchmarks/peers.py`` with the profile's parameters (cached: a warm rebuild does not re-time);
-        returns its printed table."""
+        """Runs ``benchmarks/peers.py`` once per engine with the profile's parameters (each kept in the cache: a
+        warm rebuild does not re-time), the 1-minute load average read before and after each; returns the printed
+        tables. The evidence build times nothing: it shows the stored CPU run (benchmarks/results/)."""
+        if self.evidence:
+            path = book.repo_root() / "benchmarks" / "results" / STORED_CPU_RUN
+            self.live = json.loads(path.read_text())
+            unknown = "" if self.live.get("load") else "; the load average during it was not recorded"
+            self.stored_note = f"Stored measurement (benchmarks/results/{STORED_CPU_RUN}, {self.live['date']}{unknown}): "
+            return (f"Evidence build: nothing is timed. The tables below are the stored CPU measurement "
+                    f"benchmarks/results/{STORED_CPU_RUN} of {self.live['date']} ({self.live['device_name']}); "
+                    "`make book PROFILE=quick` times the engines on this machine.")
         p = self.params
         engines = [e for e in p["engines"] if e != "flower" or p["flower_max_clients"] > 0]
-        args = ["--clients", *map(str, p["clients"]), "--rounds", str(p["rounds"]), "--fraction", str(p["fraction"]),
-                "--engines", *engines, "--skip-flower-above", str(p["flower_max_clients"]),
-                "--valuation-clients", str(p["valuation_clients"]), "--valuation-rounds", str(p["valuation_rounds"]),
-                "--valuation-fraction", str(p["valuation_fraction"])] + (["--breakdown"] if p["breakdown"] else [])
-        self.live, log = book.measured_benchmark("peers.py", args)
-        return log
-
+        common = ["--clients", *map(str, p["clients"]), "--rounds", str(p["rounds"]), "--fraction", str(p["fraction"]),
+                  "--skip-flower-above", str(p["flower_max_clients"])]
+        extra = ["--valuation-clients", str(p["valuation_clients"]), "--valuation-rounds", str(p["valuation_rounds"]),
+                 "--valuation-fraction", str(p["valuation_fraction"])] + (["--breakdown"] if p["breakdown"] else [])
+        runs, logs = [], []
+        for i, engine in enumerate(engines):  # one invocation each: the load is read around every engine
+            report("stage", name=f"timing {ENGINE_LABELS[engine]}", done=i, total=len(engines))
+            result, log = book.measured_benchmark("peers.py", [*common, "--engines", engine, *(extra if i == 0 else [])])
+            runs.append({**result, "engine": engine})
+            logs.append(log)
+        report("stage", name="engines timed", done=len(engines), total=len(engines))
+        self.live, self.stored_note = merge_runs(runs), ""
+        return "\n\n".join(logs)
     def live_run(self):
         """The live run's table, its figure and its versions line."""
         live = self.live
@@ -98,17 +211,8 @@ class Performance(Chapter):
         return engine_table(live), figure, f"versions: {versions(live)} | data: {live['dataset']}"
 
     def live_verdict(self) -> dict[str, Any]:
-        """The ratios the verdict quotes: Flower, the loop and the centralized epoch against the vectorized engine."""
-        flower, loop = ratios(self.live, "flower"), ratios(self.live, "loop")
-        central = ratios(self.live, "vectorized", "central")
-        return {"live_device": self.live["device_name"],
-                "flower_min": f"{min(flower.values()):.2f}x" if flower else "not run",
-                "flower_100": f"{flower[100]:.2f}x" if 100 in flower else "not run",
-                "flower_every_n": "not compared with Flower" if not flower else "faster than Flower at every N"
-                if all(v > 1 for v in flower.values()) else "not faster than Flower at every N",
-                "central_max": f"{max(central.values()):.2f}x" if central else "not run",
-                "central_ok": "within" if central and max(central.values()) <= 1.2 else "not within",
-                "loop_max": f"{max(loop.values()):.2f}x" if loop else "not run"}
+        """The verdict on the live run (``live_text``), and the load under which each engine was timed."""
+        return {"live_text": Markdown(live_text(self.live, self.stored_note))}
 
     def show_stored_runs(self) -> dict[str, Any]:
         """Shows each stored device run (heading, table, figure); glues each device's Flower / fedlib ratios."""
@@ -128,6 +232,24 @@ class Performance(Chapter):
                          + (f"; the 10x goal for N ≥ 20 is met at N = {', '.join(met)}" if met else "")
                          + (f" and missed at N = {', '.join(missed)}" if missed else ""))
         return {"gpu_summary": Markdown("; ".join(lines) if lines else "no stored device runs")}
+
+    def packed_runs(self) -> dict[str, Any]:
+        """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
+        separate); glues one computed sentence per device."""
+        lines = []
+        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("packed_*.json")):
+            record = json.loads(path.read_text())
+            table = packed_table(record)
+            reduced = record.get("reduced") or {}
+            protocol = ("the paper profile's runs" if not any(reduced.values()) else
+                        f"REDUCED runs ({reduced.get('rounds') or 'all'} rounds, {reduced.get('fraction') or 1} of the "
+                        f"training data, {reduced.get('test_samples') or 'all'} test samples)")
+            display(Markdown(f"### {record['device']} ({path.name}, {record['date']})\n\nCELM Table 1 runs, "
+                             f"{protocol}; peak: a 4096² float32 matmul, {record['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s."),
+                    table)
+            lines.append(packed_text(record))
+        return {"packed_summary": Markdown("; ".join(lines) if lines else "no stored packed benchmark yet "
+                                           "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)")}
 
     def breakdown(self):
         """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""

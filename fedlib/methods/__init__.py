@@ -9,5 +9,6 @@ from . import scm  # noqa: F401  (FedSCM selection; its pipeline is fedlib.scm_p
 from . import shapley, selection  # noqa: F401  (fedms, shapley_rewards, s_fedavg, greedyfed, poc, fedemd)
 from . import scm_selection  # noqa: F401  (fedscm_select: FedSCM's weights each round, the leaderboard)
 from . import logit  # noqa: F401  (logit_simple, logit_uwa, logit_meta: the logit-based protocol)
+from . import robust  # noqa: F401  (fedmedian, fedtrimmedavg, krum: Byzantine-robust aggregation)
 
 __all__ = ["METHODS", "ClientData", "ClientState", "ClientUpdates", "Federation", "LocalPhase", "Method", "TestSet", "RoundState", "build_method", "register"]

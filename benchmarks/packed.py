@@ -1,0 +1,165 @@
+"""Packed vs separate runs: runs per device-minute at pack sizes 1, 5, 25 and 75, in one invocation.
+
+The workload is CELM Table 1's CIFAR-10 rows at the paper profile (CNN, 5 clients, batch 128, 5 splits x
+5 methods x 3 seeds = 75 runs; ``fedlib.chapters.celm``), taken in queue order: a pack of R is its first R
+runs. Each size runs them separately (one after another, ``fedlib.run``) and packed (``run_many(pack=True)``,
+one population), from a warm process, and reports runs per device-minute, the ratio packed/separate and the
+achieved FLOP/s: training sample passes x FLOPs of one sample's forward and backward pass
+(``torch.utils.flop_counter``), as a fraction of a 4096 x 4096 float32 matmul's FLOP/s measured on the same
+device (the device's practical peak).
+
+``--reduce`` (default on a CPU) shrinks every run the same way, and the output says so: ``--rounds`` rounds,
+``--fraction`` of the training data (and 100 server validation samples), ``--test-samples`` test samples. ``--models mlp lenet5`` adds
+Fashion-MNIST runs of CELM Table 1 with that model (pack sizes up to 25), the CPU goal of issue #28.
+
+    python benchmarks/packed.py [--device cpu|cuda] [--sizes 1 5 25 75] [--models cnn mlp lenet5]
+                                [--rounds 2 --fraction 0.01 --test-samples 200] [--json out.json]
+
+Load average before and after each measurement is recorded: on a shared machine the ratios are noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from fedlib.book import load_profile  # noqa: E402
+from fedlib.chapters import celm  # noqa: E402
+from fedlib.data import load_dataset  # noqa: E402
+from fedlib.models import build_model  # noqa: E402
+from fedlib.queue import work  # noqa: E402
+from fedlib.run import run, run_many  # noqa: E402
+
+
+def table1_configs(model: str, device: str, rounds: int | None, fraction: float | None, test_samples: int | None):
+    """CELM Table 1 runs of the paper profile: CIFAR-10 (model cnn) or Fashion-MNIST with ``model``."""
+    params = load_profile("celm", "paper")
+    experiment = "table1_cifar10" if model == "cnn" else "table1"
+    configs = [c for c in celm.experiment_configs(params, experiment)]
+    change = {"device": device}
+    if model != "cnn":
+        change["model"] = model
+    if rounds:
+        change["rounds"] = rounds
+    if fraction:
+        change["fraction"] = fraction
+        change["server_val"] = 100  # the servers' validation hold-out, shrunk with the data
+    if test_samples:
+        change["test_samples"] = test_samples
+    return [c.model_copy(update=change) for c in configs]
+
+
+def flops_per_sample(config) -> float:
+    """FLOPs of one training sample's forward and backward pass through the config's model."""
+    ds = load_dataset(config.dataset)
+    model = build_model(config.model, ds.input_shape, ds.num_classes)
+    x = torch.zeros(8, *ds.input_shape)
+    y = torch.zeros(8, dtype=torch.long)
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+    return counter.get_total_flops() / 8
+
+
+def matmul_peak(device: str) -> float:
+    """FLOP/s of a 4096 x 4096 float32 matmul on ``device`` (median of 5)."""
+    a = torch.randn(4096, 4096, device=device)
+    b = torch.randn(4096, 4096, device=device)
+    times = []
+    for _ in range(6):
+        sync(device)
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * 4096**3 / sorted(times[1:])[2]
+
+
+def sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn) -> tuple[float, tuple, tuple]:
+    before = os.getloadavg()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t, before, os.getloadavg()
+
+
+def measure(configs, sizes, device, peak, label) -> list[dict]:
+    flops = flops_per_sample(configs[0])
+    warm = [c.model_copy(update={"rounds": 1}) for c in configs[:2]]  # data decoded, code paths warm, both ways
+    run_many(warm, cache=False, progress=False)
+    run_many(warm, cache=False, progress=False, pack=True)
+    rows = []
+    for size in sizes:
+        chosen = configs[:size]
+        passes = sum(work(c) for c in chosen)
+        separate, load_a, load_b = timed(lambda: [run(c, cache=False, progress=False) for c in chosen])
+        packed, load_c, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
+        row = {"workload": label, "pack_size": size, "runs": len(chosen),
+               "separate_s": round(separate, 3), "packed_s": round(packed, 3),
+               "separate_runs_per_min": round(len(chosen) / separate * 60, 3),
+               "packed_runs_per_min": round(len(chosen) / packed * 60, 3),
+               "packed_over_separate": round(separate / packed, 3),
+               "training_flops": passes * flops,
+               "packed_flops_per_s": passes * flops / packed,
+               "packed_fraction_of_peak": round(passes * flops / packed / peak, 5),
+               "load_before_after": [round(load_a[0], 2), round(load_d[0], 2)]}
+        rows.append(row)
+        print(f"{label:28} R={size:3d}  separate {separate:8.1f} s ({row['separate_runs_per_min']:7.2f} runs/min)"
+              f"  packed {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  packed/separate "
+              f"{row['packed_over_separate']:5.2f}x  {row['packed_fraction_of_peak'] * 100:6.2f} % of peak  "
+              f"load {load_a[0]:.1f} -> {load_d[0]:.1f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5, 25, 75])
+    parser.add_argument("--models", nargs="+", default=["cnn"], choices=["cnn", "mlp", "lenet5"])
+    parser.add_argument("--rounds", type=int, help="rounds per run (default: the paper's; 2 on a CPU)")
+    parser.add_argument("--fraction", type=float, help="share of the training data (default: all; 0.01 on a CPU)")
+    parser.add_argument("--test-samples", type=int, help="test samples (default: all; 200 on a CPU)")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    reduced = torch.device(args.device).type == "cpu"
+    rounds = args.rounds or (2 if reduced else None)
+    fraction = args.fraction or (0.01 if reduced else None)
+    test_samples = args.test_samples or (200 if reduced else None)
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    peak = matmul_peak(args.device)
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
+        f"cpu ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    print(f"device: {device_name}; 4096^2 float32 matmul: {peak / 1e9:.1f} GFLOP/s; protocol: "
+          + ("paper" if not (rounds or fraction or test_samples) else
+             f"REDUCED (rounds {rounds or 'paper'}, fraction {fraction or 1}, test samples {test_samples or 'all'})"),
+          flush=True)
+    rows = []
+    for model in args.models:
+        configs = table1_configs(model, args.device, rounds, fraction, test_samples)
+        label = "CELM T1 CIFAR-10 cnn" if model == "cnn" else f"CELM T1 F-MNIST {model}"
+        sizes = [s for s in args.sizes if s <= len(configs)]
+        rows += measure(configs, sizes, args.device, peak, label)
+    if args.json:
+        record = {"benchmark": "packed", "device": device_name, "matmul_flops_per_s": peak,
+                  "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples},
+                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Preflight of a device call: every code path the queue will take, once, on the device, in seconds.
+
+    python benchmarks/preflight.py --device cuda --budget 30 --env preflight.env
+
+1. captured steps (a CUDA graph on CUDA): a tiny federation trained with the captured step and eagerly
+   must agree; if capture fails or disagrees, the queue runs eager steps (``FEDLIB_COMPILE=off``);
+2. packing: two tiny runs packed must make the selections they make alone; if not, ``PACK=off``;
+3. each registered method once (one tiny round on synthetic data), in the queue's order of need, until
+   the budget: a failing method is named in one line (its queue runs will fail the same way).
+
+Each finding is one line on stdout; the fallbacks go to ``--env`` as shell assignments the GPU script
+sources. Exits 0 whatever it finds: the point is to choose the paths, not to stop the call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from fedlib.config import make_config  # noqa: E402
+from fedlib.methods import METHODS  # noqa: E402
+from fedlib.methods.base import Method  # noqa: E402
+
+TINY = dict(dataset="synthetic", fraction=0.1, test_samples=100, model="mlp", n_clients=4, rounds=2,
+            batch_size=16, lr=0.05, split={"name": "dirichlet", "alpha": 0.5}, seed=0)
+FAMILIES_FIRST = ("fedavg", "celm", "cffl", "cgsv", "shapfed", "fedms", "greedyfed", "flce", "moon", "ditto",
+                  "logit_uwa", "logit_meta", "fedscm_select", "cohort")
+
+
+def tiny(name: str, device: str, **changes):
+    extra = {"server_val": 60} if METHODS[name].needs_validation else {}
+    if METHODS[name].select_clients is not Method.select_clients:
+        extra.update(clients_per_round=2)
+    try:
+        return make_config(TINY, method={"name": name}, device=device, **extra, **changes)
+    except Exception:  # a method that needs every client each round
+        extra.pop("clients_per_round", None)
+        return make_config(TINY, method={"name": name}, device=device, **extra, **changes)
+
+
+def check_capture(device: str) -> str | None:
+    """None when the captured step gives the eager step's numbers, else why not."""
+    from fedlib.population import LocalTraining, make_client_batches, train_clients
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 8), torch.nn.ReLU(),
+                                torch.nn.Linear(8, 3)).to(device)
+    x, y = torch.randn(64, 12, device=device), torch.randint(0, 3, (64,), device=device)
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    batches = make_client_batches([torch.arange(20).numpy(), torch.arange(20, 50).numpy()], 8, 2,
+                                  torch.Generator().manual_seed(0))
+    batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
+    eager, _ = train_clients(model, flat, {}, x, y, batches, LocalTraining(batch_size=8, lr=0.1, momentum=0.9,
+                                                                            compile="off", workers=1))
+    mode = "auto" if torch.device(device).type == "cuda" else "off"
+    captured, _ = train_clients(model, flat, {}, x, y, batches, LocalTraining(batch_size=8, lr=0.1, momentum=0.9,
+                                                                               compile=mode, workers=1))
+    diff = float((captured - eager).abs().max())
+    return None if diff <= 1e-5 else f"captured and eager steps differ by {diff:.2e}"
+
+
+def check_packing(device: str) -> str | None:
+    from fedlib.run import run_many
+
+    configs = [tiny("fedavg", device, seed=s) for s in (0, 1)]
+    alone = run_many(configs, cache=False, progress=False)
+    packed = run_many(configs, cache=False, progress=False, pack=True)
+    for a, b in zip(alone, packed):
+        if [h["aggregated"] for h in a.history] != [h["aggregated"] for h in b.history]:
+            return "a packed run selected other clients than alone"
+        if abs(a.final["accuracy"] - b.final["accuracy"]) > 0.02:
+            return f"packed accuracy {b.final['accuracy']:.3f} vs alone {a.final['accuracy']:.3f}"
+    return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds for the whole preflight")
+    parser.add_argument("--env", type=Path, help="write the fallbacks here as shell assignments")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    env: list[str] = []
+
+    def step(what: str, check, fallback: str | None = None) -> None:
+        t = time.perf_counter()
+        try:
+            why = check()
+        except Exception as err:  # noqa: BLE001 - any failure is a finding, reported in one line
+            why = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+        took = time.perf_counter() - t
+        if why is None:
+            print(f"preflight: {what} ok ({took:.1f} s)", flush=True)
+        else:
+            print(f"preflight: {what} FAILED ({why})" + (f"; falling back: {fallback}" if fallback else ""),
+                  flush=True)
+            if fallback:
+                env.append(fallback)
+
+    step("captured steps", lambda: check_capture(args.device), "FEDLIB_COMPILE=off")
+    if "FEDLIB_COMPILE=off" in env:
+        os.environ["FEDLIB_COMPILE"] = "off"
+    step("packing", lambda: check_packing(args.device), "PACK=off")
+    names = [n for n in FAMILIES_FIRST if n in METHODS] + sorted(set(METHODS) - set(FAMILIES_FIRST))
+    checked = []
+    for name in names:
+        if time.perf_counter() - t0 > args.budget:
+            print(f"preflight: budget reached; methods not checked: {', '.join(names[len(checked):])}", flush=True)
+            break
+        from fedlib.run import run
+
+        step(f"method {name}", lambda name=name: (run(tiny(name, args.device), cache=False, progress=False), None)[1])
+        checked.append(name)
+    if args.env:
+        args.env.write_text("".join(f"{line}\n" for line in env))
+    print(f"preflight: {time.perf_counter() - t0:.1f} s; fallbacks: {', '.join(env) or 'none'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

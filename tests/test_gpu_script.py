@@ -1,0 +1,41 @@
+"""The GPU call's script (benchmarks/gpu_coverage.sh) rehearsed on the CPU: preflight, packed queue,
+stored runs, the log and the archive that comes back. What the device runs, the CI runs first."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_path):
+    from fedlib.queue import data_missing
+
+    if data_missing("fmnist"):
+        pytest.skip("Fashion-MNIST is not on this machine")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "300", "PROFILE": "smoke", "ONLY": "fedavg", "PART": "cpu",
+           "PREFLIGHT_S": "3", "OUT": str(out), "RESULTS_DIR": str(tmp_path / "gpu" / "results"),
+           "FEDLIB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run(["bash", "benchmarks/gpu_coverage.sh", "run"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    log = (out / "gpu_coverage.log").read_text()
+    assert done.returncode == 0, log[-2000:] + done.stderr[-2000:]
+    assert "preflight: captured steps ok" in log and "preflight: packing ok" in log
+    assert "packs: 1 pack(s) of 10 runs" in log
+    assert "runs stored: 10 in" in log and "per minute" in log
+    with tarfile.open(out / "gpu_results.tar.gz") as archive:
+        names = [n for n in archive.getnames() if n.endswith(".json")]
+        assert len(names) == 10 and all(n.startswith("results/runs/") for n in names)
+        payload = json.load(archive.extractfile(names[0]))
+    meta = payload["payload"]["result"]["meta"] if "payload" in payload else payload["result"]["meta"]
+    assert meta["pack"]["size"] == 10

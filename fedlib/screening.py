@@ -99,6 +99,7 @@ ANOMALY_COSINE = -0.05  # an update pointing against the round's median update (
 ANOMALY_NORM = 10.0  # ... or one this many times the median norm (the clip factor when clipping is on)
 POISONED_SHARE = 0.25  # a round is contested when at least this share of its updates is anomalous
 CONTESTED_ROUNDS = 0.3  # the run warns when at least this share of its rounds is contested
+MIN_CONTESTED = 3  # ... and at least this many (two rounds of a short run with extreme label skew are no attack)
 COLLAPSE_DROP = 0.2  # ... or when accuracy falls this much (absolute) below its best so far
 COLLAPSE_RATIO = 0.5  # ... to at most this fraction of it, in a round with (or after) anomalous updates
 
@@ -196,7 +197,7 @@ class PoisoningMonitor:
 
     def report(self) -> dict | None:
         """The run's ``poisoning_warning``: rounds (as the history's ``round``), clients, reasons, message."""
-        contested = self.rounds > 0 and len(self.contested) >= max(1, CONTESTED_ROUNDS * self.rounds)
+        contested = self.rounds > 0 and len(self.contested) >= max(MIN_CONTESTED, CONTESTED_ROUNDS * self.rounds)
         if not (contested or self.collapses):
             return None
         reasons, rounds, clients = [], set(), set()

@@ -189,3 +189,15 @@ def test_blocks_of_columns_give_the_same_numbers(monkeypatch):
     blocked = screening.update_disagreement(np.arange(6), values.reshape(6, -1), torch.zeros(120), 10.0, [])
     assert blocked["cosine"] == pytest.approx(stats["cosine"], abs=1e-12)
     assert blocked["norm_ratio"] == pytest.approx(stats["norm_ratio"], abs=1e-12)
+
+
+def test_two_contested_rounds_of_a_short_run_are_no_warning():
+    """A 2-round run whose label skew sets two clients against the median in both rounds (the CELM
+    smoke page's CIFAR-10 Dir(0.05)) does not warn; three contested rounds of three do."""
+    from fedlib.screening import MIN_CONTESTED, PoisoningMonitor
+
+    monitor = PoisoningMonitor()
+    monitor.rounds, monitor.contested = 2, {0: [0, 1], 1: [0, 1]}
+    assert MIN_CONTESTED == 3 and monitor.report() is None
+    monitor.rounds, monitor.contested = 3, {0: [0, 1], 1: [0, 1], 2: [0, 1]}
+    assert monitor.report()["clients"] == [0, 1]

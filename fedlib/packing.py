@@ -216,11 +216,29 @@ def evaluate_together(requests: Sequence[EvalRequest]) -> list[Evaluation]:
     return [Evaluation(ev.confusion[i:i + 1], ev.loss[i:i + 1]) for i in range(len(requests))]
 
 
+# On a CPU, merged training pays off for models without convolutions only: benchmarks/packed.py measured
+# packed / separate 1.12-1.27x for the MLP at packs of 5-75, but 0.58-0.82x for the CNN and LeNet-5 at
+# packs of 25-75 (results/packed_cpu-2core.json): a convolution from one run's shared start is one large
+# convolution alone and a grouped one in a pack. So on a CPU such requests are answered one by one
+# ("auto"); "always" merges them anyway (the tests use it to check the merged path GPUs take).
+MERGE_ON_CPU = "auto"
+
+
+def _merges(request: TrainRequest) -> bool:
+    """Whether training requests like this one are merged into one call (see ``MERGE_ON_CPU``)."""
+    if request.x.device.type != "cpu" or MERGE_ON_CPU == "always":
+        return True
+    return not any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in request.model.modules())
+
+
 def answer_together(requests: Sequence[TrainRequest | EvalRequest], pools: _Pools | None = None) -> list:
     """Answers to a mixed list of requests, grouping those that can share a call."""
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(requests):
-        sig = train_signature(r) if isinstance(r, TrainRequest) else eval_signature(r)
+        if isinstance(r, TrainRequest):
+            sig = train_signature(r) if _merges(r) else ("train", "alone", i)
+        else:
+            sig = eval_signature(r)
         groups.setdefault(sig, []).append(i)
     answers: list[Any] = [None] * len(requests)
     for sig, members in groups.items():

@@ -133,9 +133,13 @@ def test_run_many_packed_stores_each_run_under_its_own_key(tmp_path):
 
 
 @pytest.mark.parametrize("model", ["lenet5", "cnn"])
-def test_convolutional_runs_pack_to_float_rounding(model):
-    """Convolutions batch rows differently in a pack (grouped over more clients), so parameters may
-    differ by float rounding that training amplifies, as with ``client_chunk``; never the selections."""
+def test_convolutional_runs_pack_to_float_rounding(model, monkeypatch):
+    """Merged as on a GPU, convolutions batch rows differently in a pack (grouped over more clients), so
+    parameters may differ by float rounding that training amplifies, as with ``client_chunk``; never the
+    selections. (On a CPU they are trained one run at a time by default: the next test.)"""
+    import fedlib.packing
+
+    monkeypatch.setattr(fedlib.packing, "MERGE_ON_CPU", "always")
     configs = [make_config(golden.FEDERATION, model=model, seed=seed, method={"name": name})
                for seed in (0, 1) for name in ("fedavg", "moon")]
     alone, packed = _alone_and_packed(configs)
@@ -183,3 +187,19 @@ def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeyp
     for a, b in zip(through_pool, here):
         assert [h["weights"] for h in a.history] == [h["weights"] for h in b.history]
         assert [h["accuracy"] for h in a.history] == [h["accuracy"] for h in b.history]
+
+
+def test_on_a_cpu_convolutional_runs_train_alone_and_give_identical_bits(monkeypatch):
+    """The CPU plan (fedlib.packing.MERGE_ON_CPU = "auto"): a conv model's training requests are answered
+    one run at a time, so a packed run is the separate run bit for bit; its evaluation is still shared."""
+    import fedlib.packing
+
+    merged = []
+    original = fedlib.packing.train_together
+    monkeypatch.setattr(fedlib.packing, "train_together",
+                        lambda requests, pools=None: merged.append(len(requests)) or original(requests, pools))
+    configs = [make_config(golden.FEDERATION, model="lenet5", seed=seed, method={"name": "fedavg"}) for seed in (0, 1)]
+    alone, packed = _alone_and_packed(configs)
+    assert merged and set(merged) == {1}
+    for a, b in zip(alone, packed):
+        assert torch.equal(a.model[0], b.model[0])

@@ -224,7 +224,7 @@ def _results(args) -> int:
     packed = args.pack == "on" or (args.pack == "auto" and "cuda" in args.device)
     if packed:
         max_rows = args.max_rows or (4096 if "cuda" in args.device else 64)
-        entries = queue.plan_packs(entries, args.device, max_rows=max_rows)
+        entries = queue.plan_packs(entries, args.device, max_rows=max_rows, first=first)
         packs = [u for u in entries if isinstance(u, queue.Pack)]
         print(f"packs: {len(packs)} pack(s) of {sum(len(p.entries) for p in packs)} runs "
               f"(at most {max_rows} client rows per round), {len(entries) - len(packs)} single run(s)", flush=True)

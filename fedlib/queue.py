@@ -520,6 +520,16 @@ class Pack:
     def items(self) -> list[QueueItem]:
         return [e.item for e in self.entries]
 
+    def split(self, runs: int) -> tuple["Pack | Entry", "Pack | Entry"]:
+        """Its first ``runs`` runs and the rest, each as a pack (or one entry), the cost shared pro rata."""
+        def part(entries):
+            if len(entries) == 1:
+                return entries[0]
+            return Pack(entries, STARTUP_SECONDS + (self.cost - STARTUP_SECONDS) * len(entries) / len(self.entries),
+                        self.how)
+
+        return part(self.entries[:runs]), part(self.entries[runs:])
+
     def describe(self) -> str:
         first = self.entries[0].item
         tables = ", ".join(dict.fromkeys(f"{e.item.chapter} {e.item.table}" for e in self.entries))
@@ -676,13 +686,15 @@ def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tup
 
 
 def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, max_runs: int | None = None,
-               cost_model: "CostModel | None" = None) -> list[Entry | Pack]:
+               cost_model: "CostModel | None" = None,
+               first: list[tuple[str, str | None]] | None = None) -> list[Entry | Pack]:
     """The pending runnable entries grouped into packs, most valuable per device-second first.
 
     Engine runs with equal ``fedlib.packing.pack_signature`` join one pack, taken in queue order, up
     to ``max_rows`` client rows per round (clients per round x runs) and ``max_runs`` runs; other runs
     (FedSCM's one-shot pipeline) stay single. Units are ordered by their best member's place (seed 0
-    before seeds 1-2, then ``--first``), then by value (:func:`item_value`) per estimated second."""
+    before seeds 1-2, then the ``first`` (chapter, table) in their order), then by value
+    (:func:`item_value`) per estimated second."""
     from .packing import pack_signature
 
     model = cost_model or CostModel.from_results()
@@ -709,8 +721,9 @@ def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, m
         members = unit.entries if isinstance(unit, Pack) else [unit]
         best = min(place[id(e)] for e in members)
         first_seed = any(e.item.first_seed for e in members)
+        wanted = min(priority(e.item, e.cost, first)[1] for e in members)  # its place in --first
         value = sum(item_value(e.item) for e in members)
-        return (not first_seed, -value / max(unit.cost, 1e-9), best)
+        return (not first_seed, wanted, -value / max(unit.cost, 1e-9), best)
 
     return sorted(units, key=order)
 
@@ -790,6 +803,14 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
         while len(running) < workers and pending:
             left = None if budget is None else budget - now
             pick = next((e for e in pending if left is None or e.cost <= left), None)
+            if pick is None and left is not None and isinstance(pending[0], Pack):  # the part of a pack that fits
+                head = pending[0]
+                per_run = (head.cost - STARTUP_SECONDS) / len(head.entries)
+                runs = int((left - STARTUP_SECONDS) // max(per_run, 1e-9))
+                if runs >= 1:
+                    pick, rest = head.split(runs)
+                    pending[0:1] = [pick, rest]
+                    log(f"budget: {pick.describe()} of the {len(head.entries)} fits in {_hms(left)}")
             if pick is None:
                 if not running:
                     log(f"budget: the next run needs ≈ {_hms(min(e.cost for e in pending))}, "

@@ -210,3 +210,25 @@ def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monke
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
     assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json")] == ["x-0.json"]
     assert queue.is_stored(b)  # the other chapter reads the same file
+
+
+def test_packs_follow_first_then_value_and_a_pack_too_long_for_the_budget_runs_the_part_that_fits(monkeypatch):
+    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
+    monkeypatch.setattr(queue, "is_stored", lambda item: False)
+    items = queue.chapter_items("fedavg", "smoke")[:3] + queue.chapter_items("logitfl", "smoke")[:4]
+    entries = queue.plan(items=items, cost_model=queue.CostModel())
+    for first, chapter in (([("fedavg", None)], "fedavg"), ([("logitfl", None)], "logitfl")):
+        units = queue.plan_packs(entries, "cuda", max_rows=1000, cost_model=queue.CostModel(), first=first)
+        assert {i.chapter for i in units[0].items} == {chapter}  # --first decides before value per second
+    wanted = [queue.Entry(fake_item(f"w{i}", rounds=3), 10.0, "test", False, None) for i in range(3)]
+    started, lines = [], []
+
+    def command(unit, profile, device):
+        started.append(sorted(i.config.name for i in unit.items))
+        return [sys.executable, "-c", "pass"]
+
+    out = queue.run_queue([queue.Pack(wanted, 30.0, "test")], budget=21.0, workers=1, log=lines.append, poll=0.05,
+                          command=command, claims=False)
+    assert started[0] == ["w0", "w1"]  # 2 of the 3 runs fit in 21 s at 10 s each
+    assert any("of the 3 fits" in line for line in lines)
+    assert {i.config.name for i in out.stored} >= {"w0", "w1"}

@@ -35,7 +35,7 @@ from .config import RunConfig, make_config
 from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
-from .results import RunResult, check_result, placement_free, result_check, runs_dir, store_run
+from .results import RunResult, placement_free, read_stored, result_check, runs_dir, store_run
 from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
 
 PROFILES = ("smoke", "quick", "paper", "evidence")
@@ -356,10 +356,7 @@ def stored_results(chapter: str, configs) -> Stored:
                   if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
-    for path in sorted(store.root.glob("*.json")):
-        payload, problem = store.read(path.stem)
-        result = payload.get("result") if payload else None
-        problem = problem or check_result(result)
+    for path, payload, result, problem in read_stored(store, sorted(store.root.glob("*.json"))):
         if problem:
             out.skipped.append(f"{path.name} ({problem})")
             continue

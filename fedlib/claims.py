@@ -35,7 +35,7 @@ import numpy as np
 
 from . import queue, stats
 from .cache import ResultCache
-from .results import RunResult, check_result, placement_free, result_check, run_of, runs_dir
+from .results import RunResult, placement_free, read_stored, result_check, run_of, runs_dir
 from .stats import FAILS, HOLDS, INDICATIVE, NOISE
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
@@ -332,10 +332,7 @@ class StoredIndex:
             return cached[1]
         index = cls(store.root)
         _INDEXES[store.root] = (listing, index)
-        for path in paths:
-            payload, problem = store.read(path.stem)
-            result = run_of(payload) if payload else None
-            problem = problem or check_result(result)
+        for path, _, result, problem in read_stored(store, paths):
             if problem:
                 index.skipped.append(f"{path.name} ({problem})")
                 continue

@@ -9,7 +9,7 @@ import math
 import platform
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -217,6 +217,15 @@ def run_of(entry: dict[str, Any]) -> dict[str, Any]:
     """The run result of a cache or store entry: entries are ``stored_payload``s (config, result,
     provenance); a bare result (the cache's format before one store) is read as it is."""
     return entry["result"] if isinstance(entry.get("result"), dict) and "history" not in entry else entry
+
+
+def read_stored(store, paths) -> Iterator[tuple[Path, dict | None, dict | None, str | None]]:
+    """Each stored file of ``store`` (a ``ResultCache``) among ``paths``: (path, its entry, its run, why
+    the run is not valid: None when it is), read through the store's safe reader and :func:`check_result`."""
+    for path in paths:
+        payload, problem = store.read(path.stem)
+        result = run_of(payload) if payload else None
+        yield path, payload, result, problem or check_result(result)
 
 
 def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:

@@ -99,18 +99,8 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         return _run_packed(configs, store, executor, progress, max_rows)
     if executor is None:
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
-    results: dict[int, RunResult] = {}
-    pending = {}
-    keys: dict[int, str] = {}
-    for i, c in enumerate(configs):
-        fingerprint = c.data_fingerprint()
-        keys[i] = c.key(fingerprint)
-        hit = store.get(keys[i], entry_check(c, fingerprint)) if store is not None else None
-        if hit is not None:
-            results[i] = RunResult.from_dict(run_of(hit))
-            report_progress("run", cached=True, wall=0.0)
-        else:
-            pending[i] = executor.submit(_run_in_worker, c.to_dict())
+    results, keys, missing = _from_cache(configs, store)
+    pending = {i: executor.submit(_run_in_worker, configs[i].to_dict()) for i in missing}
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(pending), desc="sweep", unit="run", disable=not progress or not pending)
@@ -129,20 +119,28 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     return [results[i] for i in range(len(configs))]
 
 
-def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_rows: int | None) -> list[RunResult]:
-    """``run_many(pack=True)``: cache hits first, the rest in packs (``fedlib.packing.make_packs``)."""
-    from .packing import make_packs
-
+def _from_cache(configs: list[RunConfig], store) -> tuple[dict[int, RunResult], dict[int, str], list[int]]:
+    """The cached results of ``configs`` by index, every config's key, and the indices not cached."""
     results: dict[int, RunResult] = {}
+    keys: dict[int, str] = {}
     missing: list[int] = []
     for i, c in enumerate(configs):
         fingerprint = c.data_fingerprint()
-        hit = store.get(c.key(fingerprint), entry_check(c, fingerprint)) if store is not None else None
+        keys[i] = c.key(fingerprint)
+        hit = store.get(keys[i], entry_check(c, fingerprint)) if store is not None else None
         if hit is not None:
             results[i] = RunResult.from_dict(run_of(hit))
             report_progress("run", cached=True, wall=0.0)
         else:
             missing.append(i)
+    return results, keys, missing
+
+
+def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_rows: int | None) -> list[RunResult]:
+    """``run_many(pack=True)``: cache hits first, the rest in packs (``fedlib.packing.make_packs``)."""
+    from .packing import make_packs
+
+    results, _, missing = _from_cache(configs, store)
     packs = [[missing[j] for j in pack] for pack in make_packs([configs[i] for i in missing], max_rows)]
 
     def keep(i: int, payload: dict) -> None:

@@ -48,7 +48,7 @@ run_on_device() {
     local t0 out="${OUT:?run this through the device tool: \$OUT is where results go back}"
     local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" results=/tmp/gpu/results sampler=""
     t0=$(date +%s)
-    if compgen -G "$CARRY/whl/*.whl" >/dev/null; then
+    if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! python3 -c "import pydantic" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             "$CARRY"/whl/*.whl
     fi

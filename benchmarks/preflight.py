@@ -34,15 +34,19 @@ FAMILIES_FIRST = ("fedavg", "celm", "cffl", "cgsv", "shapfed", "fedms", "greedyf
                   "logit_uwa", "logit_meta", "fedscm_select", "cohort")
 
 
+TINY_METHOD = {"logit_meta": {"meta_labeled": 50}}  # within the tiny config's 60 public samples
+
+
 def tiny(name: str, device: str, **changes):
     extra = {"server_val": 60} if METHODS[name].needs_validation else {}
+    method = {"name": name, **TINY_METHOD.get(name, {})}
     if METHODS[name].select_clients is not Method.select_clients:
         extra.update(clients_per_round=2)
     try:
-        return make_config(TINY, method={"name": name}, device=device, **extra, **changes)
+        return make_config(TINY, method=method, device=device, **extra, **changes)
     except Exception:  # a method that needs every client each round
         extra.pop("clients_per_round", None)
-        return make_config(TINY, method={"name": name}, device=device, **extra, **changes)
+        return make_config(TINY, method=method, device=device, **extra, **changes)
 
 
 def check_capture(device: str) -> str | None:
@@ -80,6 +84,22 @@ def check_packing(device: str) -> str | None:
     return None
 
 
+def check_scm_pipeline(device: str) -> str | None:
+    """FedSCM's one-shot pipeline (its own runner, not the engine) end to end on a tiny federation."""
+    from fedlib.config import ScmConfig
+    from fedlib.data import load_dataset
+    from fedlib.scm_pipeline import execute
+
+    data = load_dataset("synthetic", num_classes=4, image_shape=(1, 8, 8), n_train=1200, n_test=400, seed=0)
+    config = ScmConfig.make({"dataset": "synthetic", "model": "mlp", "n_clients": 12, "alpha": 0.5,
+                             "server_samples": 60, "eval_samples": 80, "batch_size": 32, "post_rounds": 1,
+                             "gammas": (0.67,), "random_sizes": (3,), "sdea_clients": 3, "fedavg_per_round": 4,
+                             "stability_runs": 2, "expertise_repeats": 1, "temperatures": (1.0,), "adapt_steps": 1,
+                             "ot_samples": 10, "cf_permutations": 2, "device": device})
+    result = execute(config, data)
+    return None if result.get("methods") else "no method results"
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -108,6 +128,7 @@ def main(argv=None) -> int:
     if "FEDLIB_COMPILE=off" in env:
         os.environ["FEDLIB_COMPILE"] = "off"
     step("packing", lambda: check_packing(args.device), "PACK=off")
+    step("fedscm pipeline", lambda: check_scm_pipeline(args.device))
     names = [n for n in FAMILIES_FIRST if n in METHODS] + sorted(set(METHODS) - set(FAMILIES_FIRST))
     checked = []
     for name in names:

@@ -210,8 +210,9 @@ def _results(args) -> int:
         _check_queue_flags(args)
         part = "cpu" if args.cpu_only else "gpu" if args.gpu_only else "all"
         first = [tuple(spec.split(":", 1)) if ":" in spec else (spec, None) for spec in args.first or []]
+        cost_model = queue.CostModel.from_results()
         entries = queue.plan(args.profile, only=only, device=args.device, part=part, datasets=args.dataset,
-                             tables=args.table, seeds=args.seed, first=first)
+                             tables=args.table, seeds=args.seed, first=first, cost_model=cost_model)
     except (ValueError, FileNotFoundError, *INPUT_ERRORS) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
@@ -224,7 +225,7 @@ def _results(args) -> int:
     packed = args.pack == "on" or (args.pack == "auto" and "cuda" in args.device)
     if packed:
         max_rows = args.max_rows or (4096 if "cuda" in args.device else 64)
-        entries = queue.plan_packs(entries, args.device, max_rows=max_rows, first=first)
+        entries = queue.plan_packs(entries, args.device, max_rows=max_rows, first=first, cost_model=cost_model)
         packs = [u for u in entries if isinstance(u, queue.Pack)]
         print(f"packs: {len(packs)} pack(s) of {sum(len(p.entries) for p in packs)} runs "
               f"(at most {max_rows} client rows per round), {len(entries) - len(packs)} single run(s)", flush=True)
@@ -232,7 +233,7 @@ def _results(args) -> int:
           f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
           + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)
     outcome = queue.run_queue(entries, args.profile, budget=args.budget, workers=args.workers, device=args.device,
-                              log=lambda line: print(line, flush=True))
+                              log=lambda line: print(line, flush=True), cost_model=cost_model)
     print(f"{len(outcome.stored)} run(s) stored in {outcome.elapsed:.0f} s; {len(outcome.failed)} failed; "
           f"{len(outcome.killed)} stopped at the budget")
     return 1 if outcome.failed else 0

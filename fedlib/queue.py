@@ -19,7 +19,8 @@ model and method; else same runner and model (scaled by :data:`METHOD_FACTOR`); 
 model. With nothing similar stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
 sample passes, by model and device kind: one-thread CPU figures measured here for the MLP and
 LeNet-5, scaled by model size for the CNNs; the GPU's MLP figure from
-benchmarks/results/peers_nvidia-h200.json, the others guessed from it) times
+benchmarks/results/peers_nvidia-h200.json, its CNN figure from packed_nvidia-h100.json (a run alone,
+evaluation included), the others guessed from them) times
 :data:`METHOD_FACTOR` is used, plus :data:`STARTUP_SECONDS` per run.
 """
 
@@ -47,7 +48,7 @@ TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50
 # seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
 FALLBACK_SECONDS_PER_1000 = {
     "cpu": {"mlp": 0.05, "lenet5": 0.3, "cnn": 1.5, "resnet20": 6.0, "resnet18": 25.0, "vgg11": 20.0},
-    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.02, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
+    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.0103, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
 }
 FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
 # extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
@@ -435,36 +436,50 @@ class CostModel:
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
-        from .cache import ResultCache
-
         for path in sorted(p for r in roots for p in r.glob("*.json")):
-            try:  # the store's reader: regular files of bounded size with a valid checksum only
-                payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
-                if payload is None:
-                    continue
-                config, wall = payload["config"], float(payload.get("wall_time") or 0)
-                pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
-                model.add(config, wall, payload.get("device"), int(pack.get("size", 1)))
-            except (ValueError, KeyError, TypeError, OSError):
-                continue
+            model.read(path)
         return model
 
     packed: list[tuple[tuple, float]] = field(default_factory=list)  # the same, of runs trained in packs
+    # what this queue measured itself, on this machine: it comes before any older store (see estimate)
+    fresh: list[tuple[tuple, float]] = field(default_factory=list)
+    fresh_packed: list[tuple[tuple, float]] = field(default_factory=list)
 
-    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1) -> None:
+    def read(self, path: Path, fresh: bool = False) -> None:
+        """Add one stored run (skipped unless a valid store file: bounded size, valid checksum)."""
+        from .cache import ResultCache
+
+        try:
+            payload, _ = ResultCache(path.parent, protect=True).read(path.stem)
+            if payload is None:
+                return
+            config, wall = payload["config"], float(payload.get("wall_time") or 0)
+            pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
+            self.add(config, wall, payload.get("device"), int(pack.get("size", 1)), fresh=fresh)
+        except (ValueError, KeyError, TypeError, OSError):
+            return
+
+    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1, fresh: bool = False) -> None:
         """One stored run; a run of a pack of ``pack_size`` took the pack's wall time, shared by its runs."""
         if wall_time < 1.0:  # served from a cache, not a measurement
             return
         w = work(config)
         if w > 0:
             sample = (self._signature(config, device_kind(device)), wall_time / w / pack_size)
+            if fresh:
+                (self.fresh_packed if pack_size > 1 else self.fresh).append(sample)
             (self.packed if pack_size > 1 else self.samples).append(sample)
 
     def packed_rate(self, config, device: str = "cpu") -> float | None:
-        """Median seconds per sample pass of stored packed runs with the same signature, or None."""
+        """Median seconds per sample pass of stored packed runs like this one (same device kind, runner,
+        model and dataset; a pack's runs share one wall time whatever their methods), this queue's own
+        measurements first; or None."""
         sig = self._signature(config, device_kind(device))
-        rates = [r for s, r in self.packed if s == sig]
-        return statistics.median(rates) if rates else None
+        for samples in (self.fresh_packed, self.packed):
+            rates = [r for s, r in samples if all(s[i] == sig[i] for i in (0, 1, 2, 4))]
+            if rates:
+                return statistics.median(rates)
+        return None
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
@@ -475,9 +490,13 @@ class CostModel:
         kind = device_kind(device)
         sig = self._signature(config, kind)
         factor = METHOD_FACTOR.get(method_name(config), 1.0)
-        # the most similar stored runs (the signature's fields that match; see the module docstring)
-        for fields, scale in (((0, 1, 2, 3, 4), 1.0), ((0, 1, 2, 3), 1.0), ((0, 1, 2), factor), ((0, 2), factor)):
-            rates = [r for s, r in self.samples if all(s[i] == sig[i] for i in fields)]
+        # the most similar stored runs (the signature's fields that match; see the module docstring); runs this
+        # queue measured on this machine (same runner, model and dataset) come before older stores
+        ladder = [(self.fresh, (0, 1, 2, 3, 4), 1.0), (self.fresh, (0, 1, 2, 4), factor)] + [
+            (self.samples, fields, scale) for fields, scale in
+            (((0, 1, 2, 3, 4), 1.0), ((0, 1, 2, 3), 1.0), ((0, 1, 2), factor), ((0, 2), factor))]
+        for samples, fields, scale in ladder:
+            rates = [r for s, r in samples if all(s[i] == sig[i] for i in fields)]
             if rates:
                 return STARTUP_SECONDS + statistics.median(rates) * work(config) * scale, f"measured ({len(rates)})"
         per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(sig[2], FALLBACK_UNKNOWN_MODEL[kind])
@@ -662,8 +681,17 @@ def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", lo
 # ----------------------------------------------------------------------------- packs
 
 # Until a packed GPU run is stored (meta.pack), a pack of R runs on CUDA is assumed to take the time of
-# R / min(R, ASSUMED_GPU_PACK_SPEEDUP) separate runs: an assumption (issue #28's goal), shown as "assumed".
-ASSUMED_GPU_PACK_SPEEDUP = 20.0
+# R / min(R, ASSUMED_GPU_PACK_SPEEDUP) separate runs, shown as "assumed". 1.5: packed over separate at
+# R = 25 and 75 on an H100 (benchmarks/results/packed_nvidia-h100.json, CELM Table 1 CIFAR-10, reduced).
+ASSUMED_GPU_PACK_SPEEDUP = 1.5
+# A unit whose estimate is not measured (fallback or assumed) starts only if this many times its estimate
+# fits in the budget: a pack's runs finish together, so one stopped at the budget stores none of them.
+UNCALIBRATED_MARGIN = 1.5
+
+
+def reserved(unit: "Entry | Pack") -> float:
+    """Seconds of budget a unit needs before it starts: its estimate, with a margin unless measured."""
+    return unit.cost * (1.0 if unit.how.startswith("measured") else UNCALIBRATED_MARGIN)
 
 
 def item_value(item: QueueItem) -> float:
@@ -683,6 +711,18 @@ def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tup
     if device_kind(device) == "cuda":
         return STARTUP_SECONDS + separate / min(len(entries), ASSUMED_GPU_PACK_SPEEDUP), "assumed pack speed-up"
     return STARTUP_SECONDS + separate, "separate estimates"
+
+
+def recost(units: list[Entry | Pack], stored: list[QueueItem], model: CostModel, device: str) -> None:
+    """Re-estimate pending ``units`` in place once ``stored`` runs (just stored by this queue) are in the
+    cost model as fresh measurements: a budgeted queue's first runs on a device calibrate the rest."""
+    for item in stored:
+        model.read(runs_dir(results_root()) / f"{item.key}.json", fresh=True)
+    for unit in units:
+        for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
+            entry.cost, entry.how = model.estimate(entry.item.config, device)
+        if isinstance(unit, Pack):
+            unit.cost, unit.how = pack_cost(unit.entries, device, model)
 
 
 def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, max_runs: int | None = None,
@@ -777,14 +817,16 @@ def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | Non
 
 def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float | None = None, workers: int = 1,
               device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5,
-              claims: bool = True) -> Outcome:
+              claims: bool = True, cost_model: CostModel | None = None) -> Outcome:
     """Run the pending entries (single runs or :class:`Pack` s), ``workers`` processes at a time, in order.
 
-    With a ``budget`` (seconds), an entry starts only if its estimate fits in what is left;
-    when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
+    With a ``budget`` (seconds), an entry starts only if :func:`reserved` (its estimate, with a
+    margin while unmeasured) fits in what is left; a first pack too long for it runs the part that
+    fits, ahead of later units; when none fits, no more start. Runs still going ``grace`` x budget (at least 5 s) after
     the budget are stopped (nothing partial is stored). With ``claims``, each run is claimed
     first (:func:`claim`): a run another live queue on this store holds, or one it stored
-    meanwhile, is skipped; a dead queue's claim is taken over."""
+    meanwhile, is skipped; a dead queue's claim is taken over. With a ``budget`` and a ``cost_model``,
+    the pending units are re-estimated (:func:`recost`) each time runs are stored."""
     pending = [e for e in entries if not e.stored and not e.missing]
     outcome = Outcome()
     t0 = time.monotonic()
@@ -802,18 +844,19 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
         now = time.monotonic() - t0
         while len(running) < workers and pending:
             left = None if budget is None else budget - now
-            pick = next((e for e in pending if left is None or e.cost <= left), None)
-            if pick is None and left is not None and isinstance(pending[0], Pack):  # the part of a pack that fits
-                head = pending[0]
-                per_run = (head.cost - STARTUP_SECONDS) / len(head.entries)
-                runs = int((left - STARTUP_SECONDS) // max(per_run, 1e-9))
+            head = pending[0]
+            if left is not None and isinstance(head, Pack) and reserved(head) > left:  # the part of it that fits
+                margin = reserved(head) / head.cost
+                per_run = margin * (head.cost - STARTUP_SECONDS) / len(head.entries)
+                runs = int((left - margin * STARTUP_SECONDS) // max(per_run, 1e-9))
                 if runs >= 1:
-                    pick, rest = head.split(runs)
-                    pending[0:1] = [pick, rest]
-                    log(f"budget: {pick.describe()} of the {len(head.entries)} fits in {_hms(left)}")
+                    part, rest = head.split(runs)
+                    pending[0:1] = [part, rest]
+                    log(f"budget: {part.describe()} of the {len(head.entries)} fits in {_hms(left)}")
+            pick = next((e for e in pending if left is None or reserved(e) <= left), None)
             if pick is None:
                 if not running:
-                    log(f"budget: the next run needs ≈ {_hms(min(e.cost for e in pending))}, "
+                    log(f"budget: the next run needs ≈ {_hms(min(reserved(e) for e in pending))}, "
                         f"{_hms(max(0.0, left))} left; stopping ({len(pending)} pending)")
                 pending = [] if not running else pending
                 break
@@ -843,6 +886,8 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
                 log(f"[stopped] {entry.describe()}: past the budget, not stored")
             elif code == 0:
                 outcome.stored.extend(entry.items)
+                if budget is not None and cost_model is not None and pending:
+                    recost(pending, entry.items, cost_model, device)
                 log(f"[done  {len(outcome.stored)}] {entry.describe()} in {_hms(time.monotonic() - start)} "
                     f"(est. {_hms(entry.cost)}) · {stamp()}")
             else:
@@ -857,7 +902,7 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
         running = still
         if budget is not None and pending and not running:
             left = budget - (time.monotonic() - t0)
-            if not any(e.cost <= left for e in pending):
+            if not any(reserved(e) <= left for e in pending):
                 log(f"budget: {_hms(max(0.0, left))} left, no pending run fits; stopping ({len(pending)} pending)")
                 pending = []
     outcome.elapsed = time.monotonic() - t0

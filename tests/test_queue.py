@@ -227,8 +227,46 @@ def test_packs_follow_first_then_value_and_a_pack_too_long_for_the_budget_runs_t
         started.append(sorted(i.config.name for i in unit.items))
         return [sys.executable, "-c", "pass"]
 
-    out = queue.run_queue([queue.Pack(wanted, 30.0, "test")], budget=21.0, workers=1, log=lines.append, poll=0.05,
+    out = queue.run_queue([queue.Pack(wanted, 30.0, "measured pack")], budget=21.0, workers=1, log=lines.append, poll=0.05,
                           command=command, claims=False)
     assert started[0] == ["w0", "w1"]  # 2 of the 3 runs fit in 21 s at 10 s each
     assert any("of the 3 fits" in line for line in lines)
     assert {i.config.name for i in out.stored} >= {"w0", "w1"}
+
+
+def test_an_unmeasured_first_pack_keeps_a_margin_and_is_split_before_a_later_unit_runs(monkeypatch):
+    """The GPU call of 2026-11-27: a 69-run pack too long for the budget was skipped for a later pack
+    whose assumed estimate fitted, ran past the budget and stored nothing."""
+    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
+    wanted = [queue.Entry(fake_item(f"w{i}", rounds=3), 10.0, "test", False, None) for i in range(3)]
+    later = queue.Entry(fake_item("later"), 4.0, "measured (3)", False, None)
+    assert queue.reserved(queue.Pack(wanted, 30.0, "assumed pack speed-up")) == 45.0
+    assert queue.reserved(later) == 4.0
+    started, lines = [], []
+
+    def command(unit, profile, device):
+        started.append(sorted(i.config.name for i in unit.items))
+        return [sys.executable, "-c", "pass"]
+
+    queue.run_queue([queue.Pack(wanted, 30.0, "assumed pack speed-up"), later], budget=21.0, workers=1,
+                    log=lines.append, poll=0.05, command=command, claims=False)
+    assert started[0] == ["w0"]  # 1 run x 10 s x 1.5 fits in 21 s, 2 do not; the later unit waits its turn
+    assert started[-1] == ["later"] and len(started) == 4  # the runs took no time: w1, w2 then fitted too
+    assert any("of the 3 fits" in line for line in lines)
+
+
+def test_runs_this_queue_stored_re_estimate_the_rest_before_older_stores(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    done, later = queue.chapter_items("fedavg", "smoke")[:2]
+    model = queue.CostModel()
+    model.add(done.config, 100.0, "cpu")  # an older store: 100 s for the same kind of run
+    pending = [queue.Entry(later, *model.estimate(later.config), False, None)]
+    assert pending[0].cost == pytest.approx(queue.STARTUP_SECONDS + 100.0 * queue.work(later.config)
+                                            / queue.work(done.config))
+    queue.store_payload(done, {"meta": {"wall_time": 10.0, "device": "cpu"}}, "paper")
+    queue.recost(pending, [done], model, "cpu")
+    assert pending[0].how == "measured (1)"
+    assert pending[0].cost == pytest.approx(queue.STARTUP_SECONDS + 10.0 * queue.work(later.config)
+                                            / queue.work(done.config))
+    assert len(model.samples) == 2  # the fresh run also joins the store's samples

@@ -224,7 +224,8 @@ def _check(probs: torch.Tensor, gamma: float, kappa: float, sizes, rounding: str
         raise ValueError(f"kappa: must be >= 0 (got {kappa})")
     if kappa and (sizes is None or len(sizes) != probs.shape[0] or (torch.as_tensor(sizes) <= 0).any()):
         raise ValueError("sizes: kappa > 0 needs the K positive client sample sizes n_k")
-    return probs.double(), None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
+    # the solver works on the CPU in float64 ([K, n, C] is small): the same numbers whatever device trained
+    return probs.detach().double().cpu(), None if sizes is None else torch.as_tensor(sizes, dtype=torch.float64)
 
 
 def pgd(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, steps: int = 500,

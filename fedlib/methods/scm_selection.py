@@ -71,7 +71,7 @@ class FedSCMSelection(Method):
         self.rounds_seen = 0
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        probs = client_probabilities(self.fed, updates)  # h_k(X), [K, n, C]
+        probs = client_probabilities(self.fed, updates).cpu()  # h_k(X), [K, n, C]; the solver runs on the CPU
         k = probs.shape[0]
         if scm.vertex_counts(self.gamma)[2] > k:  # fewer trained clients than the vertex needs: plain average
             lam = torch.full((k,), 1.0 / k, dtype=torch.float64)

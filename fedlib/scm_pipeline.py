@@ -231,7 +231,7 @@ def server_train(model, flat, bufs, x, y, config: ScmConfig, device, steps: int,
 
 def _fmda_transport(fed: dict, config: ScmConfig, c: int, chunk: int = 32) -> dict[str, Any]:
     """FMDA-OT phase 1 on at most ``ot_samples`` samples per client: entropic OT plans to the
-    server's unlabeled samples (POT, all clients of a chunk in one batched solve), the
+    server's unlabeled samples (fda.sinkhorn_batch: all clients of a chunk in one batched solve), the
     transported samples (barycentric map) and the class mass each server sample receives."""
     rng = np.random.default_rng(config.seed + 777)
     m = config.ot_samples

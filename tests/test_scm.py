@@ -348,3 +348,21 @@ def test_fmda_ot_weights_are_normalised_pseudo_label_accuracies():
     probs = torch.nn.functional.one_hot(preds, 2).double()
     w = fda.fmda_ot_weights(probs, torch.tensor([0, 1, 1, 0]))
     torch.testing.assert_close(w, torch.tensor([0.6, 0.4, 0.0], dtype=torch.float64))
+
+
+def test_batched_sinkhorn_gives_pots_batched_plans():
+    """The oracle: POT's ot.batch.solve_batch(method="sinkhorn"), whose iterations sinkhorn_batch follows,
+    on padded problems (zero source mass) of a relative squared-Euclidean cost."""
+    ot = pytest.importorskip("ot")
+    gen = torch.Generator().manual_seed(3)
+    sx, tx = torch.randn(4, 9, 5, generator=gen, dtype=torch.float64), torch.randn(7, 5, generator=gen,
+                                                                                   dtype=torch.float64)
+    mass = torch.rand(4, 9, generator=gen, dtype=torch.float64) * (torch.arange(9) < torch.tensor([[9], [6], [3], [8]]))
+    mass = mass / mass.sum(1, keepdim=True)
+    ours = fda.transport_plans(sx, mass, tx, reg=0.1)
+    cost = torch.cdist(sx, tx.expand(4, -1, -1)) ** 2
+    cost = cost / torch.where((mass > 0).unsqueeze(-1), cost, 0.0).amax(dim=(1, 2), keepdim=True)
+    pot = ot.batch.solve_batch(cost, reg=0.1, a=mass, b=torch.full((4, 7), 1 / 7, dtype=torch.float64),
+                               max_iter=1000, tol=1e-9, method="sinkhorn", grad="detach").plan
+    torch.testing.assert_close(ours, torch.as_tensor(pot), atol=1e-12, rtol=1e-9)
+    torch.testing.assert_close(ours.sum(1), torch.full((4, 7), 1 / 7, dtype=torch.float64))

@@ -45,8 +45,10 @@ and the target samples, the source samples being moved to the target by the bary
 the server weighting the sources by their accuracy on a small pseudo-labelled target
 validation subset and fine-tuning on it. Our pseudo-labels for that subset are the sources'
 labels carried through the same plans (``label transport``: the class mass each target sample
-receives). Transport problems of all clients are solved together with POT's batched solver
-(``ot.batch.solve_batch``), each client's samples padded to a common size with zero mass.
+receives). Transport problems of all clients are solved together by one batched Sinkhorn
+(:func:`sinkhorn_batch`: the scaling iterations of POT's ``ot.batch.solve_batch(method="sinkhorn")``,
+POT 0.9.7 ``ot/batch/_utils.py`` ``bregman_projection_batch``, on the data's own device; POT is the
+test oracle), each client's samples padded to a common size with zero mass.
 """
 
 from __future__ import annotations
@@ -143,21 +145,38 @@ def comda_weights(probs: torch.Tensor, keep: int, iterations: int = 10) -> dict:
 # ----------------------------------------------------------------------------- FMDA-OT
 
 
+def sinkhorn_batch(cost: torch.Tensor, a: torch.Tensor, b: torch.Tensor, reg: float, max_iter: int = 1000,
+                   tol: float = 1e-9) -> torch.Tensor:
+    """Entropic OT plans of B problems at once: ``cost [B, m, n]``, marginals ``a [B, m]``, ``b [B, n]``.
+
+        K = exp(−C / ε);  f ← a / (K g);  g ← b / (Kᵀ f);  T = diag(f) K diag(g)     (Sinkhorn scaling)
+
+    from f = g = 1, stopping (checked every 10 iterations, as POT does) once the largest row-marginal
+    error ‖T 1 − a‖₂ over the batch is below ``tol``."""
+    kernel = torch.exp(-cost / reg)
+    f, g = torch.ones_like(a), torch.ones_like(b)
+    for it in range(max_iter):  # fixed-point iterations, not clients: the batch is one tensor
+        f = a / (kernel * g[:, None, :]).sum(2)
+        g = b / (kernel * f[:, :, None]).sum(1)
+        if it % 10 == 0:
+            error = ((kernel * f[:, :, None] * g[:, None, :]).sum(2) - a).pow(2).sum(1).sqrt().max()
+            if error < tol:
+                break
+    return kernel * f[:, :, None] * g[:, None, :]
+
+
 def transport_plans(source_x: torch.Tensor, source_mass: torch.Tensor, target_x: torch.Tensor, reg: float,
                     max_iter: int = 1000, tol: float = 1e-9) -> torch.Tensor:
     """Entropic OT plans between every client's samples and the target samples, one batched
-    POT solve: ``source_x [K, m, d]`` (padded), ``source_mass [K, m]`` (each row sums to 1,
-    zero on padding), ``target_x [n, d]`` with uniform mass -> plans ``[K, m, n]``. The squared
-    Euclidean cost is divided by its maximum over the client's real samples, so ``reg`` is relative."""
-    import ot
-
+    solve (:func:`sinkhorn_batch`): ``source_x [K, m, d]`` (padded), ``source_mass [K, m]`` (each
+    row sums to 1, zero on padding), ``target_x [n, d]`` with uniform mass -> plans ``[K, m, n]``. The
+    squared Euclidean cost is divided by its maximum over the client's real samples, so ``reg`` is relative."""
     cost = torch.cdist(source_x.double(), target_x.double().unsqueeze(0).expand(source_x.shape[0], -1, -1)) ** 2
     real = (source_mass > 0).unsqueeze(-1)
     cost = cost / torch.where(real, cost, 0.0).amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
-    b = torch.full((source_x.shape[0], target_x.shape[0]), 1.0 / target_x.shape[0], dtype=torch.float64)
-    res = ot.batch.solve_batch(cost, reg=reg, a=source_mass.double(), b=b, max_iter=max_iter, tol=tol,
-                               method="sinkhorn", grad="detach")
-    return torch.as_tensor(res.plan)
+    b = torch.full((source_x.shape[0], target_x.shape[0]), 1.0 / target_x.shape[0], dtype=torch.float64,
+                   device=cost.device)
+    return sinkhorn_batch(cost, source_mass.double().to(cost.device), b, reg, max_iter, tol)
 
 
 def barycentric_map(plans: torch.Tensor, source_mass: torch.Tensor, target_x: torch.Tensor) -> torch.Tensor:

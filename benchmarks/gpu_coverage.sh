@@ -5,9 +5,10 @@
 #
 # 1. Prepare once, on a machine with pip access and the datasets (FEDLIB_DATA: mnist/ and
 #    cifar10-jpeg/ as in the shared data folder), from the repository root:
-#        benchmarks/gpu_coverage.sh prepare
+#        benchmarks/gpu_coverage.sh prepare          (PART=cpu or all to carry MNIST as well)
 #    It fills .gpu-carry/ (git-ignored): wheels of what the GPU image lacks (pydantic and its
-#    needs; torch, numpy, scipy, pyyaml, matplotlib, pandas are there) and the datasets (~30 MB).
+#    needs; torch, numpy, scipy, pyyaml, matplotlib, pandas are there) and the data PART runs
+#    (CIFAR-10 ~19 MB, MNIST ~11 MB), and checks it fits the device tool's 64 MiB with the tracked files.
 # 2. Run it with the device tool (one call; the machine has no internet):
 #        run(command="bash benchmarks/gpu_coverage.sh run", carry=[".gpu-carry"], timeout_s=560)
 #    Optional environment, set in the command: BUDGET_S (seconds for everything, default 480),
@@ -18,7 +19,7 @@
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
 # 3. Unpack what came back into the repository (files_at: the folder the tool names), commit:
-#        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/runs/<key>.json
+#        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/runs/<key>.json.gz
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
@@ -31,7 +32,7 @@ CARRY=.gpu-carry
 
 prepare() {
     local py="${PYTHON:-python3}" data="${FEDLIB_DATA:?set FEDLIB_DATA to the data root holding mnist/ and cifar10-jpeg/}"
-    mkdir -p "$CARRY/whl" "$CARRY/data/mnist" "$CARRY/data/cifar10-jpeg"
+    mkdir -p "$CARRY/whl"
     local wheels=()
     for name in pydantic pydantic_core annotated-types typing-inspection typing_extensions; do
         wheels+=("$name==$("$py" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$name")")
@@ -39,9 +40,18 @@ prepare() {
     "$py" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$CARRY/whl" "${wheels[@]}"
-    cp "$data"/mnist/*-ubyte.gz "$CARRY/data/mnist/"
-    cp "$data"/cifar10-jpeg/cifar10-jpeg.tar.gz "$CARRY/data/cifar10-jpeg/"
-    du -sh "$CARRY"
+    rm -rf "$CARRY/data/mnist" "$CARRY/data/cifar10-jpeg"  # only what PART runs: the tool carries 64 MiB in all
+    case "${PART:-gpu}" in
+        gpu) mkdir -p "$CARRY/data/cifar10-jpeg"; cp "$data"/cifar10-jpeg/cifar10-jpeg.tar.gz "$CARRY/data/cifar10-jpeg/" ;;
+        cpu) mkdir -p "$CARRY/data/mnist"; cp "$data"/mnist/*-ubyte.gz "$CARRY/data/mnist/" ;;
+        *) mkdir -p "$CARRY/data/mnist" "$CARRY/data/cifar10-jpeg"; cp "$data"/mnist/*-ubyte.gz "$CARRY/data/mnist/"
+           cp "$data"/cifar10-jpeg/cifar10-jpeg.tar.gz "$CARRY/data/cifar10-jpeg/" ;;
+    esac
+    local tracked carried
+    tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    carried=$(du -sb "$CARRY" | cut -f1)
+    echo "carry $(( carried / 1048576 )) MiB + tracked files $(( tracked / 1048576 )) MiB (the device tool takes 64 MiB in all)"
+    [ $(( carried + tracked )) -lt $(( 64 * 1048576 )) ] || { echo "too large for the device tool" >&2; return 1; }
 }
 
 run_on_device() {
@@ -76,7 +86,7 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
             --workers "${WORKERS:-1}" --budget "$left" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-4096}" \
             "${first[@]}" || true
         local stored seconds
-        stored=$(find "$FEDLIB_RESULTS" -name '*.json' | wc -l)
+        stored=$(find "$FEDLIB_RESULTS" \( -name '*.json' -o -name '*.json.gz' \) | wc -l)
         seconds=$(( $(date +%s) - t0 ))
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \

@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
     p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
-    p_mig = sub.add_parser("migrate-results", help="re-key stored runs under results/ to the current keys "
-                           "(where provably the same run); report the stale ones")
+    p_mig = sub.add_parser("migrate-results", help="compress stored runs under results/ (<key>.json.gz), re-key "
+                           "them to the current keys (where provably the same run); report the stale ones")
     p_mig.add_argument("--dry-run", action="store_true", help="report only; change nothing")
     p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
     args, extra = parser.parse_known_args(argv)
@@ -130,14 +130,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _migrate(args) -> int:
     from .chapters import CHAPTER_MODULES, chapter_module
-    from .migrate import adopt_unclipped, format_report, migrate_results
+    from .migrate import adopt_unclipped, compress_results, format_report, migrate_results
 
     try:
+        compressed = compress_results(args.root, dry_run=args.dry_run)
+        print(f"compressed {len(compressed)} stored run(s) to <key>.json.gz" + (" (dry run)" if args.dry_run else ""))
         print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
         for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
             configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
             for source, key, _ in adopt_unclipped(chapter, configs, args.root, dry_run=args.dry_run):
-                print(f"  adopted {source} as runs/{key}.json for {chapter} (clipping on, never acted)")
+                print(f"  adopted {source} as runs/{key} for {chapter} (clipping on, never acted)")
     except (FileNotFoundError, NotADirectoryError) as err:
         print(f"fedlib migrate-results: {err}", file=sys.stderr)
         return 2

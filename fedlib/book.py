@@ -6,7 +6,7 @@ Layout (relative to the repository root):
     book/reference/<paper>.yaml    the papers' published numbers
     params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper, evidence
                                    (a file may say ``inherit: <profile>`` and override some keys)
-    results/runs/<key>.json        stored runs (usually the paper profile) with provenance, one store for all chapters
+    results/runs/<key>.json.gz     stored runs (gzip JSON; zcat reads them) (usually the paper profile) with provenance, one store for all chapters
     book/_executed/<profile>/      git-ignored: staged sources + executed notebooks + HTML
 """
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import yaml
 
-from .cache import ResultCache, atomic_write_text, default_cache_root
+from .cache import ResultCache, atomic_write_text, default_cache_root, key_of
 from .config import RunConfig, make_config
 from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
@@ -340,7 +340,7 @@ def _parse_config(raw: Any):
 
 
 def stored_results(chapter: str, configs) -> Stored:
-    """Read the stored runs (``results/runs/*.json``, never moving or deleting one) that answer
+    """Read the stored runs (``results/runs/<key>.json.gz``, never moving or deleting one) that answer
     ``configs``: current runs (key = resolved config + rule versions + data fingerprint, and the
     file's own record agreeing) and stale runs of the same configs made by another variant; runs of
     other configs are not this chapter's and are left out, unreadable files are listed as skipped."""
@@ -356,17 +356,18 @@ def stored_results(chapter: str, configs) -> Stored:
                   if fp.get("sha256") is None}
     store = ResultCache(results_dir(), protect=True)
     out = Stored({}, {}, [])
-    for path, payload, result, problem in read_stored(store, sorted(store.root.glob("*.json"))):
+    for path, payload, result, problem in read_stored(store, store.entry_paths()):
         if problem:
             out.skipped.append(f"{path.name} ({problem})")
             continue
         meta = result["meta"]
         made = made_by(meta.get("resolved"), meta.get("rule_versions"))
-        key = path.stem if path.stem in wanted else unverified.get(made)
+        stem = key_of(path)
+        key = stem if stem in wanted else unverified.get(made)
         # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
         # result_check compares the config without its placement, the rule versions and the data; without
         # the data here, the file's key must be the config's key on the data the run recorded
-        if key is not None and (path.stem in wanted or wanted[key][0].key(meta.get("data") or {}) == path.stem):
+        if key is not None and (stem in wanted or wanted[key][0].key(meta.get("data") or {}) == stem):
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
             if check(result) is None:
@@ -386,7 +387,7 @@ def stored_results(chapter: str, configs) -> Stored:
 
 
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
-    """Run ``configs`` and keep each result under ``results/runs/<key>.json`` (resumes: files that
+    """Run ``configs`` and keep each result under ``results/runs/<key>.json.gz`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
     from .run import run
 
@@ -517,7 +518,7 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
     root = repo_root()
     parts = [book_dir() / f"{chapter}.ipynb", root / "params" / chapter / f"{profile}.yaml"]
     parts += sorted((root / "fedlib").rglob("*.py")) + sorted((book_dir() / "reference").glob("*.yaml"))
-    parts += sorted(results_dir().glob("*.json"))  # one store for all
+    parts += ResultCache(results_dir(), protect=True).entry_paths()  # one store for all
     if chapter == STATUS_PAGE:
         parts += sorted((stage / "_headlines").glob("*.json"))
     for path in parts:

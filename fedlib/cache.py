@@ -1,6 +1,8 @@
 """JSON result store with atomic writes and checksums.
 
-One file per key: ``{"sha256": <hex of the payload's canonical JSON>, "payload": {...}}``.
+One file per key: ``{"sha256": <hex of the payload's canonical JSON>, "payload": {...}}``, as
+``<key>.json``, or gzip-compressed as ``<key>.json.gz`` (``compress=True``, the default of the committed
+``results/`` store: a 200-round history is ~700 kB of JSON and ~120 kB compressed; both forms are read).
 Writes go to a temporary file in the same folder and are renamed into place, so a killed
 process never leaves a half-written entry. Reading never deletes anything: an entry that is
 unreadable, fails its checksum or fails the caller's check (``get(key, check=...)``: another
@@ -15,12 +17,14 @@ even a killed writer's temporary file (a writer does, once it is an hour old).
 from __future__ import annotations
 
 import errno
+import gzip
 import hashlib
 import json
 import os
 import stat
 import tempfile
 import warnings
+import zlib
 from pathlib import Path
 from typing import Any, Callable
 
@@ -94,11 +98,35 @@ def _digest(payload: Any) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def atomic_write_text(path: Path, text: str) -> None:
+def gunzip_bounded(blob: bytes, limit: int = MAX_ENTRY_BYTES) -> bytes:
+    """The gzip ``blob`` decompressed, refusing (ValueError) more than ``limit`` bytes of output."""
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    out = inflater.decompress(blob, limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ValueError(f"too large once decompressed (more than {limit} bytes)")
+    if not inflater.eof:
+        raise ValueError("truncated gzip data")
+    return out
+
+
+def load_entry(path: str | Path) -> dict:
+    """A store file (either form) as written: ``{"sha256": ..., "payload": ...}``, unchecked (for
+    inspection; readers use :meth:`ResultCache.read`). From a shell: ``zcat <key>.json.gz``."""
+    blob = read_regular(Path(path))
+    return json.loads(gunzip_bounded(blob) if str(path).endswith(".gz") else blob)
+
+
+def key_of(path: Path) -> str:
+    """The key of a store file: its name without ``.json`` or ``.json.gz``."""
+    name = path.name
+    return name[:-len(".json.gz")] if name.endswith(".json.gz") else name[:-len(".json")]
+
+
+def atomic_write_text(path: Path, text: str | bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -119,11 +147,21 @@ class ResultCache:
     """Checksummed JSON entries under ``root`` (default: ``<cache root>/runs``).
 
     ``protect=True`` (the committed ``results/`` store): a reader never renames or deletes an
-    entry; only a writer replacing an invalid entry first moves it aside."""
+    entry; only a writer replacing an invalid entry first moves it aside. ``compress`` (default:
+    ``protect``): entries are written as ``<key>.json.gz``; a writer replacing a valid ``<key>.json``
+    removes it once the compressed entry is in place. Both forms are read, the compressed one first."""
 
-    def __init__(self, root: str | Path | None = None, *, protect: bool = False):
+    def __init__(self, root: str | Path | None = None, *, protect: bool = False, compress: bool | None = None):
         self.root = Path(root) if root is not None else default_cache_root() / "runs"
         self.protect = protect
+        self.compress = protect if compress is None else compress
+
+    def entry_paths(self) -> list[Path]:
+        """One file per stored key, sorted by key: the one :meth:`path` reads (compressed first)."""
+        if not self.root.is_dir():
+            return []
+        keys = {key_of(p) for pattern in ("*.json", "*.json.gz") for p in self.root.glob(pattern)}
+        return [self.path(key) for key in sorted(keys)]
 
     def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
         """Temporary files of writers killed mid-write (never read as entries) are removed once
@@ -141,7 +179,12 @@ class ResultCache:
                 pass
 
     def path(self, key: str) -> Path:
-        return self.root / f"{key}.json"
+        """The entry's file: the one there (compressed first), else where a write would put it."""
+        packed, plain = self.root / f"{key}.json.gz", self.root / f"{key}.json"
+        for path in (packed, plain):
+            if os.path.lexists(path):
+                return path
+        return packed if self.compress else plain
 
     def read(self, key: str) -> tuple[dict | None, str | None]:
         """(payload, None) for a readable entry with a matching checksum, else (None, problem);
@@ -158,11 +201,11 @@ class ResultCache:
         except OSError as err:
             return None, f"unreadable ({err.strerror or type(err).__name__})"
         try:
-            entry = json.loads(content)
+            entry = json.loads(gunzip_bounded(content) if path.name.endswith(".gz") else content)
             payload = entry["payload"]
             if entry["sha256"] != _digest(payload):
                 return None, "checksum mismatch (edited or damaged)"
-        except (ValueError, KeyError, TypeError, OSError, RecursionError) as err:
+        except (ValueError, KeyError, TypeError, OSError, RecursionError, EOFError, zlib.error) as err:
             return None, f"unreadable ({type(err).__name__})"
         if not isinstance(payload, dict):
             return None, "payload is not a mapping"
@@ -214,9 +257,13 @@ class ResultCache:
             if problem is not None and self.set_aside(key) is None:
                 raise OSError(errno.EEXIST, f"an invalid entry is in the way and cannot be set aside ({problem})",
                               str(path))
-        atomic_write_text(path, json.dumps({"sha256": _digest(payload), "payload": payload}, indent=1))
+        text = json.dumps({"sha256": _digest(payload), "payload": payload}, indent=1)
+        target = self.root / f"{key}.json.gz" if self.compress else self.root / f"{key}.json"
+        atomic_write_text(target, gzip.compress(text.encode(), mtime=0) if self.compress else text)
+        if target != path and os.path.lexists(path):  # the valid entry in the other form, now replaced
+            os.unlink(path)
         self._remove_stale_temporaries()
-        return path
+        return target
 
     def keep(self, key: str, payload: dict) -> Path | None:
         """:meth:`put`, but a failed write is one :class:`CacheWriteWarning` line (path and cause)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from . import queue, stats
-from .cache import ResultCache
+from .cache import ResultCache, key_of
 from .results import RunResult, placement_free, read_stored, result_check, run_of, runs_dir
 from .stats import FAILS, HOLDS, INDICATIVE, NOISE
 
@@ -325,7 +325,7 @@ class StoredIndex:
         """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
         file there changed (name, size or modification time)."""
         store = ResultCache(runs_dir(queue.repo_results()) if root is None else root, protect=True)
-        paths = sorted(store.root.glob("*.json"))
+        paths = store.entry_paths()
         listing = tuple((p.name, *((s := p.stat()).st_size, s.st_mtime_ns)) for p in paths)
         cached = _INDEXES.get(store.root)
         if cached is not None and cached[0] == listing:
@@ -338,7 +338,7 @@ class StoredIndex:
                 continue
             meta = result["meta"]
             sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
-            index.by_signature.setdefault(sig, []).append((path.stem, result))
+            index.by_signature.setdefault(sig, []).append((key_of(path), result))
         return index
 
     def run_of(self, config, local: dict | None = None) -> tuple[dict, bool] | None:

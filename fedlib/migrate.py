@@ -1,4 +1,4 @@
-"""Re-key stored runs (``results/runs/*.json``) to the current cache key.
+"""Re-key stored runs (``results/runs/<key>.json.gz``, or plain ``.json``) to the current cache key; compress plain ones.
 
 A stored run is re-keyed (its file renamed to the current key, its history and numbers
 unchanged, its provenance completed and noted) only where it provably answers the current key:
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from .book import _parse_config, what_changed
-from .cache import ResultCache
+from .cache import ResultCache, key_of
 from .results import _key_provenance, check_result, result_check, runs_dir
 
 
@@ -35,8 +35,9 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
     store = ResultCache(_existing_runs(root), protect=True)
-    for path in sorted(store.root.glob("*.json")):
-        payload, problem = store.read(path.stem)
+    for path in store.entry_paths():
+        stem = key_of(path)
+        payload, problem = store.read(stem)
         result = (payload or {}).get("result")
         problem = problem or check_result(result)
         config = _parse_config(payload.get("config")) if not problem else None
@@ -51,19 +52,37 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
             report["stale"].append((path.name, "; ".join(what_changed(meta, config, fingerprint))))
             continue
         new = config.key(fingerprint)
-        if new == path.stem:
+        if new == stem:
             report["current"].append(new)
             continue
         if store.path(new).exists():
-            report["stale"].append((path.name, f"{new}.json exists already; left both as they are"))
+            report["stale"].append((path.name, f"{store.path(new).name} exists already; left both as they are"))
             continue
-        report["rekeyed"].append((path.stem, new))
+        report["rekeyed"].append((stem, new))
         if not dry_run:
             meta = {**meta, **_key_provenance(config, fingerprint, new),
-                    "rekeyed": f"re-keyed from {path.stem} on {today}: records the current variant"}
+                    "rekeyed": f"re-keyed from {stem} on {today}: records the current variant"}
             store.put(new, {**payload, "result": {**result, "meta": meta}})
             os.unlink(path)
     return report
+
+
+def compress_results(root: str | Path | None = None, dry_run: bool = False) -> list[str]:
+    """Rewrite every readable plain ``<key>.json`` of ``root/runs/`` as ``<key>.json.gz`` (the same entry,
+    checksum and payload; ``fedlib.cache``), the plain file removed once the compressed one is in place.
+    A file that fails its checksum is left as it is. Returns the keys compressed."""
+    store = ResultCache(_existing_runs(root), protect=True)
+    done = []
+    for path in store.entry_paths():
+        if path.name.endswith(".gz"):
+            continue
+        payload, problem = store.read(key_of(path))
+        if payload is None or problem:
+            continue
+        done.append(key_of(path))
+        if not dry_run:
+            store.put(key_of(path), payload)
+    return done
 
 
 def _existing_runs(root: str | Path | None) -> Path:
@@ -78,7 +97,7 @@ def _existing_runs(root: str | Path | None) -> Path:
 def format_report(report: dict[str, list]) -> str:
     lines = [f"re-keyed {len(report['rekeyed'])}, already current {len(report['current'])}, "
              f"left stale {len(report['stale'])}"]
-    lines += [f"  re-keyed {old}.json -> {new}.json" for old, new in report["rekeyed"]]
+    lines += [f"  re-keyed {old} -> {new}" for old, new in report["rekeyed"]]
     lines += [f"  stale {name}: {why}" for name, why in report["stale"]]
     return "\n".join(lines)
 
@@ -95,8 +114,9 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
     target_store = ResultCache(runs_dir(root), protect=True)
     adopted = []
-    for path in sorted(target_store.root.parent.glob("*/*.json")):
-        payload, problem = ResultCache(path.parent, protect=True).read(path.stem)
+    for path in sorted(p for d in target_store.root.parent.iterdir() if d.is_dir()
+                       for p in ResultCache(d, protect=True).entry_paths()):
+        payload, problem = ResultCache(path.parent, protect=True).read(key_of(path))
         result = (payload or {}).get("result")
         if problem or check_result(result):
             continue
@@ -112,7 +132,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
         new = config.key(fingerprint)
         if target_store.path(new).exists():  # adopted earlier
             continue
-        note = (f"re-keyed from {path.parent.name}/{path.stem} on {today}: computed with update_clip "
+        note = (f"re-keyed from {path.parent.name}/{key_of(path)} on {today}: computed with update_clip "
                 f"{stored.update_clip:g}, and its history shows no update was ever clipped, so it is the run "
                 f"with clipping off")
         adopted.append((f"{path.parent.name}/{path.name}", new, note))

@@ -4,7 +4,7 @@ Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item
 its profile, saying which paper table, row and column the run backs, its seed, its config
 and the function that runs it (:func:`run_round` for every engine run, :func:`run_scm`). The
 queue knows nothing else about chapters: it orders the items (:func:`priority`), skips those
-already stored under ``results/runs/<key>.json`` (one store: a run two chapters share is
+already stored under ``results/runs/<key>.json.gz`` (one store: a run two chapters share is
 stored once), estimates what each costs and runs them, one process per run, ``workers`` at a
 time, storing each result with its provenance as it finishes. A killed queue resumes where it
 stopped (stored files are never recomputed).
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from . import data
+from .cache import ResultCache, key_of
 from .book import check_only, load_profile, repo_root
 from .chapters import CHAPTER_MODULES, chapter_module
 from .results import runs_dir, store_run
@@ -255,7 +256,7 @@ def is_stored(item: QueueItem) -> bool:
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
-    """Keep ``result`` as ``results/runs/<key>.json`` (``fedlib.results.store_run``), plus where
+    """Keep ``result`` as ``results/runs/<key>.json.gz`` (``fedlib.results.store_run``), plus where
     the run sits in the queue. A damaged file or another run's there is set aside first (renamed)."""
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
@@ -436,7 +437,7 @@ class CostModel:
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
-        for path in sorted(p for r in roots for p in r.glob("*.json")):
+        for path in (p for r in roots for p in ResultCache(r, protect=True).entry_paths()):
             model.read(path)
         return model
 
@@ -447,10 +448,8 @@ class CostModel:
 
     def read(self, path: Path, fresh: bool = False) -> None:
         """Add one stored run (skipped unless a valid store file: bounded size, valid checksum)."""
-        from .cache import ResultCache
-
         try:
-            payload, _ = ResultCache(path.parent, protect=True).read(path.stem)
+            payload, _ = ResultCache(path.parent, protect=True).read(key_of(path))
             if payload is None:
                 return
             config, wall = payload["config"], float(payload.get("wall_time") or 0)
@@ -717,7 +716,7 @@ def recost(units: list[Entry | Pack], stored: list[QueueItem], model: CostModel,
     """Re-estimate pending ``units`` in place once ``stored`` runs (just stored by this queue) are in the
     cost model as fresh measurements: a budgeted queue's first runs on a device calibrate the rest."""
     for item in stored:
-        model.read(runs_dir(results_root()) / f"{item.key}.json", fresh=True)
+        model.read(ResultCache(runs_dir(results_root()), protect=True).path(item.key), fresh=True)
     for unit in units:
         for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
             entry.cost, entry.how = model.estimate(entry.item.config, device)

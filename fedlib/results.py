@@ -191,7 +191,7 @@ def _provenance(p, wall: float) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the stored runs
 
-RUNS_FOLDER = "runs"  # results/runs/<key>.json: every stored run, once, keyed by its config and data
+RUNS_FOLDER = "runs"  # results/runs/<key>.json.gz: every stored run, once, keyed by its config and data
 # A run's cache entry ($FEDLIB_CACHE/runs/<key>.json) and its stored copy are the same JSON
 # (``stored_payload``): copying one to the other's folder is all it takes to keep a run.
 
@@ -222,8 +222,10 @@ def run_of(entry: dict[str, Any]) -> dict[str, Any]:
 def read_stored(store, paths) -> Iterator[tuple[Path, dict | None, dict | None, str | None]]:
     """Each stored file of ``store`` (a ``ResultCache``) among ``paths``: (path, its entry, its run, why
     the run is not valid: None when it is), read through the store's safe reader and :func:`check_result`."""
+    from .cache import key_of
+
     for path in paths:
-        payload, problem = store.read(path.stem)
+        payload, problem = store.read(key_of(path))
         result = run_of(payload) if payload else None
         yield path, payload, result, problem or check_result(result)
 
@@ -236,7 +238,7 @@ def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | 
 
 def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None,
               check: Callable[[dict], str | None] | None = None, **extra: Any):
-    """Keep one run under ``results/runs/<key>.json`` (atomic; an invalid file there, or one failing
+    """Keep one run under ``results/runs/<key>.json.gz`` (atomic; an invalid file there, or one failing
     ``check``, is set aside, never deleted). Every writer of stored runs goes through here. Returns the path."""
     from .cache import ResultCache
 

@@ -1,5 +1,6 @@
 """The book pipeline: sources, profiles, papermill execution, failures, stored results."""
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -8,6 +9,7 @@ import nbformat
 import pytest
 
 from fedlib import book
+from fedlib.cache import load_entry
 from fedlib.chapters import chapter_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -99,14 +101,14 @@ def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeyp
     configs = chapter_module("fedavg").configs(params)
     written = book.store_results("fedavg", configs, progress=False)
     assert len(written) == 1 and book.store_results("fedavg", configs, progress=False) == []  # resumes
-    payload = json.loads(written[0].read_text())["payload"]
+    payload = load_entry(written[0])["payload"]
     assert payload["config"]["split"]["name"] == "pls" and payload["device"].startswith("cpu")
     stored = book.stored_results("fedavg", configs)
     assert list(stored.results) == [configs[0].key()] and not stored.skipped
     assert written[0].parent == tmp_path / "results" / "runs"  # one store for every chapter
     other = book.stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
     assert not other.results and not other.skipped and not other.stale  # another config's run: not this page's
-    written[0].write_text("{")  # damaged
+    written[0].write_bytes(gzip.compress(b"{"))  # damaged
     assert book.stored_results("fedavg", configs).skipped == [f"{written[0].name} (unreadable (JSONDecodeError))"]
 
 

@@ -26,7 +26,7 @@ def test_roundtrip_and_corruption_is_detected(tmp_path):
 
 
 def test_a_protected_store_is_never_changed_by_reading(tmp_path):
-    store = ResultCache(tmp_path, protect=True)
+    store = ResultCache(tmp_path, protect=True, compress=False)
     path = store.put("k", {"x": 1})
     path.write_text(path.read_text().replace('"x": 1', '"x": 2'))
     before = path.read_bytes()
@@ -54,3 +54,42 @@ def test_no_temporary_files_left_behind(tmp_path):
     for i in range(3):
         cache.put(f"k{i}", {"i": i})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k0.json", "k1.json", "k2.json"]
+
+
+def test_the_committed_store_writes_gzip_reads_both_forms_and_a_writer_replaces_the_plain_one(tmp_path):
+    import gzip
+
+    from fedlib.cache import key_of, load_entry
+
+    plain = ResultCache(tmp_path, compress=False)
+    plain.put("old", {"x": 1})
+    store = ResultCache(tmp_path, protect=True)  # compressed by default
+    assert store.compress and store.get("old") == {"x": 1} and store.path("old").name == "old.json"
+    path = store.put("new", {"x": 2})
+    assert path.name == "new.json.gz" and load_entry(path)["payload"] == {"x": 2}
+    assert json.loads(gzip.decompress(path.read_bytes()))["payload"] == {"x": 2}  # zcat reads it
+    assert [p.name for p in store.entry_paths()] == ["new.json.gz", "old.json"]
+    assert [key_of(p) for p in store.entry_paths()] == ["new", "old"]
+    store.put("old", {"x": 1})  # rewritten compressed: the plain file goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.json.gz", "old.json.gz"] and store.get("old") == {"x": 1}
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not gzip", "a bomb"])
+def test_a_damaged_or_oversized_compressed_entry_is_unreadable_and_left_in_place(tmp_path, damage, monkeypatch):
+    import gzip
+
+    import fedlib.cache as cache
+
+    store = ResultCache(tmp_path, protect=True)
+    path = store.put("k", {"x": 1})
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:20])
+    elif damage == "not gzip":
+        path.write_bytes(b"{}")
+    else:
+        path.write_bytes(gzip.compress(b" " * 4096))
+        monkeypatch.setattr(cache, "MAX_ENTRY_BYTES", 1024)
+        monkeypatch.setattr(cache.gunzip_bounded, "__defaults__", (1024,))
+    before = path.read_bytes()
+    payload, problem = store.read("k")
+    assert payload is None and problem.startswith("unreadable (") and path.read_bytes() == before

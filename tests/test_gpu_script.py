@@ -1,6 +1,7 @@
 """The GPU call's script (benchmarks/gpu_coverage.sh) rehearsed on the CPU: preflight, packed queue,
 stored runs, the log and the archive that comes back. What the device runs, the CI runs first."""
 
+import gzip
 import json
 import os
 import shutil
@@ -35,8 +36,8 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert "packs: 1 pack(s) of 10 runs" in log
     assert "runs stored: 10 in" in log and "per minute" in log
     with tarfile.open(out / "gpu_results.tar.gz") as archive:
-        names = [n for n in archive.getnames() if n.endswith(".json")]
+        names = [n for n in archive.getnames() if n.endswith(".json.gz")]
         assert len(names) == 10 and all(n.startswith("results/runs/") for n in names)
-        payload = json.load(archive.extractfile(names[0]))
+        payload = json.loads(gzip.decompress(archive.extractfile(names[0]).read()))
     meta = payload["payload"]["result"]["meta"] if "payload" in payload else payload["result"]["meta"]
     assert meta["pack"]["size"] == 10

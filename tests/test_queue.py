@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from fedlib.cache import load_entry
+
 from fedlib import queue
 from fedlib.book import load_profile
 from fedlib.chapters import CHAPTER_MODULES, chapter_module
@@ -167,8 +169,8 @@ def test_store_payload_keeps_the_chapters_config_and_provenance(tmp_path, monkey
     result = {"config": {"device": "cuda"}, "final": {"accuracy": 0.5},
               "meta": {"device": "cuda (H100)", "date": "2026-01-01", "wall_time": 12.0}}
     path = queue.store_payload(item, result, "paper")
-    payload = json.loads(path.read_text())["payload"]
-    assert path == tmp_path / "runs" / "x-0.json"
+    payload = load_entry(path)["payload"]
+    assert path == tmp_path / "runs" / "x-0.json.gz"
     assert payload["result"]["config"] == item.config.to_dict() == payload["config"]
     assert payload["device"] == "cuda (H100)" and payload["wall_time"] == 12.0
     assert payload["queue"]["table"] == "Table 1" and queue.is_stored(item)
@@ -208,7 +210,7 @@ def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monke
     assert len(entries) == 1 and set(entries[0].chapters) == {"celm", "fedavg"}
     queue.store_payload(a, {"meta": {}}, "paper")
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
-    assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json")] == ["x-0.json"]
+    assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json*")] == ["x-0.json.gz"]
     assert queue.is_stored(b)  # the other chapter reads the same file
 
 

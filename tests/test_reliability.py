@@ -777,7 +777,7 @@ def _queue_store(tmp_path, monkeypatch):
 def _damage(kind: str, runs: Path, key: str, tiny_results) -> None:
     from fedlib.results import store_run
 
-    path = runs / f"{key}.json"
+    path = ResultCache(runs, protect=True).path(key)
     good = path.read_bytes()
     if kind == "truncated":
         path.write_bytes(good[: len(good) // 2])
@@ -808,13 +808,14 @@ def test_33_2_the_queue_judges_a_stored_run_by_content_and_sets_a_damaged_one_as
     fedlib_queue.store_payload(item, result, "paper")
     assert fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0].stored
     _damage(kind, runs, item.key, tiny_results)
-    damaged = (runs / f"{item.key}.json").read_bytes()
+    path = ResultCache(runs, protect=True).path(item.key)
+    damaged = path.read_bytes()
     entry = fedlib_queue.plan(items=[item], cost_model=fedlib_queue.CostModel())[0]
     assert not entry.stored and entry.damaged and item.key in entry.damaged  # pending again
     assert "damaged file" in fedlib_queue.format_list([entry])
-    assert (runs / f"{item.key}.json").read_bytes() == damaged  # reading moved nothing
+    assert path.read_bytes() == damaged  # reading moved nothing
     fedlib_queue.store_payload(item, result, "paper")  # the rerun: the damaged file is set aside, not deleted
-    assert (runs / f"{item.key}.json.invalid-1").read_bytes() == damaged
+    assert path.with_name(f"{path.name}.invalid-1").read_bytes() == damaged
     assert fedlib_queue.is_stored(item)
 
 

@@ -315,6 +315,8 @@ class RunConfig(ExperimentConfig):
     eval_every: int = Field(1, ge=1, le=MAX_COUNT)
     update_clip: float | None = Field(10.0, gt=1, description="clip updates farther than this many times the "
                                       "round's median distance from the global model (None: off)")
+    augment: Literal["crop_flip"] | None = Field(None, description="local training's data augmentation: "
+                                                 "'crop_flip' (random crop, zero padding 4, and horizontal flip)")
     reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
                                    "values of its clients on the server's validation set (final['reference'])")
 
@@ -386,6 +388,8 @@ class RunConfig(ExperimentConfig):
         method = build_method(self.method.name, self.method.params)
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
         data["split"] = {"name": self.split.name, **_split_defaults(self.split.name), **self.split.params}
+        if data.get("augment") is None:  # added later: off leaves every earlier key as it was
+            data.pop("augment", None)
         if self.server_val is None:
             from .federation import DEFAULT_SERVER_VAL
 

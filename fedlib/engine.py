@@ -16,8 +16,8 @@ import torch
 
 from .federation import Prepared
 from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
-from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches,
-                         train_clients, warm_up)
+from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, evaluate,
+                         make_client_batches, train_clients, warm_up)
 from .results import RunResult, _provenance, _strict
 from .screening import PoisoningMonitor, screen_updates
 
@@ -143,6 +143,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
     reference = None
     suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
     poisoning = PoisoningMonitor(method.parameter_uploads)  # issue 33: disagreement per round, poisoning warning
+    augment_fill = black_pixel(p.dataset) if cfg.augment else None  # crop_flip's padding, normalised
     for t in rounds:
         t_round = time.perf_counter()
         lr = cfg.lr_at(t)
@@ -151,14 +152,14 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         # 1. plan
         selected = np.asarray(method.select_clients(state), dtype=np.int64)
         base = LocalTraining(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk)
+                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk, augment_fill=augment_fill)
         local = method.local_training(state, base, selected)
         # 2. local training of all selected clients at once
         t0 = time.perf_counter()
         gen = _round_generator(cfg.seed, t, p.device)
         selected_indices = [train_indices[c] for c in selected]  # ragged sample lists (a gather, no compute)
-        batches = make_client_batches(selected_indices, cfg.batch_size, cfg.local_epochs, gen)
-        batches.index, batches.mask = batches.index.to(p.device), batches.mask.to(p.device)
+        batches = make_client_batches(selected_indices, cfg.batch_size, cfg.local_epochs, gen,
+                                      augment=augment_fill is not None).to(p.device)
 
         def run_phase(phase, trained):
             """A method's extra local pass (``LocalPhase``), vectorized like the main one."""

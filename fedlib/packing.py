@@ -117,7 +117,7 @@ def train_signature(request: TrainRequest) -> tuple:
     t = request.training
     return ("train", _model_signature(request.model), tuple(request.x.shape[1:]), request.x.dtype,
             tuple(request.y.shape[1:]), request.y.dtype, str(request.x.device), request.batches.index.shape[2],
-            t.momentum, t.weight_decay, t.prox_mu, t.compile, t.workers, t.extra_loss_inputs,
+            t.momentum, t.weight_decay, t.prox_mu, t.augment_fill, t.compile, t.workers, t.extra_loss_inputs,
             None if t.extra_loss is None else request.loss_key, t.client_context is None)
 
 
@@ -173,13 +173,13 @@ def train_together(requests: Sequence[TrainRequest], pools: _Pools | None = None
     sizes = [r.rows for r in requests]
     batches = []
     for r, offset in zip(requests, offsets):
-        b = r.batches
-        if r.training.max_steps is not None:
-            b = ClientBatches(b.index[: r.training.max_steps], b.mask[: r.training.max_steps])
-        batches.append(b if offset == 0 else ClientBatches(b.index + offset, b.mask))
+        b = r.batches.first(r.training.max_steps)
+        batches.append(b if offset == 0 else ClientBatches(b.index + offset, b.mask, b.codes))
     steps = max(b.steps for b in batches)
     index = torch.cat([F.pad(b.index, (0, 0, 0, 0, 0, steps - b.steps)) for b in batches], dim=1)
     mask = torch.cat([F.pad(b.mask, (0, 0, 0, 0, 0, steps - b.steps)) for b in batches], dim=1)
+    codes = None if batches[0].codes is None else torch.cat(  # equal signatures: all have codes or none
+        [F.pad(b.codes, (0, 0, 0, 0, 0, steps - b.steps)) for b in batches], dim=1)
     start = torch.cat([r.start.unsqueeze(0).expand(n, -1) if r.start.dim() == 1 else r.start
                        for r, n in zip(requests, sizes)])
     names = list(requests[0].buffers)
@@ -197,7 +197,7 @@ def train_together(requests: Sequence[TrainRequest], pools: _Pools | None = None
     chunks = [r.training.chunk_size for r in requests if r.training.chunk_size]
     training = replace(requests[0].training, lr=lr, client_context=context, max_steps=None,
                        chunk_size=min(chunks) if chunks else None)
-    flat, bufs = train_clients(requests[0].model, start, buffers, x, y, ClientBatches(index, mask), training)
+    flat, bufs = train_clients(requests[0].model, start, buffers, x, y, ClientBatches(index, mask, codes), training)
     out, lo = [], 0
     for n in sizes:
         out.append((flat[lo:lo + n], {k: v[lo:lo + n] for k, v in bufs.items()}))

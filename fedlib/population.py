@@ -145,10 +145,57 @@ class ClientBatches:
 
     index: torch.Tensor  # [steps, N, B] int64 into the sample pool
     mask: torch.Tensor  # [steps, N, B] float (1 = real sample)
+    # [steps, N, B] int64 augmentation of each sample (``crop_flip``'s code), or None: as stored
+    codes: torch.Tensor | None = None
 
     @property
     def steps(self) -> int:
         return self.index.shape[0]
+
+    def first(self, steps: int | None) -> "ClientBatches":
+        """The first ``steps`` steps (all when None)."""
+        if steps is None:
+            return self
+        return ClientBatches(self.index[:steps], self.mask[:steps], None if self.codes is None else self.codes[:steps])
+
+    def to(self, device) -> "ClientBatches":
+        return ClientBatches(self.index.to(device), self.mask.to(device),
+                             None if self.codes is None else self.codes.to(device))
+
+
+# Standard CIFAR augmentation (random crop with zero padding 4, horizontal flip; torchvision's
+# RandomCrop(32, padding=4) + RandomHorizontalFlip): one code per sample and step, drawn from the run's
+# own generator with its batches, so a packed run augments exactly as it does alone.
+CROP_PAD = 4
+CROP_CODES = 2 * (2 * CROP_PAD + 1) ** 2  # flip x row offset x column offset
+
+
+def black_pixel(dataset) -> tuple[float, ...]:
+    """A black pixel in ``dataset``'s normalised units, per channel: (0 − mean_c) / std_c (what
+    torchvision's zero padding becomes once the image is normalised)."""
+    c = dataset.input_shape[0]
+    mean = dataset.channel_mean or (0.0,) * c
+    std = dataset.channel_std or (1.0,) * c
+    return tuple(-m / s for m, s in zip(mean, std))
+
+
+def crop_flip(xb: torch.Tensor, codes: torch.Tensor, fill: torch.Tensor, pad: int = CROP_PAD) -> torch.Tensor:
+    """Samples ``xb [..., C, H, W]`` cropped and flipped per ``codes [...]``: code = flip·(2p+1)² + dy·(2p+1)
+    + dx; the image padded by ``pad`` with ``fill [C]`` (a black pixel once normalised), the H x W window at
+    (dy, dx) taken, then mirrored left-right when flip. Two gathers, no loop over samples."""
+    *lead, c, h, w = xb.shape
+    side = 2 * pad + 1
+    flat = xb.reshape(-1, c, h, w)
+    codes = codes.reshape(-1)
+    flip, dy, dx = codes // (side * side), (codes // side) % side, codes % side
+    padded = fill.view(1, c, 1, 1).to(xb.dtype).expand(flat.shape[0], c, h + 2 * pad, w + 2 * pad).clone()
+    padded[:, :, pad:pad + h, pad:pad + w] = flat
+    rows = (dy.view(-1, 1, 1, 1) + torch.arange(h, device=xb.device).view(1, 1, h, 1)).expand(-1, c, h, w + 2 * pad)
+    out = torch.gather(padded, 2, rows)  # [M, C, H, W + 2p]
+    j = torch.arange(w, device=xb.device).view(1, w)
+    cols = dx.view(-1, 1) + torch.where(flip.view(-1, 1) > 0, w - 1 - j, j)  # [M, W]
+    out = torch.gather(out, 3, cols.view(-1, 1, 1, w).expand(-1, c, h, w))
+    return out.reshape(*lead, c, h, w)
 
 
 def flat_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,17 +216,19 @@ def padded_indices(client_indices: list[np.ndarray]) -> tuple[torch.Tensor, torc
 
 
 def make_client_batches(
-    client_indices: list[np.ndarray], batch_size: int, epochs: int, generator: torch.Generator
+    client_indices: list[np.ndarray], batch_size: int, epochs: int, generator: torch.Generator,
+    augment: bool = False,
 ) -> ClientBatches:
     """Shuffle every client's samples each epoch (one argsort for all clients) and cut
-    them into mini-batches; clients with fewer samples finish early (masked steps)."""
+    them into mini-batches; clients with fewer samples finish early (masked steps). With
+    ``augment``, each sample of each step also gets a ``crop_flip`` code (drawn after the epoch's order)."""
     table, sizes = padded_indices(client_indices)
     n, width = table.shape
     steps_per_epoch = max(1, math.ceil(int(sizes.max()) / batch_size))
     span = steps_per_epoch * batch_size
     col = torch.arange(width)
     valid = col.unsqueeze(0) < sizes.unsqueeze(1)
-    index_steps, mask_steps = [], []
+    index_steps, mask_steps, code_steps = [], [], []
     for _ in range(epochs):
         keys = torch.rand(n, width, generator=generator)
         keys = keys.masked_fill(~valid, 2.0)  # padding sorts last
@@ -189,7 +238,10 @@ def make_client_batches(
         real = (torch.arange(span).unsqueeze(0) < sizes.unsqueeze(1)).float()
         index_steps.append(samples.reshape(n, steps_per_epoch, batch_size).transpose(0, 1))
         mask_steps.append(real.reshape(n, steps_per_epoch, batch_size).transpose(0, 1))
-    return ClientBatches(torch.cat(index_steps), torch.cat(mask_steps))
+        if augment:
+            codes = torch.randint(0, CROP_CODES, (n, span), generator=generator)
+            code_steps.append(codes.reshape(n, steps_per_epoch, batch_size).transpose(0, 1))
+    return ClientBatches(torch.cat(index_steps), torch.cat(mask_steps), torch.cat(code_steps) if augment else None)
 
 
 # ----------------------------------------------------------------------------- training
@@ -213,6 +265,8 @@ class LocalTraining:
     # True: extra_loss also receives the batch as ``inputs=xb`` (MOON runs other models on it)
     extra_loss_inputs: bool = False
     chunk_size: int | None = None  # clients trained together; None = all
+    # crop_flip's padding value per channel (a black pixel, normalised); applied to batches with codes
+    augment_fill: tuple[float, ...] | None = None
     # "off": eager steps; "on": capture the per-client step once per shape and replay it (CUDA
     # graph on CUDA, torch.compile/inductor on CPU); "auto": CUDA graph on CUDA, eager on CPU.
     # None reads FEDLIB_COMPILE (default "auto"). Steps with an extra_loss always run eagerly.
@@ -305,8 +359,9 @@ def train_clients(
     """Train N clients at once from ``start`` ([P] shared or [N, P]); returns the
     trained flat parameters ``[N, P]`` and buffers ``{name: [N, ...]}``."""
     layout = ParamLayout(model)
-    if cfg.max_steps is not None:
-        batches = ClientBatches(batches.index[: cfg.max_steps], batches.mask[: cfg.max_steps])
+    batches = batches.first(cfg.max_steps)
+    if (batches.codes is None) != (cfg.augment_fill is None):
+        raise ValueError("augmentation: batches with codes need LocalTraining.augment_fill, and only they")
     n = batches.index.shape[1]
     start = start.detach()
     bufs = {k: (v.expand(n, *v.shape[1:]) if v.shape[0] == 1 else v).clone() for k, v in buffers.items()}
@@ -321,7 +376,8 @@ def train_clients(
         chunk_start = start if start.dim() == 1 else start[sl].clone()
         chunk_cfg = replace(cfg, lr=cfg.lr[sl]) if torch.is_tensor(cfg.lr) else cfg
         return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
-                            x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx)
+                            x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx,
+                            None if batches.codes is None else batches.codes[:, sl])
 
     was_training = model.training
     model.train()
@@ -396,7 +452,7 @@ def _in_worker_threads(model, groups, train_group, workers):
     return results
 
 
-def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
+def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, codes=None):
     """SGD steps for a chunk of n clients from ``start`` ([P] shared or [n, P]).
 
     While every client still holds the shared start (the first step of a round) the
@@ -419,6 +475,7 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
     replay = None
     row_lr = torch.is_tensor(cfg.lr)  # one learning rate per client: the step is on * lr_i (exact, on in {0, 1})
     lr_rows = cfg.lr.to(start.device, start.dtype) if row_lr else None
+    fill = None if codes is None else torch.tensor(cfg.augment_fill, dtype=x.dtype, device=x.device)
     with torch.no_grad():
         for s in range(index.shape[0]):
             if not live_steps[s]:
@@ -429,9 +486,11 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context):
                 replay = _captured_step(backend, model, layout, cfg, n, index.shape[2], x, y, bufs)
                 replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr)
             if replay is not None:
-                replay.step(index[s], mb, active)
+                replay.step(index[s], mb, active, None if codes is None else codes[s])
                 continue
             xb, yb = x[index[s]], y[index[s]]
+            if codes is not None:
+                xb = crop_flip(xb, codes[s], fill)
             dims = (None if shared else 0, 0, anchor_dim, 0, 0, 0, ctx_dim)
             if dims not in steppers:
                 steppers[dims] = vmap(grad(loss_fn, has_aux=True), in_dims=dims)
@@ -495,6 +554,8 @@ class _StaticStep:
         self.mask = torch.zeros(n, batch, device=dev)
         self.active = torch.zeros(n, device=dev)
         self.lr = torch.zeros(n, device=dev)  # per client (packed runs may differ)
+        self.fill = None if cfg.augment_fill is None else torch.tensor(cfg.augment_fill, dtype=x.dtype, device=dev)
+        self.codes = None if cfg.augment_fill is None else torch.zeros(n, batch, dtype=torch.long, device=dev)
         loss_fn = _per_client_loss(model, LocalTraining(prox_mu=cfg.prox_mu))
         self.stepper = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0 if cfg.prox_mu else None, 0, 0, 0, None))
         self.run = self._capture()
@@ -502,6 +563,8 @@ class _StaticStep:
     def _step(self):
         with torch.no_grad():
             xb, yb = self.x[self.index], self.y[self.index]
+            if self.codes is not None:
+                xb = crop_flip(xb, self.codes, self.fill)
             with torch.enable_grad():
                 grads, bufs = self.stepper(self.params, self.bufs, self.anchor, xb, yb, self.mask, None)
             for k, b in bufs.items():
@@ -550,7 +613,9 @@ class _StaticStep:
                                    else shared_anchor.expand_as(self.anchor_flat))
         self.lr.copy_(torch.as_tensor(lr, dtype=self.lr.dtype).to(self.lr.device).expand(self.n))
 
-    def step(self, index, mask, active):
+    def step(self, index, mask, active, codes=None):
+        if self.codes is not None:
+            self.codes.copy_(codes)
         self.index.copy_(index)
         self.mask.copy_(mask)
         self.active.copy_(active)
@@ -572,7 +637,7 @@ def _captured_step(backend, model, layout, cfg, n, batch, x, y, bufs) -> _Static
     key = (backend, id(model), n, batch, str(x.device),
            x.data_ptr(), tuple(x.shape), x.dtype, y.data_ptr(), tuple(y.shape),
            tuple((k, tuple(v.shape), v.dtype) for k, v in bufs.items()),
-           cfg.momentum, cfg.weight_decay, cfg.prox_mu)
+           cfg.momentum, cfg.weight_decay, cfg.prox_mu, cfg.augment_fill)
     with _CAPTURED_LOCK:
         entry = _CAPTURED.pop(key, None)
         if entry is None:

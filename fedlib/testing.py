@@ -23,6 +23,18 @@ from torch import nn
 from .population import ClientBatches, LocalTraining, ParamLayout
 
 
+def crop_flip_one(img: torch.Tensor, code: int, fill, pad: int = 4) -> torch.Tensor:
+    """One image ``[C, H, W]`` padded with ``fill`` (per channel), cropped at the code's (dy, dx) and
+    mirrored when the code's flip bit is set: the oracle of ``population.crop_flip``."""
+    side = 2 * pad + 1
+    flip, dy, dx = code // (side * side), (code // side) % side, code % side
+    c, h, w = img.shape
+    canvas = torch.tensor(fill, dtype=img.dtype).view(c, 1, 1).repeat(1, h + 2 * pad, w + 2 * pad)
+    canvas[:, pad:pad + h, pad:pad + w] = img
+    out = canvas[:, dy:dy + h, dx:dx + w]
+    return out.flip(-1) if flip else out
+
+
 def train_clients_loop(
     model: nn.Module,
     start: torch.Tensor,
@@ -55,6 +67,9 @@ def train_clients_loop(
                 continue
             idx = batches.index[s, i][real]
             xb, yb = x[idx], y[idx]
+            if batches.codes is not None:  # one sample at a time, by slicing
+                xb = torch.stack([crop_flip_one(img, int(code), cfg.augment_fill)
+                                  for img, code in zip(xb, batches.codes[s, i][real])])
             opt.zero_grad()
             if cfg.extra_loss is None:
                 logits = local(xb)

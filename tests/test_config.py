@@ -90,3 +90,14 @@ def test_yaml_is_loaded_safely_and_malformed_yaml_is_one_line(tmp_path):
         load_config(listy)
     with pytest.raises(ConfigError, match="no such config file"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_augmentation_off_keeps_every_earlier_key_and_on_changes_it():
+    from fedlib.config import RunConfig, make_config
+
+    plain = make_config({"dataset": "synthetic", "model": "mlp"})
+    assert "augment" not in plain.resolved() and plain.augment is None
+    on = make_config({"dataset": "synthetic", "model": "mlp", "augment": "crop_flip"})
+    assert on.resolved()["augment"] == "crop_flip" and on.config_key() != plain.config_key()
+    with pytest.raises(ValueError, match="augment"):
+        RunConfig.make({"augment": "mixup"})

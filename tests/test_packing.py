@@ -203,3 +203,14 @@ def test_on_a_cpu_convolutional_runs_train_alone_and_give_identical_bits(monkeyp
     assert merged and set(merged) == {1}
     for a, b in zip(alone, packed):
         assert torch.equal(a.model[0], b.model[0])
+
+
+def test_augmented_runs_pack_and_equal_their_runs_alone():
+    """crop_flip's codes come from each run's own generator: packed runs augment as they do alone."""
+    base = golden.config_of("fedavg").model_copy(update={"augment": "crop_flip", "rounds": 2})
+    configs = [base.model_copy(update={"seed": seed}) for seed in (7, 8)]
+    alone, packed = _alone_and_packed(configs)
+    for i, (a, b) in enumerate(zip(alone, packed)):
+        _assert_same_run(a, b, f"augmented seed {configs[i].seed}")
+    unaugmented = _alone_and_packed([configs[0].model_copy(update={"augment": None})])[0][0]
+    assert unaugmented.history[-1]["accuracy"] != alone[0].history[-1]["accuracy"]

@@ -284,3 +284,44 @@ def test_run_reports_set_up_apart_from_its_rounds(one_thread):
     for h in r.history:  # a round's parts never exceed the round
         assert h["time_train"] + h["time_server"] + h.get("time_eval", 0.0) <= h["time_round"]
     assert "not in wall: data and model" in r.summary()
+
+
+def test_crop_flip_equals_the_per_image_oracle_and_known_codes():
+    from fedlib.population import CROP_CODES, crop_flip
+    from fedlib.testing import crop_flip_one
+
+    g = torch.Generator().manual_seed(0)
+    xb = torch.randn(3, 5, 2, 6, 7, generator=g)  # [rows, B, C, H, W]
+    codes = torch.randint(0, CROP_CODES, (3, 5), generator=g)
+    fill = (-1.5, 2.0)
+    ours = crop_flip(xb, codes, torch.tensor(fill))
+    oracle = torch.stack([torch.stack([crop_flip_one(xb[r, b], int(codes[r, b]), fill) for b in range(5)])
+                          for r in range(3)])
+    assert torch.equal(ours, oracle)
+    img = xb[0, 0]
+    centre = 4 * 9 + 4  # dy = dx = 4 (the padding): the image itself; + 81: mirrored
+    assert torch.equal(crop_flip(img[None], torch.tensor([centre]), torch.tensor(fill))[0], img)
+    assert torch.equal(crop_flip(img[None], torch.tensor([81 + centre]), torch.tensor(fill))[0], img.flip(-1))
+    corner = crop_flip(img[None], torch.tensor([0]), torch.tensor(fill))[0]  # shifted 4 down and right
+    assert torch.equal(corner[:, 4:, 4:], img[:, :-4, :-4]) and bool((corner[0, :4] == -1.5).all())
+
+
+def test_augmented_vectorized_training_equals_the_loop_and_changes_nothing_when_off():
+    torch.manual_seed(0)
+    model = build_model("lenet5", (1, 28, 28), 4)
+    x, y, indices = _federation(4, (1, 28, 28), 4, low=5, high=20)
+    layout = ParamLayout(model)
+    start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
+    plain = make_client_batches(indices, 8, 1, torch.Generator().manual_seed(1))
+    batches = make_client_batches(indices, 8, 1, torch.Generator().manual_seed(1), augment=True)
+    assert torch.equal(batches.index[:1], plain.index[:1])  # the codes are drawn after the epoch's order
+    cfg = LocalTraining(epochs=1, batch_size=8, lr=0.05, momentum=0.9, augment_fill=(-0.4,), compile="off", workers=1)
+    fast, _ = train_clients(model, start, bufs, x, y, batches, cfg)
+    slow, _ = train_clients_loop(model, start, bufs, x, y, batches, cfg)
+    torch.testing.assert_close(fast, slow, rtol=1e-4, atol=1e-5)
+    unaugmented, _ = train_clients(model, start, bufs, x, y, plain, replace(cfg, augment_fill=None))
+    assert not torch.allclose(fast, unaugmented)
+    static, _ = train_clients(model, start, bufs, x, y, batches, replace(cfg, compile="on"))  # the captured step
+    torch.testing.assert_close(static, fast, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="augment_fill"):
+        train_clients(model, start, bufs, x, y, plain, cfg)

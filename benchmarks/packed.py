@@ -14,6 +14,12 @@ Fashion-MNIST runs of CELM Table 1 with that model (pack sizes up to 25), the CP
 
     python benchmarks/packed.py [--device cpu|cuda] [--sizes 1 5 25 75] [--models cnn mlp lenet5]
                                 [--rounds 2 --fraction 0.01 --test-samples 200] [--json out.json]
+                                [--cudnn-benchmark] [--top-kernels 15]
+
+``--cudnn-benchmark`` lets cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark; packs
+have fixed shapes): run it beside a plain run to see what it is worth. ``--top-kernels N`` profiles one
+packed round of the largest pack (torch.profiler) and reports the N operators with the most device time
+(self time; CPU time on a CPU): where a packed step spends it.
 
 Load average before and after each measurement is recorded: on a shared machine the ratios are noise.
 """
@@ -124,6 +130,29 @@ def measure(configs, sizes, device, peak, label) -> list[dict]:
     return rows
 
 
+def top_kernels(configs, device: str, n: int) -> list[dict]:
+    """The ``n`` operators with the most self device time (CPU time on a CPU) in one packed round of
+    ``configs``, printed and returned as rows (name, calls, milliseconds, share of the total)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    one_round = [c.model_copy(update={"rounds": 1}) for c in configs]
+    run_many(one_round, cache=False, progress=False, pack=True)  # warm: captured steps, data
+    cuda = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        run_many(one_round, cache=False, progress=False, pack=True)
+        sync(device)
+    events = prof.key_averages()
+    own = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    total = sum(own(e) for e in events) or 1
+    rows = [{"name": e.key[:120], "calls": e.count, "ms": round(own(e) / 1000, 3), "share": round(own(e) / total, 4)}
+            for e in sorted(events, key=own, reverse=True)[:n]]
+    print(f"top {n} operators of one packed round ({len(configs)} runs, {'device' if cuda else 'CPU'} self time):")
+    for r in rows:
+        print(f"  {r['share'] * 100:5.1f} %  {r['ms']:10.1f} ms  {r['calls']:6d} x  {r['name']}")
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -133,7 +162,11 @@ def main(argv=None) -> int:
     parser.add_argument("--fraction", type=float, help="share of the training data (default: all; 0.01 on a CPU)")
     parser.add_argument("--test-samples", type=int, help="test samples (default: all; 200 on a CPU)")
     parser.add_argument("--json", type=Path, help="write the results here")
+    parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
+                        help="profile one packed round of the largest pack; report the N costliest operators")
     args = parser.parse_args(argv)
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     reduced = torch.device(args.device).type == "cpu"
     rounds = args.rounds or (2 if reduced else None)
     fraction = args.fraction or (0.01 if reduced else None)
@@ -152,8 +185,10 @@ def main(argv=None) -> int:
         label = "CELM T1 CIFAR-10 cnn" if model == "cnn" else f"CELM T1 F-MNIST {model}"
         sizes = [s for s in args.sizes if s <= len(configs)]
         rows += measure(configs, sizes, args.device, peak, label)
+    kernels = top_kernels(configs[:max(sizes)], args.device, args.top_kernels) if args.top_kernels else None
     if args.json:
         record = {"benchmark": "packed", "device": device_name, "matmul_flops_per_s": peak,
+                  "cudnn_benchmark": args.cudnn_benchmark, "top_kernels": kernels,
                   "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples},
                   "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)

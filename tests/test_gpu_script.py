@@ -24,7 +24,8 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "300", "PROFILE": "smoke", "ONLY": "fedavg", "PART": "cpu",
-           "PREFLIGHT_S": "3", "OUT": str(out), "RESULTS_DIR": str(tmp_path / "gpu" / "results"),
+           "PREFLIGHT_S": "3", "OUT": str(out), "BENCH_S": "120",
+           "BENCH_ARGS": "--sizes 1 --rounds 1 --fraction 0.004 --test-samples 50 --models mlp", "RESULTS_DIR": str(tmp_path / "gpu" / "results"),
            "FEDLIB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     done = subprocess.run(["bash", "benchmarks/gpu_coverage.sh", "run"], cwd=ROOT, env=env, capture_output=True,
@@ -35,6 +36,10 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert "preflight: fedscm pipeline ok" in log and "FAILED" not in log
     assert "packs: 1 pack(s) of 10 runs" in log
     assert "runs stored: 10 in" in log and "per minute" in log
+    for name in ("packed_cpu.json", "packed_cpu_cudnn_benchmark.json"):  # the benchmark after the queue
+        record = json.loads((out / name).read_text())
+        assert record["rows"][0]["pack_size"] == 1
+    assert json.loads((out / "packed_cpu.json").read_text())["top_kernels"]
     with tarfile.open(out / "gpu_results.tar.gz") as archive:
         names = [n for n in archive.getnames() if n.endswith(".json.gz")]
         assert len(names) == 10 and all(n.startswith("results/runs/") for n in names)

@@ -214,3 +214,27 @@ def test_augmented_runs_pack_and_equal_their_runs_alone():
         _assert_same_run(a, b, f"augmented seed {configs[i].seed}")
     unaugmented = _alone_and_packed([configs[0].model_copy(update={"augment": None})])[0][0]
     assert unaugmented.history[-1]["accuracy"] != alone[0].history[-1]["accuracy"]
+
+
+def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_path):
+    """benchmarks/packed.py --top-kernels (run on the GPU next to the plain measurement), rehearsed on the CPU."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from fedlib.queue import data_missing
+
+    if data_missing("cifar10"):
+        pytest.skip("CIFAR-10 is not on this machine")
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "packed.py"
+    spec = importlib.util.spec_from_file_location("packed_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "packed.json"
+    assert bench.main(["--device", "cpu", "--sizes", "1", "2", "--rounds", "1", "--fraction", "0.004",
+                       "--test-samples", "50", "--top-kernels", "3", "--cudnn-benchmark", "--json", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert record["cudnn_benchmark"] is True and [r["pack_size"] for r in record["rows"]] == [1, 2]
+    kernels = record["top_kernels"]
+    assert len(kernels) == 3 and all(r["ms"] > 0 and 0 < r["share"] <= 1 for r in kernels)
+    assert kernels[0]["ms"] >= kernels[-1]["ms"]

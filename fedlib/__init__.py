@@ -1,7 +1,7 @@
 """fedlib: a thin, vectorized PyTorch library for federated client contribution
 estimation, valuation and selection."""
 
-__version__ = "0.1.0"
+from ._version import __version__  # noqa: E402
 
 from .config import ConfigError, RunConfig, ScmConfig, load_config, make_config  # noqa: E402
 from .run import RunResult, run, run_many  # noqa: E402

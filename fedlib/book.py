@@ -31,6 +31,7 @@ import torch
 import yaml
 
 from .cache import ResultCache, atomic_write_text, default_cache_root, key_of
+from .provenance import git_commit, repo_root  # noqa: F401 (the book's own names for them too)
 from .config import RunConfig, make_config
 from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
@@ -41,12 +42,6 @@ from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n
 PROFILES = ("smoke", "quick", "paper", "evidence")
 EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
 STATUS_PAGE = "status"
-
-
-def repo_root() -> Path:
-    """The repository holding book/ and params/ ($FEDLIB_REPO, else next to this package)."""
-    env = os.environ.get("FEDLIB_REPO")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
 
 
 def book_dir() -> Path:
@@ -179,15 +174,6 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
         f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(version)}</p>{protocol}"
         + (f"<p>{escape(defended).replace('**Defenses on:**', '<b>Defenses on:</b>')}</p>" if defended else "")
     )
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root(), capture_output=True, text=True,
-                             timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:

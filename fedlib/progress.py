@@ -13,28 +13,12 @@ file while the chapter executes (:class:`ProgressFile`) and draws a bar on its t
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-ENV = "FEDLIB_PROGRESS"
-
-
-def report(event: str, **fields: Any) -> None:
-    """Append one event ("batch" with ``total``, "run" with ``cached`` and ``wall``, "stage" with
-    ``name`` and optionally ``done``/``total``) to the side channel, if one is set; never raises
-    (progress must not break a run)."""
-    path = os.environ.get(ENV)
-    if not path:
-        return
-    line = json.dumps({"event": event, "time": time.time(), **fields}) + "\n"
-    try:
-        with open(path, "a", encoding="utf-8") as handle:  # one short append per event
-            handle.write(line)
-    except OSError:
-        pass
+from .events import ENV, report  # noqa: F401 (the events are core; this module listens)
 
 
 class ProgressFile:

@@ -167,7 +167,7 @@ def environment(device: torch.device, wall: float) -> dict[str, Any]:
     """What ran a computation: versions, the device in words, the wall time and the date (UTC)."""
     import torchvision
 
-    from . import __version__
+    from ._version import __version__
 
     name = str(device)
     if device.type == "cuda":
@@ -198,7 +198,7 @@ RUNS_FOLDER = "runs"  # results/runs/<key>.json.gz: every stored run, once, keye
 
 def runs_dir(results_root: str | Path | None = None) -> Path:
     """Where stored runs live: ``<results_root>/runs`` (default: the repository's ``results/``)."""
-    from .book import repo_root
+    from .provenance import repo_root
 
     return Path(results_root if results_root is not None else repo_root() / "results") / RUNS_FOLDER
 
@@ -206,7 +206,7 @@ def runs_dir(results_root: str | Path | None = None) -> Path:
 def stored_payload(config: dict[str, Any], result: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """A stored run: the config as written, the result, and one provenance block (commit, device,
     date, wall time of the run itself, even when it came from the cache) plus ``extra``."""
-    from .book import git_commit
+    from .provenance import git_commit
 
     meta = result.get("meta", {})
     return {"config": config, "result": result, "commit": git_commit(), "device": meta.get("device"),

@@ -19,7 +19,7 @@ from .data import Dataset
 from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
 from .federation import DEFAULT_SERVER_VAL, Prepared, _load, _subsample, prepare, resolve_device  # noqa: F401
 from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
-from .progress import report as report_progress
+from .events import report as report_progress
 from .results import (  # noqa: F401
     RunResult,
     _fingerprint_of,

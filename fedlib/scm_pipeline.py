@@ -57,7 +57,7 @@ from .packing import execute_packed
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
-from .progress import report
+from .events import report
 from .population import (
     ClientBatches,
     LocalTraining,

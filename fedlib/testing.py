@@ -178,7 +178,7 @@ def logit_protocol_loop(config) -> list[dict]:
     from .population import make_client_batches, predict, train_clients
 
     p = prepare(config)
-    m, model, device = p.method, p.model, p.device
+    m, model = p.method, p.model
     n, c, aggregator = config.n_clients, p.dataset.num_classes, config.method.name.removeprefix("logit_")
     x_pub, y_pub = p.x_val, p.y_val
     train_idx, val_table, val_valid = agg.split_validation(p.partition.indices, m.val_fraction, config.seed)

@@ -1,0 +1,50 @@
+"""Issue 31: the core library imports nothing of the book application (an import-linter contract in
+pyproject.toml), and every module of fedlib is placed on one side of that line."""
+
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).parent / "lint-imports"
+
+
+def _contract() -> dict:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return next(c for c in config["contracts"] if c["type"] == "forbidden")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=root,
+                          capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(root), "PATH": ""})
+
+
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (pip install -e '.[test]')")
+
+
+def test_the_core_imports_nothing_of_the_book_application():
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "1 kept, 0 broken" in done.stdout
+
+
+def test_every_module_is_on_one_side():
+    package = ROOT / "fedlib"
+    modules = {f"fedlib.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
+    modules |= {f"fedlib.{d.name}" for d in package.iterdir() if (d / "__init__.py").is_file()}
+    contract = _contract()
+    core, application = set(contract["source_modules"]), set(contract["forbidden_modules"])
+    assert not core & application
+    assert modules == core | application, f"place these in pyproject.toml's layers: {sorted(modules ^ (core | application))}"
+
+
+def test_a_core_module_that_imports_the_book_breaks_the_contract(tmp_path):
+    shutil.copytree(ROOT / "fedlib", tmp_path / "fedlib", ignore=shutil.ignore_patterns("__pycache__"))
+    results = tmp_path / "fedlib" / "results.py"
+    results.write_text(results.read_text() + "\n\ndef _root():\n    from .book import repo_root\n\n    return repo_root()\n")
+    done = _lint(tmp_path)
+    assert done.returncode != 0 and "BROKEN" in done.stdout and "fedlib.results -> fedlib.book" in done.stdout

@@ -36,3 +36,21 @@ def test_weights_are_on_the_simplex():
     u = build_method("fedavg_uniform").aggregate(None, updates)
     torch.testing.assert_close(u, torch.full((3,), 1 / 3))
     assert sample_count_weights([0, 0]).sum() == 0  # no samples: no NaN
+
+
+def test_the_method_hooks_are_listed_in_the_order_the_engine_calls_them():
+    """Issue 31: Method's hooks appear once, in the order of fedlib.engine's round loop, and the module
+    docstring names each of them."""
+    import inspect
+    import re
+
+    from fedlib import engine
+    from fedlib.methods import base
+
+    called = []
+    for name in re.findall(r"method\.([a-z_]+)\(", inspect.getsource(engine)):
+        if name not in called and name != "resolved_hyperparameters":  # a key of the run, not a hook
+            called.append(name)
+    listed = [name for name in vars(base.Method) if name in called]
+    assert listed == called
+    assert all(f"``{name}``" in base.__doc__ for name in called)

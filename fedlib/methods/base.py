@@ -1,11 +1,26 @@
-"""The method interface: a small object with the paper's hyper-parameters and three hooks.
+"""The method interface: a small object with the paper's hyper-parameters and the hooks below.
 
-The engine (``fedlib.run``) owns the round loop; a method only says, in protocol order,
-1. ``select_clients``  which clients take part in this round,
-2. ``local_training``  what the local objective adds (FedProx term, extra losses),
-3. ``aggregate``       how the server weighs the trained clients (weights on the simplex),
-and optionally keeps per-client contribution ``scores`` for the history.
-Hyper-parameters are dataclass fields, validated in ``validate``.
+The engine (``fedlib.engine.rounds``, the one round loop) owns the loop, the clients' training and
+every piece of state it passes around; a method answers its hooks, which the class lists once, in
+the order the engine calls them, by side of the protocol:
+
+before the run     ``validate`` (the hyper-parameters, at construction), ``check_run`` (against the
+                   config), ``adapt_model`` (e.g. MOON's projection head), ``setup``,
+                   ``training_indices``, ``init_client_state``
+each round, 1. the server plans: ``select_clients`` (who), ``local_training`` (the local objective:
+                   FedProx's term, extra losses), ``start_models`` (from which models)
+           2. the clients train, all at once (the engine; no method calls the trainer)
+           3. more local passes: ``local_phases``, each followed by ``phase_done``
+           4. the clients upload: ``client_uploads`` (what they send besides their models)
+           5. the server weighs and updates: ``aggregate`` (weights on the uploads, nothing else),
+                   ``server_update`` (the new global model), ``update_client_state``
+           6. the record: ``scores`` (contribution per client), ``diagnostics``
+           7. the evaluation: ``evaluate`` (default: the new global model on the test set)
+           8. passes at the round's end: ``round_end_phases``, each followed by ``phase_done``
+after the run      ``final_extras``
+
+Hyper-parameters are dataclass fields, validated in ``validate``; ``register`` adds a method to
+``METHODS`` by its ``name``.
 
 Per-client state (engine-owned). A method whose clients keep their own models between
 rounds (ShapFed's personalised broadcast, the per-client downloads of CGSV and CFFL) returns
@@ -17,11 +32,9 @@ Methods without it (the default ``None``) run exactly as before.
 Local phases. After the main local pass (the uploads), a method may ask for more passes of the
 round's selected clients (``local_phases``: from which models, with which objective), e.g.
 Ditto's personal models; the engine runs each vectorized on the round's batches and hands the
-trained models to ``phase_done``, which returns the new per-client state. No method calls the
-trainer itself.
-
-A phase may instead train on its own data (the logit protocol's public set with soft targets),
-replace the uploads, or run at the end of the round (``round_end_phases``).
+trained models to ``phase_done``, which returns the new per-client state. A phase may instead train
+on its own data (the logit protocol's public set with soft targets), replace the uploads, or run
+at the end of the round (``round_end_phases``).
 
 Evaluation. ``evaluate`` scores the round (default: the global model on the test set); Ditto
 scores the clients' personal models as its authors do, the logit protocol its aggregated
@@ -192,6 +205,7 @@ class Method:
     # then regenerate its golden value (``python tests/golden_methods.py --regenerate <name>``).
     rule_version: ClassVar[str] = "1"
 
+    # -- before the run --------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ValueError (one line, naming the field and its range) for bad values."""
 
@@ -225,13 +239,7 @@ class Method:
         """The engine-held per-client state at the start of the run; None (default) = none."""
         return None
 
-    def update_client_state(self, state: RoundState, weights: torch.Tensor, global_flat: torch.Tensor,
-                            global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
-        """After the server step: the next round's per-client state (``state.client_state`` and
-        ``state.updates`` hold this round's); the default keeps it unchanged."""
-        return state.client_state
-
-    # -- 1. plan ---------------------------------------------------------------------
+    # -- 1. the server plans the round -----------------------------------------------------------
     def select_clients(self, state: RoundState) -> np.ndarray:
         """Uniform sampling without replacement (all clients when every one takes part)."""
         n, k = self.fed.n_clients, self.fed.clients_per_round
@@ -239,28 +247,17 @@ class Method:
             return np.arange(n)
         return np.sort(state.rng.choice(n, size=k, replace=False))
 
-    # -- 2. local ----------------------------------------------------------------------
+    def local_training(self, state: RoundState, base: LocalTraining, clients: np.ndarray) -> LocalTraining:
+        return base
+
     def start_models(self, state: RoundState, clients: np.ndarray) -> torch.Tensor | None:
         """Per-client starting parameters [n, P]; None = the clients' rows of the engine's
         per-client state when there is one, else everyone starts from the global model."""
         return None
 
-    def local_training(self, state: RoundState, base: LocalTraining, clients: np.ndarray) -> LocalTraining:
-        return base
-
-    def client_uploads(self, state: RoundState, clients: np.ndarray, flat: torch.Tensor,
-                       buffers: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor] | None:
-        """Client side, after local training: what the clients send besides their models
-        (``{name: [n, ...]}``, arrives as ``ClientUpdates.extras``); None = nothing."""
-        return None
-
+    # -- 2. the clients train (the engine, vectorized) and 3. run more local passes --------------
     def local_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
         """More local passes of ``clients`` after the main one (default none)."""
-        return []
-
-    def round_end_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
-        """Local passes of ``clients`` at the end of the round, after the server step and the
-        evaluation (default none), e.g. the logit protocol's refinement on the new soft targets."""
         return []
 
     def phase_done(self, state: RoundState, phase: LocalPhase, clients: np.ndarray, flat: torch.Tensor,
@@ -268,7 +265,14 @@ class Method:
         """The per-client state after ``phase`` trained ``clients`` to ``flat`` [n, P] / ``buffers``."""
         return state.client_state
 
-    # -- 3. server ---------------------------------------------------------------------
+    # -- 4. the clients upload -------------------------------------------------------------------
+    def client_uploads(self, state: RoundState, clients: np.ndarray, flat: torch.Tensor,
+                       buffers: dict[str, torch.Tensor], data: ClientData) -> dict[str, torch.Tensor] | None:
+        """Client side, after local training: what the clients send besides their models
+        (``{name: [n, ...]}``, arrives as ``ClientUpdates.extras``); None = nothing."""
+        return None
+
+    # -- 5. the server weighs the uploads and updates --------------------------------------------
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         raise NotImplementedError
 
@@ -278,18 +282,13 @@ class Method:
         server step is not a weighted average of the uploads (q-FedAvg, FedFa, FedFV) change it."""
         return flat, buffers
 
-    # -- 4. evaluate -------------------------------------------------------------------
-    def evaluate(self, state: RoundState, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
-                 test: TestSet) -> Any:
-        """The round's test evaluation, a one-model ``fedlib.population.Evaluation`` (``test`` scores
-        or predicts with any models). None (default): the engine scores the new global model.
-        ``state.client_state`` is the updated state, ``state.updates`` the round's uploads."""
-        return None
+    def update_client_state(self, state: RoundState, weights: torch.Tensor, global_flat: torch.Tensor,
+                            global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
+        """After the server step: the next round's per-client state (``state.client_state`` and
+        ``state.updates`` hold this round's); the default keeps it unchanged."""
+        return state.client_state
 
-    def final_extras(self) -> dict[str, Any] | None:
-        """JSON-ready entries for the run's ``final`` block besides the test metrics."""
-        return None
-
+    # -- 6. the round's record and 7. its evaluation ---------------------------------------------
     def scores(self) -> np.ndarray | None:
         """Current contribution score of every client, or None if the method has none."""
         return None
@@ -298,6 +297,23 @@ class Method:
         """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix); by default
         the dict ``last`` a method keeps of its round, if any."""
         return getattr(self, "last", None) or None
+
+    def evaluate(self, state: RoundState, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
+                 test: TestSet) -> Any:
+        """The round's test evaluation, a one-model ``fedlib.population.Evaluation`` (``test`` scores
+        or predicts with any models). None (default): the engine scores the new global model.
+        ``state.client_state`` is the updated state, ``state.updates`` the round's uploads."""
+        return None
+
+    # -- 8. passes at the end of the round (then phase_done again); after the last round ---------
+    def round_end_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
+        """Local passes of ``clients`` at the end of the round, after the server step and the
+        evaluation (default none), e.g. the logit protocol's refinement on the new soft targets."""
+        return []
+
+    def final_extras(self) -> dict[str, Any] | None:
+        """JSON-ready entries for the run's ``final`` block besides the test metrics."""
+        return None
 
     def resolved_hyperparameters(self) -> dict[str, Any]:
         """Every hyper-parameter of this instance, defaults filled in (part of the cache key)."""

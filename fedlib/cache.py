@@ -51,7 +51,7 @@ def as_store(cache: "bool | ResultCache") -> "ResultCache | None":
         return cache
     if cache is True or cache is False:
         return ResultCache() if cache else None
-    from .config import ConfigError, shown
+    from .errors import ConfigError, shown
 
     raise ConfigError(f"cache: must be True, False or a fedlib.cache.ResultCache (got {shown(cache)})")
 

@@ -17,10 +17,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .errors import SHOWN_CHARS, ConfigError, shown  # noqa: F401 (part of this module's interface)
+
 CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + data fingerprint
 # The engine's rule version: local training, screening, aggregation and evaluation in
 # ``fedlib.run``. Bump it (a string) with any change there that changes numbers; every key changes.
 ENGINE_VERSION = "1"
+DEFAULT_SERVER_VAL = 1000  # the server's validation samples when a method needs them and the config gives none
 
 # Hard limits on config input (a config is small: these stop memory and time blow-ups early).
 MAX_CONFIG_BYTES = 256_000  # a YAML config file
@@ -34,25 +37,6 @@ MAX_EPOCHS = 1000
 MAX_SEED = 2**31 - 1
 MAX_RATE = 1e6  # lr, weight_decay, ...: past this, training overflows (1e308 crashed with a traceback)
 MAX_DEPTH = 20  # nesting of a spec value (lists in lists ...)
-SHOWN_CHARS = 60  # an echoed bad value is cut to this many characters
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is one line naming the field."""
-
-
-def shown(value: Any) -> str:
-    """A short ``repr`` of a bad value: errors never echo a huge (or self-expanding) input whole."""
-    import reprlib
-
-    short = reprlib.Repr()
-    short.maxstring = short.maxother = short.maxlong = SHOWN_CHARS
-    short.maxlist = short.maxtuple = 6
-    short.maxdict, short.maxlevel = 4, 2
-    text = short.repr(value)
-    if isinstance(value, (str, bytes, list, tuple, dict)) and len(value) > SHOWN_CHARS:
-        text += f" (length {len(value)})"
-    return text
 
 
 def _short_name(name: str) -> str:
@@ -390,11 +374,20 @@ class RunConfig(ExperimentConfig):
         data["split"] = {"name": self.split.name, **_split_defaults(self.split.name), **self.split.params}
         if data.get("augment") is None:  # added later: off leaves every earlier key as it was
             data.pop("augment", None)
-        if self.server_val is None:
-            from .federation import DEFAULT_SERVER_VAL
-
-            data["server_val"] = DEFAULT_SERVER_VAL if method.needs_validation or self.reference_values else 0
+        data["server_val"] = self.validation_samples(method)
         return _plain(data)
+
+    def validation_samples(self, method=None) -> int:
+        """The server's validation samples, held out of the training set: ``server_val``, else
+        :data:`DEFAULT_SERVER_VAL` when the method needs a validation set (or ``reference_values``
+        does), else none. The one statement of this rule (the run's preparation reads it here)."""
+        if self.server_val is not None:
+            return self.server_val
+        if method is None:
+            from .methods import build_method
+
+            method = build_method(self.method.name, self.method.params)
+        return DEFAULT_SERVER_VAL if method.needs_validation or self.reference_values else 0
 
     def rule_versions(self) -> dict[str, str]:
         """``{"engine": ENGINE_VERSION, <method>: its rule_version}``."""

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from . import partition as partition_module
-from .config import ConfigError, RunConfig, make_config
+from .config import DEFAULT_SERVER_VAL, ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import build_method
 from .models import build_model
@@ -21,7 +21,6 @@ from .partition import make_partition
 
 __all__ = ["Prepared", "prepare", "given", "resolve_device", "DEFAULT_SERVER_VAL"]
 
-DEFAULT_SERVER_VAL = 1000
 
 
 def resolve_device(name: str) -> torch.device:
@@ -81,7 +80,7 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     ds = dataset or _load(config)
     keep = _subsample(ds.y_train, config.fraction, config.seed)
     x, y = ds.x_train[keep], ds.y_train[keep]
-    n_val = config.server_val or (DEFAULT_SERVER_VAL if method.needs_validation or config.reference_values else 0)
+    n_val = config.validation_samples(method)
     if n_val >= len(y):
         raise ConfigError(f"config: server_val: must be < the {len(y)} training samples (got {n_val})")
     order = torch.from_numpy(np.random.default_rng(config.seed + 104729).permutation(len(y)))

@@ -462,3 +462,21 @@ def test_no_verdict_when_other_work_competed():
         "on 2 cores, before and after each engine: fedlib vectorized 0.3 → 2.1; Flower (simulation) 4.3 → 4.6). The "
         "times above are as measured; ratios between engines are not comparable on a shared machine. Rebuild this "
         "page on a quiet machine for a verdict.")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_parameters_cell_is_the_profile_it_names(path):
+    """Issue 31: a notebook run by hand computes what its profile says (the cell said rounds = 20 where
+    params/celm/quick.yaml said 10): every key of the profile is in the cell, with the profile's value."""
+    nb = nbformat.read(path, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    if not cells:
+        pytest.skip("no parameters cell")
+    names: dict = {}
+    exec(cells[0].source, {}, names)
+    if not (book.repo_root() / "params" / path.stem / f"{names['profile']}.yaml").is_file():
+        pytest.skip("a page without profiles")
+    profile = book.load_profile(path.stem, names["profile"])
+    assert set(profile) <= set(names), f"not in the cell: {sorted(set(profile) - set(names))}"
+    drift = {k: (names[k], profile[k]) for k in profile if names[k] != profile[k]}
+    assert not drift, f"cell value vs params/{path.stem}/{names['profile']}.yaml: {drift}"

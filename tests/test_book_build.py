@@ -53,7 +53,7 @@ def _dom(page: Path) -> str:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (apt-get install chromium)")
-@pytest.mark.parametrize("chapter", ["intro", "api"] + [c for c in book.toc_chapters()])
+@pytest.mark.parametrize("chapter", ["intro", "api", "adding_a_method"] + [c for c in book.toc_chapters()])
 def test_pages_render_in_headless_chromium(smoke_book, chapter):
     dom = _dom(smoke_book.parent / f"{chapter}.html")
     assert "<h1" in dom
@@ -63,6 +63,8 @@ def test_pages_render_in_headless_chromium(smoke_book, chapter):
     assert "tag_injected-parameters" not in dom and "tag_parameters" not in dom  # shown as the header's table
     if chapter == "api":  # generated from the docstrings: the engine, RunConfig, every method
         assert 'id="fedlib.run"' in dom and "method-celm" in dom and "lr_milestones" in dom
+    elif chapter == "adding_a_method":  # a guide: its code is the point, shown (and run by a test)
+        assert "validation_weighted" in dom and 'class="math' in dom
     elif chapter not in ("intro", "explore"):  # code is collapsed, one click away
         assert 'class="cell tag_hide-input' in dom or "tag_remove-input" in dom
     if chapter == "fedavg":

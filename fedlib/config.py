@@ -17,7 +17,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from . import partition  # the split kinds: their parameters, ranges and defaults
 from .errors import SHOWN_CHARS, ConfigError, shown  # noqa: F401 (part of this module's interface)
+from .limits import (MAX_BATCH, MAX_CONFIG_BYTES, MAX_COUNT, MAX_DEPTH, MAX_EPOCHS, MAX_LIST,  # noqa: F401
+                     MAX_RATE, MAX_SAMPLES, MAX_SEED, MAX_SPEC_VALUES, MAX_STRING)
 
 CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + data fingerprint
 # The engine's rule version: local training, screening, aggregation and evaluation in
@@ -25,18 +28,6 @@ CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + 
 ENGINE_VERSION = "1"
 DEFAULT_SERVER_VAL = 1000  # the server's validation samples when a method needs them and the config gives none
 
-# Hard limits on config input (a config is small: these stop memory and time blow-ups early).
-MAX_CONFIG_BYTES = 256_000  # a YAML config file
-MAX_STRING = 4096  # characters of any string value
-MAX_LIST = 1000  # items of any list value
-MAX_SPEC_VALUES = 1000  # values inside a split or method spec, nested ones included
-MAX_COUNT = 100_000  # clients, rounds, evaluation period, chunk size
-MAX_SAMPLES = 10_000_000  # test_samples, server_val
-MAX_BATCH = 65_536
-MAX_EPOCHS = 1000
-MAX_SEED = 2**31 - 1
-MAX_RATE = 1e6  # lr, weight_decay, ...: past this, training overflows (1e308 crashed with a traceback)
-MAX_DEPTH = 20  # nesting of a spec value (lists in lists ...)
 
 
 def _short_name(name: str) -> str:
@@ -111,24 +102,6 @@ class Spec(BaseModel):
         return value
 
 
-_SPLIT_RANGES = {  # parameter -> (test, allowed range text)
-    "alpha": (lambda v: v > 0, "> 0"),
-    "gamma": (lambda v: v > 0, "> 0"),
-    "k": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]"),
-    "min_size": (lambda v: 0 <= v <= MAX_SAMPLES, f"in [0, {MAX_SAMPLES}]"),
-    "n_mavericks": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
-    "n_free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
-    "free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
-    "nan_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
-    "huge_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]"),
-    "sigma": (lambda v: v >= 0, ">= 0"),
-    "covariate_shift": (lambda v: v >= 0, ">= 0"),
-    "rate": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "label_noise": (lambda v: 0 <= v <= 1, "in [0, 1]"),
-    "std": (lambda v: v >= 0, ">= 0"),
-    "feature_noise": (lambda v: v >= 0, ">= 0"),
-}
-_SPLIT_INTEGERS = {"k", "min_size", "n_mavericks", "n_free_riders", "free_riders", "nan_updates", "huge_updates"}
 _BOOL_FIELDS = {"reference_values"}
 
 
@@ -324,15 +297,7 @@ class RunConfig(ExperimentConfig):
             raise ValueError(
                 f"clients_per_round: must be <= n_clients = {self.n_clients} (got {self.clients_per_round})"
             )
-        for key, value in self.split.params.items():
-            if key not in _SPLIT_RANGES or value is None:
-                continue
-            integer = key in _SPLIT_INTEGERS
-            if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-                raise ValueError(f"split.{key}: must be {'an integer' if integer else 'a number'} (got {shown(value)})")
-            ok, text = _SPLIT_RANGES[key]
-            if not ok(value):
-                raise ValueError(f"split.{key}: must be {text} (got {value})")
+        partition.check_split_parameters(self.split.params)
         if self.reference_values and self.per_round > 16:
             raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
@@ -371,7 +336,7 @@ class RunConfig(ExperimentConfig):
         data = self.model_dump(mode="json", exclude={"data_root"})
         method = build_method(self.method.name, self.method.params)
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
-        data["split"] = {"name": self.split.name, **_split_defaults(self.split.name), **self.split.params}
+        data["split"] = {"name": self.split.name, **partition.split_defaults(self.split.name), **self.split.params}
         if data.get("augment") is None:  # added later: off leaves every earlier key as it was
             data.pop("augment", None)
         data["server_val"] = self.validation_samples(method)
@@ -496,20 +461,6 @@ def _hash(data: Any) -> str:
 def _plain(data: Any) -> Any:
     """JSON-ready copy (tuples become lists; other objects their repr)."""
     return json.loads(json.dumps(data, default=repr))
-
-
-def _split_defaults(name: str) -> dict[str, Any]:
-    """The defaults of a split function's parameters (those a config may set)."""
-    import inspect
-
-    from . import partition
-
-    fn = getattr(partition, name, None)
-    if not callable(fn):
-        return {}
-    fixed = {"labels", "n_clients", "seed", "n_classes", "x", "y"}
-    return {p.name: p.default for p in inspect.signature(fn).parameters.values()
-            if p.name not in fixed and p.default is not inspect.Parameter.empty}
 
 
 def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> ConfigError:

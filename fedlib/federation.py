@@ -89,7 +89,7 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
         x, y = x[order[n_val:]], y[order[n_val:]]
     if config.n_clients > len(y):
         raise ConfigError(f"config: n_clients: must be <= the {len(y)} training samples (got {config.n_clients})")
-    part = make_partition(config, x, y)
+    part = make_partition(config.split, config.n_clients, config.seed, x, y)
     if part.x is None and part.y is None:
         # the pool is the dataset's training tensor itself, shared by every run on this device (packed runs
         # train from one copy); client indices point at its rows (same samples, same order: same numbers)

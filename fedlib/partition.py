@@ -27,7 +27,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .config import ConfigError, RunConfig
+from .errors import ConfigError, shown
+from .limits import MAX_COUNT, MAX_SAMPLES
 
 ROLES = (
     "benign",
@@ -725,22 +726,93 @@ def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
     return fn(**kwargs, **params)
 
 
-SPLITS = ("iid", "dirichlet", "k_classes", "pls", "sls", "maverick", "maverick_iid", "celm_maverick",
-          "celm_free_rider", "adversarial")
+# ----------------------------------------------------------------------------- the split kinds (a registry)
+
+# Every parameter a split kind or a modifier takes, with its allowed range, in one place (its default is
+# the split function's): name -> (test, allowed range in words, integer?)
+PARAMETER_RANGES: dict[str, tuple[Callable[[float], bool], str, bool]] = {
+    "alpha": (lambda v: v > 0, "> 0", False),
+    "gamma": (lambda v: v > 0, "> 0", False),
+    "k": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]", True),
+    "min_size": (lambda v: 0 <= v <= MAX_SAMPLES, f"in [0, {MAX_SAMPLES}]", True),
+    "n_mavericks": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "n_free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "nan_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "huge_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "sigma": (lambda v: v >= 0, ">= 0", False),
+    "covariate_shift": (lambda v: v >= 0, ">= 0", False),
+    "rate": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
+    "label_noise": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
+    "std": (lambda v: v >= 0, ">= 0", False),
+    "feature_noise": (lambda v: v >= 0, ">= 0", False),
+    "maverick_share": (lambda v: 0 < v <= 1, "in (0, 1]", False),
+    "rare_classes_per_maverick": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "rare_classes": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "free_rider_classes": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "rare_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
+    "free_rider_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
+    "n_benign": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "n_label_flip": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "n_random_data": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "n_random_update": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+}
+_FIXED = ("labels", "n_clients", "seed", "n_classes", "x", "y")  # what every split is given, not configured
 
 
-def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Partition:
-    """The configured split plus its modifiers (free-riders, covariate shift, noise)."""
-    spec = config.split
-    if spec.name not in SPLITS:
+@dataclass(frozen=True)
+class SplitKind:
+    """A split a config may name: its function, and the parameters a config may set with their
+    defaults (the function's keyword defaults) and ranges (:data:`PARAMETER_RANGES`)."""
+
+    name: str
+    function: Callable[..., Partition]
+
+    @property
+    def parameters(self) -> list[str]:
+        return [p for p in inspect.signature(self.function).parameters if p not in _FIXED]
+
+    @property
+    def defaults(self) -> dict:
+        return {p.name: p.default for p in inspect.signature(self.function).parameters.values()
+                if p.name not in _FIXED and p.default is not inspect.Parameter.empty}
+
+
+SPLIT_KINDS: dict[str, SplitKind] = {fn.__name__: SplitKind(fn.__name__, fn) for fn in (
+    iid, dirichlet, k_classes, pls, sls, maverick, maverick_iid, celm_maverick, celm_free_rider, adversarial)}
+SPLITS = tuple(SPLIT_KINDS)
+
+
+def split_defaults(name: str) -> dict:
+    """The defaults of split ``name``'s parameters ({} for a name that is not a split kind)."""
+    kind = SPLIT_KINDS.get(name)
+    return kind.defaults if kind is not None else {}
+
+
+def check_split_parameters(params: dict) -> None:
+    """A ValueError (one line, ``split.<name>: must be ...``) for a parameter outside its range."""
+    for key, value in params.items():
+        if key not in PARAMETER_RANGES or value is None:
+            continue
+        ok, text, integer = PARAMETER_RANGES[key]
+        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+            raise ValueError(f"split.{key}: must be {'an integer' if integer else 'a number'} (got {shown(value)})")
+        if not ok(value):
+            raise ValueError(f"split.{key}: must be {text} (got {value})")
+
+
+def make_partition(spec, n_clients: int, seed: int, x: torch.Tensor, y: torch.Tensor) -> Partition:
+    """The split ``spec`` (``.name`` and ``.params``, e.g. a config's ``split``) of ``n_clients`` clients,
+    seeded with ``seed``, plus its modifiers (free-riders, covariate shift, noise)."""
+    if spec.name not in SPLIT_KINDS:
         raise ConfigError(f"config: split: unknown split {spec.name!r}; known: {', '.join(SPLITS)}")
-    params = spec.params
+    params = dict(spec.params)
     mods = {k: params.pop(k) for k in list(params) if k in SPLIT_MODIFIERS}
     labels = y.cpu().numpy()
-    fn = globals()[spec.name]
+    fn = SPLIT_KINDS[spec.name].function
     try:
-        part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=config.n_clients,
-                                 seed=config.seed, x=x, n_classes=int(y.max()) + 1)
+        part = _call_with_params(fn, spec.name, params, labels=labels, n_clients=n_clients,
+                                 seed=seed, x=x, n_classes=int(y.max()) + 1)
         if mods.get("free_riders"):
             part = free_rider(part, mods["free_riders"])
         for modifier in HOSTILE_ROLES:
@@ -752,18 +824,18 @@ def make_partition(config: RunConfig, x: torch.Tensor, y: torch.Tensor) -> Parti
         clients = mods.get("noisy_clients")
         if mods.get("covariate_shift") is not None:
             part = covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],
-                                                    seed=config.seed)
+                                                    seed=seed)
         if mods.get("label_noise"):
             part = label_noise(*part.pool(x, y), part, rate=mods["label_noise"],
-                                                seed=config.seed, clients=clients)
+                                                seed=seed, clients=clients)
         if mods.get("feature_noise"):
             part = feature_noise(*part.pool(x, y), part, std=mods["feature_noise"],
-                                                  seed=config.seed, clients=clients)
+                                                  seed=seed, clients=clients)
     except ConfigError:
         raise
     except ValueError as err:
         raise ConfigError(f"config: split {spec.name!r}: {str(err).splitlines()[0]}") from None
-    if part.n_clients != config.n_clients:
+    if part.n_clients != n_clients:
         raise ConfigError(f"config: n_clients: split {spec.name!r} makes {part.n_clients} clients "
-                          f"(got n_clients = {config.n_clients})")
+                          f"(got n_clients = {n_clients})")
     return part

@@ -48,3 +48,37 @@ def test_a_core_module_that_imports_the_book_breaks_the_contract(tmp_path):
     results.write_text(results.read_text() + "\n\ndef _root():\n    from .book import repo_root\n\n    return repo_root()\n")
     done = _lint(tmp_path)
     assert done.returncode != 0 and "BROKEN" in done.stdout and "fedlib.results -> fedlib.book" in done.stdout
+
+
+def test_the_core_has_no_import_cycle():
+    """Issue 31: no two core modules import each other, directly or around a loop (the application's
+    modules may still; they are listed in the closing note of the issue)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("fedlib")
+    core = set(_contract()["source_modules"])
+
+    def top(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    edges = {m: set() for m in core}
+    for module in graph.modules:
+        if top(module) in core:
+            edges[top(module)] |= {top(i) for i in graph.find_modules_directly_imported_by(module)
+                                   if top(i) in core and top(i) != top(module)}
+    seen, stack, cycles = {}, [], []
+
+    def visit(m):  # depth-first; a grey module met again closes a cycle
+        seen[m] = "grey"
+        stack.append(m)
+        for n in sorted(edges[m]):
+            if seen.get(n) == "grey":
+                cycles.append(stack[stack.index(n):] + [n])
+            elif n not in seen:
+                visit(n)
+        stack.pop()
+        seen[m] = "black"
+
+    for m in sorted(core):
+        if m not in seen:
+            visit(m)
+    assert not cycles, cycles

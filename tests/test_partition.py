@@ -377,3 +377,23 @@ def test_free_rider_and_hostile_roles_mark_the_last_benign_clients():
     assert hostile.roles[1] == "nan_update"
     with pytest.raises(ValueError, match=r"huge_updates must be in \[0, 1\] \(the benign clients\), got 2"):
         _mark_benign(hostile, 2, "huge_update", "huge_updates")
+
+
+def test_split_kinds_are_a_registry_with_every_numeric_parameter_ranged_in_one_place():
+    """Issue 31: the split kinds, their parameters, defaults and ranges in fedlib.partition; the config
+    reads them there (a bad value is one line at validation, before any data is read)."""
+    from fedlib.config import make_config
+    from fedlib.errors import ConfigError
+    from fedlib.partition import PARAMETER_RANGES, SPLIT_KINDS, SPLITS, split_defaults
+
+    assert SPLITS == tuple(SPLIT_KINDS) and "dirichlet" in SPLITS
+    assert split_defaults("dirichlet") == {"min_size": 1} and split_defaults("not a split") == {}
+    numeric = {p for kind in SPLIT_KINDS.values() for p, v in kind.defaults.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert numeric <= set(PARAMETER_RANGES), sorted(numeric - set(PARAMETER_RANGES))
+    config = make_config({"dataset": "synthetic", "split": {"name": "dirichlet", "alpha": 0.3}})
+    assert config.resolved()["split"] == {"name": "dirichlet", "min_size": 1, "alpha": 0.3}
+    with pytest.raises(ConfigError, match=r"split\.rare_fraction: must be in \[0, 1\] \(got 1.5\)"):
+        make_config({"dataset": "synthetic", "split": {"name": "celm_maverick", "rare_fraction": 1.5}})
+    with pytest.raises(ConfigError, match=r"split\.k: must be an integer \(got 2.5\)"):
+        make_config({"dataset": "synthetic", "split": {"name": "k_classes", "k": 2.5}})

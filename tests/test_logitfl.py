@@ -29,6 +29,7 @@ def test_every_profile_makes_distinct_valid_configs(profile):
                for c in fedavg)
     expected = n_seeds * (n_agg * (len(params["ks"]) + len(params["cifar10_ks"]) + len(params["public_sizes_ablation"])
                                    + len(params["dropouts"])) + len(params["uwa_taus"]))
+    expected += len(chapter.extra_seeds(params)) if "k_sweep" in params["experiments"] else 0  # simple, first k
     assert len(logit) == expected
     assert {c.split.params["k"] for c in logit} == set(params["ks"]) | set(params["cifar10_ks"])
     assert all(c.update_clip is None for c in logit) and all(c.update_clip == 10.0 for c in fedavg)
@@ -180,3 +181,36 @@ def test_the_k_sweep_counts_compare_methods_on_the_seeds_they_share():
     by_k = {2: {"simple": SeedSpread.of({0: 60.0, 1: 70.0}), "uwa": SeedSpread.of({0: 65.0}),
                 "meta": SeedSpread.of({0: 64.0, 1: 90.0}), "fedavg": SeedSpread.of({0: 50.0})}}
     assert _k_sweep_counts(by_k, ["simple", "uwa", "meta", "fedavg"]) == (0, 1)
+
+
+def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by_hand():
+    """Issue 30: simple averaging at the first k on seeds 0-4 of the paper profile (the other cells keep
+    0-2). Hand-made runs: seed s ends at 0.6 + 0.05 s with clients at 0.1 + 0.02 s, 0.2 + 0.02 s after
+    private training: mean 0.15 + 0.02 s, so the finals follow the clients exactly (correlation 1)."""
+    import numpy as np
+
+    from fedlib.book import Stored, load_profile
+    from fedlib.chapters.logitfl import LogitFL, queue_items, row_configs
+    from fedlib.run import RunResult
+
+    params = load_profile("logitfl", "paper")
+    simple = row_configs(params, params["ks"][0])["simple"]
+    assert [c.seed for c in simple] == [0, 1, 2, 3, 4] and len(row_configs(params, params["ks"][1])["simple"]) == 3
+    seeds_of = [i.seed for i in queue_items(params) if i.table == "k sweep" and i.column == "Simple avg."
+                and i.row.endswith(f"k={params['ks'][0]}")]
+    assert seeds_of == [0, 1, 2, 3, 4]
+
+    def run(s):
+        diag = {"client_accuracy": [0.1 + 0.02 * s, 0.2 + 0.02 * s, None], "public_accuracy": 0.5}
+        return RunResult(config={}, history=[{"round": 0, "diagnostics": diag}, {"round": 1, "diagnostics": diag}],
+                         final={"accuracy": 0.6 + 0.05 * s}, meta={})
+
+    chapter = LogitFL("paper", params)
+    chapter.paper_params = params
+    chapter.stored = Stored({c.key(): run(c.seed) for c in simple[:4]}, {}, [])
+    frame, values = chapter.simple_instability()
+    assert values["si_n"] == 4 and values["si_seeds"] == 5 and values["si_k"] == params["ks"][0]
+    assert values["si_mean"] == pytest.approx(67.5) and values["si_std"] == pytest.approx(6.4549722, rel=1e-6)
+    assert values["si_corr"] == pytest.approx(1.0)
+    assert frame.loc[2, "clients after private training: min (%)"] == pytest.approx(14.0)
+    assert frame.loc[2, "mean (%)"] == pytest.approx(19.0) and np.isnan(frame.loc[4, "final accuracy (%)"])

@@ -94,6 +94,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         cifar10 = experiment == "cifar10"
         ks = params["cifar10_ks" if cifar10 else "ks"]
         runs = [logit_config(params, a, k, s, cifar10) for k in ks for a in aggregators for s in seeds]
+        runs += [logit_config(params, "simple", k0, s) for s in ([] if cifar10 else extra_seeds(params))]
         return runs + [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for k in ks for s in seeds]
     if experiment in ABLATIONS:
         values, only, _, _ = ABLATIONS[experiment]
@@ -108,11 +109,20 @@ configs = partial(unique_configs, experiment_configs)  # configs(params, experim
 # ----------------------------------------------------------------------------- reading runs
 
 
+def extra_seeds(params: dict[str, Any]) -> list[int]:
+    """Seeds beyond the profile's for simple averaging at the first k (``simple_extra_seeds``; issue 30:
+    its accuracy spreads widely over seeds, so its cell gets more of them)."""
+    return [s for s in params.get("simple_extra_seeds", []) if s not in params["seeds"]]
+
+
 def row_configs(params: dict[str, Any], k: int, cifar10: bool = False, with_fedavg: bool = True,
                 **overrides) -> dict[str, list[RunConfig]]:
-    """{aggregator (and fedavg): its configs over the seeds} for one setting."""
+    """{aggregator (and fedavg): its configs over the seeds} for one setting (simple averaging at the first
+    k of the sweep also over :func:`extra_seeds`)."""
     seeds = params["seeds"]
     out = {a: [logit_config(params, a, k, s, cifar10, **overrides) for s in seeds] for a in params["aggregators"]}
+    if "simple" in out and k == params["ks"][0] and not cifar10 and not overrides:
+        out["simple"] += [logit_config(params, "simple", k, s) for s in extra_seeds(params)]
     if with_fedavg:
         out["fedavg"] = [fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds]
     return out
@@ -162,6 +172,8 @@ def queue_items(params: dict[str, Any]) -> list:
         for k in ks:
             items += [logit(table, f"{name} k={k}", a, k, s, cifar10=cifar10, headline=k == 2)
                       for a in params["aggregators"] for s in seeds]
+            if not cifar10 and k == k0:
+                items += [logit(table, f"{name} k={k}", "simple", k, s, headline=True) for s in extra_seeds(params)]
             fedavg = (fedavg_config(logit_config(params, "simple", k, s, cifar10)) for s in seeds)
             items += [item(table, f"{name} k={k}", LABELS["fedavg"], c, headline=k == 2) for c in fedavg]
     for experiment, (values, only, table, row) in ABLATIONS.items():
@@ -470,6 +482,43 @@ class LogitFL(Chapter):
                 rows[(f"{OURS_STORED}, seeds {seeds}", k)] = stored
         return (_accuracy_frame(rows, ["source", "k"]),
                 {k: r for (source, k), r in rows.items() if source != self.ours})
+
+    def simple_instability(self):
+        """Why simple averaging at the first k spreads over seeds (issue 30), from the stored paper-profile runs:
+        per seed, the final accuracy, the clients' test accuracy after their first round of private training
+        (min, mean, max over the clients) and at the last round, and the aggregated labels' accuracy on the
+        public set. (None, values) while no run is stored."""
+        import pandas as pd
+
+        params = self.paper_params
+        k0 = params["ks"][0]
+        configs = row_configs(params, k0, with_fedavg=False)["simple"]
+        stored = {} if self.stored is None else self.stored.results
+        lines = []
+        for config in configs:
+            run = stored.get(config.key())
+            if run is None:
+                lines.append({"seed": config.seed, "final accuracy (%)": np.nan})
+                continue
+            first = [a for a in run.history[0]["diagnostics"]["client_accuracy"] if a is not None]
+            last = [a for a in run.history[-1]["diagnostics"]["client_accuracy"] if a is not None]
+            lines.append({"seed": config.seed, "final accuracy (%)": 100 * run.final["accuracy"],
+                          "clients after private training: min (%)": 100 * min(first),
+                          "mean (%)": 100 * float(np.mean(first)), "max (%)": 100 * max(first),
+                          "clients at the last round: mean (%)": 100 * float(np.mean(last)),
+                          "public labels' accuracy, last round (%)": 100 * run.history[-1]["diagnostics"]["public_accuracy"]})
+        frame = pd.DataFrame(lines).set_index("seed")
+        finals = frame["final accuracy (%)"].dropna()
+        values = {"si_n": int(len(finals)), "si_seeds": len(configs), "si_k": k0,
+                  "si_mean": float(finals.mean()) if len(finals) else float("nan"),
+                  "si_std": float(finals.std(ddof=1)) if len(finals) > 1 else float("nan"),
+                  "si_min": float(finals.min()) if len(finals) else float("nan"),
+                  "si_max": float(finals.max()) if len(finals) else float("nan"),
+                  "si_corr": float("nan")}
+        if len(finals) >= 3:  # does a seed's final accuracy follow its clients' accuracy after private training?
+            both = frame.dropna(subset=["final accuracy (%)"])
+            values["si_corr"] = float(np.corrcoef(both["final accuracy (%)"], both["mean (%)"])[0, 1])
+        return (frame if len(finals) else None), values
 
     def k_sweep(self):
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""

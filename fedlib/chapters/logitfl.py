@@ -514,11 +514,18 @@ class LogitFL(Chapter):
                   "si_std": float(finals.std(ddof=1)) if len(finals) > 1 else float("nan"),
                   "si_min": float(finals.min()) if len(finals) else float("nan"),
                   "si_max": float(finals.max()) if len(finals) else float("nan"),
-                  "si_corr": float("nan")}
-        if len(finals) >= 3:  # does a seed's final accuracy follow its clients' accuracy after private training?
-            both = frame.dropna(subset=["final accuracy (%)"])
-            values["si_corr"] = float(np.corrcoef(both["final accuracy (%)"], both["mean (%)"])[0, 1])
-        return (frame if len(finals) else None), values
+                  "si_corr": float("nan"), "si_private_range": float("nan")}
+        both = frame.dropna(subset=["final accuracy (%)"])
+        if len(both):  # how far apart the seeds' clients are after private training (mean over clients)
+            values["si_private_range"] = float(both["mean (%)"].max() - both["mean (%)"].min())
+        if len(both) >= 3:  # does a seed's final accuracy follow the quality of the averaged soft labels?
+            with np.errstate(invalid="ignore", divide="ignore"):  # constant columns: nan, said on the page
+                values["si_corr"] = float(np.corrcoef(both["final accuracy (%)"],
+                                                      both["public labels' accuracy, last round (%)"])[0, 1])
+        if not len(finals):
+            return None, values
+        shown = frame.astype(object).where(frame.notna(), "no stored run yet")
+        return shown, values
 
     def k_sweep(self):
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -173,8 +172,9 @@ def main(argv=None) -> int:
     test_samples = args.test_samples or (200 if reduced else None)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     peak = matmul_peak(args.device)
-    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else \
-        f"cpu ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    from fedlib.provenance import device_name as name_of
+
+    device_name = name_of(args.device)
     print(f"device: {device_name}; 4096^2 float32 matmul: {peak / 1e9:.1f} GFLOP/s; protocol: "
           + ("paper" if not (rounds or fraction or test_samples) else
              f"REDUCED (rounds {rounds or 'paper'}, fraction {fraction or 1}, test samples {test_samples or 'all'})"),

@@ -65,9 +65,9 @@ BATCH, LR = 128, 0.1
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    from fedlib.provenance import device_name as name
+
+    return name(device)
 
 
 def accuracy(model, flat, x_test, y_test, n_classes) -> float:

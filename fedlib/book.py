@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ import torch
 import yaml
 
 from .cache import ResultCache, atomic_write_text, default_cache_root, key_of
-from .provenance import git_commit, repo_root  # noqa: F401 (the book's own names for them too)
+from .provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
 from .config import RunConfig, make_config
 from .methods import METHODS
 from .progress import ENV as PROGRESS_ENV
@@ -121,9 +120,8 @@ def _short(value: Any) -> str:
 
 
 def device_description() -> str:
-    if torch.cuda.is_available():
-        return f"CUDA ({torch.cuda.get_device_name(0)})"
-    return f"CPU ({platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__})"
+    """The device this build computes on (``fedlib.provenance.device_name``) and torch's version."""
+    return f"{device_name('cuda' if torch.cuda.is_available() else 'cpu')}, torch {torch.__version__}"
 
 
 def parameters_table(chapter: str, params: dict[str, Any]):

@@ -169,11 +169,9 @@ def environment(device: torch.device, wall: float) -> dict[str, Any]:
 
     from ._version import __version__
 
-    name = str(device)
-    if device.type == "cuda":
-        name += f" ({torch.cuda.get_device_name(device)})"
-    else:
-        name += f" ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    from .provenance import device_name
+
+    name = device_name(device)
     return {"fedlib_version": __version__, "torch": torch.__version__, "torchvision": torchvision.__version__,
             "numpy": np.__version__, "python": platform.python_version(), "device": name, "wall_time": wall,
             "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}

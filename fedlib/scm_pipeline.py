@@ -68,7 +68,7 @@ from .population import (
     predict,
     train_clients,
 )
-from .results import environment, run_of, stored_payload
+from .results import _key_provenance, environment, run_of, stored_payload
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
           "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
@@ -541,7 +541,10 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
         report("run", cached=True, wall=0.0)
         return run_of(hit)
-    result = json.loads(json.dumps(execute(config, dataset, progress)))
+    result = execute(config, dataset, progress)
+    fingerprint = config.data_fingerprint()  # what produced it, as every engine run records (fedlib.results)
+    result["meta"].update(_key_provenance(config, fingerprint, config.key(fingerprint)))
+    result = json.loads(json.dumps(result))
     if store is not None:  # a cache that cannot be written: one warning line, the result is returned
         store.keep(config.key(), stored_payload(config.to_dict(), result))
     report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))

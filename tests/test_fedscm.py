@@ -289,3 +289,15 @@ def test_the_plain_post_trainings_pack_and_equal_each_cohort_alone(data, monkeyp
         assert method["packed_with"] == calls[0]
         assert method["clients"] == separate["methods"][label]["clients"]
         assert abs(method["accuracy"] - separate["methods"][label]["accuracy"]) <= 1e-6, label
+
+
+def test_the_pipeline_records_the_same_provenance_as_an_engine_run(data):
+    """Issue 31: the one-shot stage's result carries the key, the resolved config, the rule versions and the
+    data, as every engine run does (fedlib.results._key_provenance)."""
+    from fedlib.scm_pipeline import run_pipeline
+
+    cfg = ScmConfig.make(_config().to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0)
+    meta = run_pipeline(cfg, cache=False, dataset=data)["meta"]
+    assert meta["config_key"] == cfg.key() and meta["resolved"] == cfg.resolved()
+    assert meta["rule_versions"] == cfg.rule_versions() and set(meta["data"]) == {"source", "files", "sha256"}
+    assert meta["device"].startswith("cpu (")

@@ -24,7 +24,7 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     out = tmp_path / "out"
     out.mkdir()
     env = {**os.environ, "DEVICE": "cpu", "BUDGET_S": "300", "PROFILE": "smoke", "ONLY": "fedavg", "PART": "cpu",
-           "PREFLIGHT_S": "3", "OUT": str(out), "BENCH_S": "120",
+           "PREFLIGHT_S": "3", "OUT": str(out), "BENCH_S": "120", "MAX_ROWS": "64",
            "BENCH_ARGS": "--sizes 1 --rounds 1 --fraction 0.004 --test-samples 50 --models mlp", "RESULTS_DIR": str(tmp_path / "gpu" / "results"),
            "FEDLIB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -34,7 +34,7 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert done.returncode == 0, log[-2000:] + done.stderr[-2000:]
     assert "preflight: captured steps ok" in log and "preflight: packing ok" in log
     assert "preflight: fedscm pipeline ok" in log and "FAILED" not in log
-    assert "packs: 1 pack(s) of 10 runs" in log
+    assert "packs: 1 pack(s) of 10 runs (at most 64 client rows per round)" in log
     assert "runs stored: 10 in" in log and "per minute" in log
     for name in ("packed_cpu.json", "packed_cpu_cudnn_benchmark.json"):  # the benchmark after the queue
         record = json.loads((out / name).read_text())

@@ -348,3 +348,31 @@ def test_cffl_study_configs_share_one_reduced_protocol():
     assert {(c.rounds, c.fraction, c.seed, c.split.params.get("alpha")) for _, c in rows} == {(10, 0.1, 0, 0.05)}
     assert [c.method.params.get("threshold", 1 / 3) for _, c in rows[1:]] == [1 / 3, 1 / 3, 0.0]
     assert len({c.key() for _, c in rows}) == 4 and {c.key() for _, c in rows} <= {c.key() for c in configs(params)}
+
+
+def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(monkeypatch):
+    """Issue 30 point 2 for CELM: uniform FedAvg on CIFAR-10 Dir(0.05) under the readings of
+    fedlib.chapters.readings; the paper's FedAvg there is 65.12. Stored: the protocol so far at 55 %
+    (gap 10.12) and momentum 0.9 at 64 % (gap 1.12): momentum is chosen."""
+    from fedlib import book
+    from fedlib.book import load_profile
+    from fedlib.chapters import celm, readings
+    from fedlib.run import RunResult
+
+    params = load_profile("celm", "paper")
+    rows = celm.cifar10_reading_configs(params)
+    assert [r for _, r, _ in rows] == list(readings.CIFAR10_READINGS) and {s for s, _, _ in rows} == {"Dir(0.05)"}
+    table1 = celm.run_config(params, celm.SPLITS["Dir(0.05)"][0], "fedavg_uniform", params["seeds"][0], cifar10=True)
+    assert rows[0][2].key() == table1.key() and rows[-1][2].momentum == 0.9
+    finals = {"no augmentation, no weight decay": 0.55, "SGD momentum 0.9": 0.64}
+    stored = {c.key(): RunResult(config={}, history=[], final={"accuracy": finals[r]}, meta={})
+              for _, r, c in rows if r in finals}
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    chapter = celm.CELM("paper", params)
+    chapter.paper_params = params
+    frame, values = chapter.cifar10_readings()
+    assert values["cr_runs"] == 2 and values["cr_candidates"] == 5 and values["cr_chosen"] == "SGD momentum 0.9"
+    assert values["cr_chosen_gap"] == pytest.approx(1.12) and values["cr_baseline_gap"] == pytest.approx(10.12)
+    assert frame.loc["crop + flip", "Dir(0.05) ours (paper 65.12)"] == "no stored run yet"
+    items = [i for i in celm.queue_items(params) if i.table == "CIFAR-10 readings"]
+    assert len(items) == 5 and items[0].row == "CIFAR-10 Dir. (0.05)"

@@ -34,8 +34,8 @@ from ..book import reference_value
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
 from ..stats import mean_std, pm
-from . import run_options, unique_configs
-from .base import Chapter, dataset_label
+from . import readings, run_options, unique_configs
+from .base import Chapter, dataset_label, queue_item
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -104,7 +104,18 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [run_config(params, SPLITS["PLS"][0], "celm", seeds[0], keep_probe_images=True)]
     if experiment == "cffl_study":
         return [config for _, config in cffl_study_configs(params)]
+    if experiment == "cifar10_readings":
+        return [config for *_, config in cifar10_reading_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list:
+    """(split, reading, config): uniform FedAvg's CIFAR-10 Table 1 run on the profile's
+    ``cifar10_reading_splits`` (default the headline Dir(0.05)) under each reading of the CIFAR-10 recipe
+    the paper leaves open (``fedlib.chapters.readings``; issue 30), on one seed (default the first)."""
+    seed = params["seeds"][0] if seed is None else seed
+    return readings.reading_configs(lambda s: run_config(params, SPLITS[s][0], "fedavg_uniform", seed, cifar10=True),
+                                    params.get("cifar10_reading_splits", ["Dir(0.05)"]))
 
 
 configs = partial(unique_configs, experiment_configs)  # every run once (e.g. Table 8's 5 % is Table 1's CELM)
@@ -422,6 +433,10 @@ def queue_items(params: dict[str, Any]) -> list:
 
     add("table1", "Table 1", row, method, headline=f"{prefix} Dir. (0.05)")
     add("table1_cifar10", "Table 1", lambda c: row(c, "CIFAR-10"), method, headline="CIFAR-10 Dir. (0.05)")
+    if "cifar10_readings" in params["experiments"]:  # FedAvg under readings of the CIFAR-10 recipe (issue 30)
+        items.extend(queue_item("celm", params, "CIFAR-10 readings", f"CIFAR-10 {SPLITS[s][1]}", reading, config,
+                                table_rank=1, headline=s == "Dir(0.05)")
+                     for s, reading, config in cifar10_reading_configs(params))
     add("table2", "Table 2", lambda c: f"{prefix} Maverick", method, rank=1,
         backs=lambda c: [("Table 2", f"{prefix} Balanced Acc.", method(c)),
                          ("Table 2", f"{prefix} Rare Class Acc.", method(c))])
@@ -504,6 +519,23 @@ class CELM(Chapter):
                                      f"{acc:.2f} % against uniform FedAvg's {ref:.2f} %. {text}"), table]
         return out or [Markdown(f"No baseline ends more than {threshold:g} points below uniform FedAvg in these runs "
                                 f"({source}).")]
+
+    def cifar10_readings(self):
+        """Uniform FedAvg's CIFAR-10 Table 1 cells under every reading of the CIFAR-10 recipe
+        (``fedlib.chapters.readings``; issue 30), from the stored paper-profile runs of seed 0, against the
+        paper, and the reading the rule picks. (None, values) while no reading has a stored run."""
+        from .. import book
+
+        params = self.paper_params
+        rows = cifar10_reading_configs(params)
+        stored = book.stored_results(self.name, [c for *_, c in rows]).results
+
+        def paper_of(split):
+            return frames.paper_values(self.reference, "Table 1", f"CIFAR-10 {SPLITS[split][1]}", ["fedavg_uniform"],
+                                       METHOD_LABELS.get)["fedavg_uniform"][0]
+
+        frame, chosen = readings.calibrate(rows, stored, paper_of)
+        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows))
 
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):

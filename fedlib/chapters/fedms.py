@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import frames
 from ..config import RunConfig, make_config
-from . import run_options, unique_configs
+from . import readings, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
@@ -552,20 +552,7 @@ class FedMS(Chapter):
         rows = cifar10_reading_configs(params)
         stored = book.stored_results(self.name, [c for *_, c in rows]).results
         frame, chosen = calibrate_cifar10_readings(params, stored, self.reference)
-        values = {"cr_runs": sum(c.key() in stored for *_, c in rows), "cr_candidates": len(rows),
-                  "cr_chosen": "none (no reading has a stored run)", "cr_chosen_gap": float("nan"),
-                  "cr_baseline_gap": float(frame["mean |ours − paper|"].iloc[0])}
-        if chosen is None:
-            return None, values
-        values.update({"cr_chosen": chosen, "cr_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})
-        shown = frame.copy()
-        for column in [c for c in shown.columns if c.endswith(" ours")]:
-            shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
-        papers = [c for c in shown.columns if c.endswith(" paper")]
-        names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}
-        shown = shown.drop(columns=papers).rename(columns=names)
-        shown["chosen"] = [i == chosen for i in shown.index]
-        return shown, values
+        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows))
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""
@@ -694,59 +681,23 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
 
 # ----------------------------------------------------------------------------- FedAvg under readings of the CIFAR-10 protocol (issue 30)
 
-# What §5.1 leaves open for CIFAR-10, screened on FedAvg only (never on FedMS): the paper names the
-# CNN, 200 rounds, 1 local epoch, batch 64 and lr 0.05, not the augmentation, a weight decay or SGD's
-# momentum. Every
-# reading keeps the per-channel normalisation by the training set's statistics (fedlib.data).
-CIFAR10_READINGS: dict[str, dict[str, Any]] = {
-    "no augmentation, no weight decay": {},  # the chapter's protocol so far: Table 1's FedAvg run
-    "crop + flip": {"augment": "crop_flip"},  # random crop (zero padding 4) and horizontal flip
-    "weight decay 5e-4": {"weight_decay": 5e-4},
-    "crop + flip, weight decay 5e-4": {"augment": "crop_flip", "weight_decay": 5e-4},
-    "SGD momentum 0.9": {"momentum": 0.9},  # the local optimiser most CIFAR-10 FL code uses; §5.1 says SGD
-}
+# §5.1 names the CNN, 200 rounds, 1 local epoch, batch 64 and lr 0.05 for CIFAR-10, not the augmentation,
+# a weight decay or SGD's momentum: the readings of fedlib.chapters.readings, screened on FedAvg only.
+CIFAR10_READINGS = readings.CIFAR10_READINGS
 
 
 def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, str, RunConfig]]:
     """(split, reading, config): FedAvg's CIFAR-10 Table 1 run under each of ``CIFAR10_READINGS``, on one
     seed (default the profile's first); the first reading is Table 1's own FedAvg run."""
     seed = params["seeds"][0] if seed is None else seed
-    out = []
-    for split in params["cifar10_splits"]:
-        base = run_config(params, split, "fedavg", seed, cifar10=True)
-        out += [(split, reading, make_config(base.to_dict(), **fields) if fields else base)
-                for reading, fields in CIFAR10_READINGS.items()]
-    return out
+    return readings.reading_configs(lambda split: run_config(params, split, "fedavg", seed, cifar10=True),
+                                    params["cifar10_splits"])
 
 
 def calibrate_cifar10_readings(params: dict[str, Any], results: dict[str, Any], reference: dict,
                                seed: int | None = None):
-    """Every reading of ``CIFAR10_READINGS`` against the paper's FedAvg row of Table 1 (CIFAR-10).
+    """``readings.calibrate`` on FedMS's CIFAR-10 rows against the paper's FedAvg row of Table 1."""
+    def paper_of(split):
+        return frames.paper_values(reference, "Table 1", f"CIFAR-10 {split}", ["fedavg"], METHOD_LABELS.get)["fedavg"][0]
 
-    Rule: FedAvg only; the reading with the smallest mean |ours − paper| (final accuracy) over the splits
-    it has runs for, among the readings with the most splits measured; a tie goes to the earlier reading.
-    Returns (frame: ours, paper and the gap per split, the mean gap; the chosen reading or None)."""
-    import pandas as pd
-
-    runs = cifar10_reading_configs(params, seed)
-    lines = []
-    for reading in CIFAR10_READINGS:
-        line: dict[str, Any] = {"reading": reading}
-        gaps = []
-        for split, r, config in runs:
-            if r != reading:
-                continue
-            paper = frames.paper_values(reference, "Table 1", f"CIFAR-10 {split}", ["fedavg"],
-                                        METHOD_LABELS.get)["fedavg"][0]
-            run = results.get(config.key())
-            ours = 100.0 * run.final["accuracy"] if run is not None else float("nan")
-            line[f"{split} ours"], line[f"{split} paper"] = ours, paper
-            if np.isfinite(ours) and np.isfinite(paper):
-                gaps.append(ours - paper)
-        line["splits with a run"] = len(gaps)
-        line["mean |ours − paper|"] = float(np.mean(np.abs(gaps))) if gaps else float("nan")
-        lines.append(line)
-    frame = pd.DataFrame(lines).set_index("reading")
-    measured = frame[frame["splits with a run"] == frame["splits with a run"].max()]["mean |ours − paper|"].dropna()
-    chosen = None if measured.empty else measured.index[int(np.argmin(measured.to_numpy()))]
-    return frame, chosen
+    return readings.calibrate(cifar10_reading_configs(params, seed), results, paper_of)

@@ -1,0 +1,78 @@
+"""Readings of a protocol a paper leaves open, screened on the paper's FedAvg only (issue 30): the CIFAR-10
+recipe of CELM's and FedMS's CNN runs. A chapter lists (split, reading, config) rows; the rule picks the
+reading whose FedAvg lands nearest the paper's, and the page shows every candidate."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..config import RunConfig, make_config
+
+# What neither paper states for CIFAR-10 (both name the CNN, rounds, local epochs, batch size and lr):
+# augmentation, weight decay, SGD's momentum. Every reading keeps the per-channel normalisation by the
+# training set's statistics (fedlib.data). The first is each chapter's protocol so far.
+CIFAR10_READINGS: dict[str, dict[str, Any]] = {
+    "no augmentation, no weight decay": {},
+    "crop + flip": {"augment": "crop_flip"},  # random crop (zero padding 4) and horizontal flip
+    "weight decay 5e-4": {"weight_decay": 5e-4},
+    "crop + flip, weight decay 5e-4": {"augment": "crop_flip", "weight_decay": 5e-4},
+    "SGD momentum 0.9": {"momentum": 0.9},  # the local optimiser most CIFAR-10 FL code uses
+}
+
+
+def reading_configs(base_of: Callable[[str], RunConfig], splits, readings=CIFAR10_READINGS):
+    """(split, reading, config) for every split and reading: ``base_of(split)`` (the chapter's FedAvg run)
+    changed by the reading's fields (the first reading leaves it as it is)."""
+    out = []
+    for split in splits:
+        base = base_of(split)
+        out += [(split, reading, make_config(base.to_dict(), **fields) if fields else base)
+                for reading, fields in readings.items()]
+    return out
+
+
+def calibrate(rows, results: dict[str, Any], paper_of: Callable[[str], float]):
+    """Every reading of ``rows`` (``reading_configs``) against the paper's FedAvg (``paper_of(split)``).
+
+    Rule: FedAvg only; the reading with the smallest mean |ours − paper| (final accuracy) over the splits
+    it has runs for, among the readings with the most splits measured; a tie goes to the earlier reading.
+    Returns (frame: ours, paper per split, the mean gap; the chosen reading or None)."""
+    import pandas as pd
+
+    lines: dict[str, dict[str, Any]] = {}
+    gaps: dict[str, list[float]] = {}
+    for split, reading, config in rows:
+        line = lines.setdefault(reading, {"reading": reading})
+        paper, run = paper_of(split), results.get(config.key())
+        ours = 100.0 * run.final["accuracy"] if run is not None else float("nan")
+        line[f"{split} ours"], line[f"{split} paper"] = ours, paper
+        if np.isfinite(ours) and np.isfinite(paper):
+            gaps.setdefault(reading, []).append(ours - paper)
+    for reading, line in lines.items():
+        line["splits with a run"] = len(gaps.get(reading, []))
+        line["mean |ours − paper|"] = float(np.mean(np.abs(gaps[reading]))) if gaps.get(reading) else float("nan")
+    frame = pd.DataFrame(list(lines.values())).set_index("reading")
+    measured = frame[frame["splits with a run"] == frame["splits with a run"].max()]["mean |ours − paper|"].dropna()
+    chosen = None if measured.empty else measured.index[int(np.argmin(measured.to_numpy()))]
+    return frame, chosen
+
+
+def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr"):
+    """(the frame as the page shows it, the glue values): a cell without a stored run says so, each split's
+    column names the paper's value; None while no reading has a run."""
+    values = {f"{prefix}_runs": stored, f"{prefix}_candidates": candidates,
+              f"{prefix}_chosen": "none (no reading has a stored run)", f"{prefix}_chosen_gap": float("nan"),
+              f"{prefix}_baseline_gap": float(frame["mean |ours − paper|"].iloc[0])}
+    if chosen is None:
+        return None, values
+    values.update({f"{prefix}_chosen": chosen, f"{prefix}_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})
+    shown = frame.copy()
+    for column in [c for c in shown.columns if c.endswith(" ours")]:
+        shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
+    papers = [c for c in shown.columns if c.endswith(" paper")]
+    names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}
+    shown = shown.drop(columns=papers).rename(columns=names)
+    shown["chosen"] = [i == chosen for i in shown.index]
+    return shown, values

@@ -4,20 +4,20 @@ The engine (``fedlib.engine.rounds``, the one round loop) owns the loop, the cli
 every piece of state it passes around; a method answers its hooks, which the class lists once, in
 the order the engine calls them, by side of the protocol:
 
-before the run     ``validate`` (the hyper-parameters, at construction), ``check_run`` (against the
-                   config), ``adapt_model`` (e.g. MOON's projection head), ``setup``,
-                   ``training_indices``, ``init_client_state``
-each round, 1. the server plans: ``select_clients`` (who), ``local_training`` (the local objective:
-                   FedProx's term, extra losses), ``start_models`` (from which models)
-           2. the clients train, all at once (the engine; no method calls the trainer)
-           3. more local passes: ``local_phases``, each followed by ``phase_done``
-           4. the clients upload: ``client_uploads`` (what they send besides their models)
-           5. the server weighs and updates: ``aggregate`` (weights on the uploads, nothing else),
-                   ``server_update`` (the new global model), ``update_client_state``
-           6. the record: ``scores`` (contribution per client), ``diagnostics``
-           7. the evaluation: ``evaluate`` (default: the new global model on the test set)
-           8. passes at the round's end: ``round_end_phases``, each followed by ``phase_done``
-after the run      ``final_extras``
+- before the run: ``validate`` (the hyper-parameters, at construction), ``check_run`` (against the
+  config), ``adapt_model`` (e.g. MOON's projection head), ``setup``, ``training_indices``,
+  ``init_client_state``;
+- each round, (1) the server plans: ``select_clients`` (who), ``local_training`` (the local
+  objective: FedProx's term, extra losses), ``start_models`` (from which models);
+- (2) the clients train, all at once (the engine; no method calls the trainer);
+- (3) more local passes: ``local_phases``, each followed by ``phase_done``;
+- (4) the clients upload: ``client_uploads`` (what they send besides their models);
+- (5) the server weighs and updates: ``aggregate`` (weights on the uploads, nothing else),
+  ``server_update`` (the new global model), ``update_client_state``;
+- (6) the record: ``scores`` (contribution per client), ``diagnostics``;
+- (7) the evaluation: ``evaluate`` (default: the new global model on the test set);
+- (8) passes at the round's end: ``round_end_phases``, each followed by ``phase_done``;
+- after the run: ``final_extras``.
 
 Hyper-parameters are dataclass fields, validated in ``validate``; ``register`` adds a method to
 ``METHODS`` by its ``name``.

@@ -69,7 +69,7 @@ def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr"):
         return None, values
     values.update({f"{prefix}_chosen": chosen, f"{prefix}_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})
     shown = frame.copy()
-    for column in [c for c in shown.columns if c.endswith(" ours")]:
+    for column in [c for c in shown.columns if c.endswith(" ours")] + ["mean |ours − paper|"]:
         shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
     papers = [c for c in shown.columns if c.endswith(" paper")]
     names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}

@@ -259,7 +259,8 @@ def execute_packed(prepared: Sequence[Prepared], progress: bool = False,
     finishes early). A pack of one is exactly ``fedlib.engine.execute``."""
     n = len(prepared)
     t0 = time.perf_counter()
-    loops = [rounds(p, False, meta={"pack": {"size": n, "index": i}}) for i, p in enumerate(prepared)]
+    methods = [p.config.method.name for p in prepared]  # the pack's mix: what its one wall time paid for
+    loops = [rounds(p, False, meta={"pack": {"size": n, "index": i, "methods": methods}}) for i, p in enumerate(prepared)]
     results: list[RunResult | None] = [None] * n
     pending: dict[int, Any] = {}
 

@@ -454,31 +454,39 @@ class CostModel:
                 return
             config, wall = payload["config"], float(payload.get("wall_time") or 0)
             pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
-            self.add(config, wall, payload.get("device"), int(pack.get("size", 1)), fresh=fresh)
+            self.add(config, wall, payload.get("device"), int(pack.get("size", 1)), fresh=fresh,
+                     pack_methods=pack.get("methods"))
         except (ValueError, KeyError, TypeError, OSError):
             return
 
-    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1, fresh: bool = False) -> None:
-        """One stored run; a run of a pack of ``pack_size`` took the pack's wall time, shared by its runs."""
+    def add(self, config, wall_time: float, device: str | None, pack_size: int = 1, fresh: bool = False,
+            pack_methods: list[str] | None = None) -> None:
+        """One stored run; a run of a pack of ``pack_size`` took the pack's wall time, shared by its runs. A
+        packed sample whose pack records its methods is kept per unit of :data:`METHOD_FACTOR` (the pack's
+        mean factor divided out), so :meth:`packed_rate` can scale it to any method."""
         if wall_time < 1.0:  # served from a cache, not a measurement
             return
         w = work(config)
         if w > 0:
-            sample = (self._signature(config, device_kind(device)), wall_time / w / pack_size)
+            rate = wall_time / w / pack_size
+            if pack_size > 1:  # a pack that did not record its mix counts as one of this run's method
+                rate /= statistics.mean(METHOD_FACTOR.get(m, 1.0) for m in (pack_methods or [method_name(config)]))
+            sample = (self._signature(config, device_kind(device)), rate)
             if fresh:
                 (self.fresh_packed if pack_size > 1 else self.fresh).append(sample)
             (self.packed if pack_size > 1 else self.samples).append(sample)
 
     def packed_rate(self, config, device: str = "cpu") -> float | None:
         """Median seconds per sample pass of stored packed runs like this one (same device kind, runner,
-        model and dataset; a pack's runs share one wall time whatever their methods), this queue's own
-        measurements first; or None."""
+        model and dataset), this queue's own measurements first, times the config's method factor; or None.
+        (A pack's runs share one wall time whatever their methods; :meth:`add` keeps its samples per unit
+        of factor.)"""
         sig = self._signature(config, device_kind(device))
+        factor = METHOD_FACTOR.get(method_name(config), 1.0)
         for samples in (self.fresh_packed, self.packed):
             rates = [r for s, r in samples if all(s[i] == sig[i] for i in (0, 1, 2, 4))]
             if rates:
-                return statistics.median(rates)
-        return None
+                return statistics.median(rates) * factor
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
@@ -703,9 +711,9 @@ def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tup
     """(seconds, how) of one pack: the measured seconds per sample pass of stored packed runs like these
     when there are any; else the separate runs' estimates, which on a CPU add up (it is arithmetic-bound)
     and on CUDA are divided by the assumed speed-up."""
-    rates = cost_model.packed_rate(entries[0].item.config, device)
-    if rates is not None:
-        return STARTUP_SECONDS + rates * sum(work(e.item.config) for e in entries), "measured pack"
+    rates = [cost_model.packed_rate(e.item.config, device) for e in entries]
+    if all(r is not None for r in rates):  # each run at its method's share of the pack
+        return STARTUP_SECONDS + sum(r * work(e.item.config) for r, e in zip(rates, entries)), "measured pack"
     separate = sum(e.cost - STARTUP_SECONDS for e in entries)
     if device_kind(device) == "cuda":
         return STARTUP_SECONDS + separate / min(len(entries), ASSUMED_GPU_PACK_SPEEDUP), "assumed pack speed-up"

@@ -65,7 +65,7 @@ def test_packed_run_equals_the_run_alone_for_every_method(name):
     alone, packed = _alone_and_packed(configs)
     for i, (a, b) in enumerate(zip(alone, packed)):
         _assert_same_run(a, b, f"{configs[i].method.name} seed {configs[i].seed} {configs[i].split.name}")
-        assert b.meta["pack"] == {"size": len(configs), "index": i}
+        assert b.meta["pack"] == {"size": len(configs), "index": i, "methods": [c.method.name for c in configs]}
 
 
 def test_a_pack_of_one_is_bit_identical():

@@ -272,3 +272,23 @@ def test_runs_this_queue_stored_re_estimate_the_rest_before_older_stores(tmp_pat
     assert pending[0].cost == pytest.approx(queue.STARTUP_SECONDS + 10.0 * queue.work(later.config)
                                             / queue.work(done.config))
     assert len(model.samples) == 2  # the fresh run also joins the store's samples
+
+
+def test_a_packed_rate_is_split_by_the_methods_server_work():
+    """A pack of FedAvg (factor 1) and FedMS (factor 3), equal work w, took W seconds: each stored run says
+    W / (2 w) per pass; per unit of factor that is W / (4 w), so FedMS's share is 3 W / 4 and FedAvg's W / 4,
+    and the same pack is estimated at W again (plus the start-up)."""
+    items = queue.chapter_items("fedms", "smoke")
+    fedavg = next(i for i in items if i.config.method.name == "fedavg" and i.table == "Table 1")
+    fedms = next(i for i in items if i.config.method.name == "fedms" and i.table == "Table 1"
+                 and i.config.split == fedavg.config.split and i.config.seed == fedavg.config.seed)
+    w, wall = queue.work(fedavg.config), 120.0
+    assert queue.work(fedms.config) == w
+    model = queue.CostModel()
+    for item in (fedavg, fedms):
+        model.add(item.config, wall, "cuda:0 (H100)", pack_size=2, pack_methods=["fedavg", "fedms"])
+    assert model.packed_rate(fedavg.config, "cuda") == pytest.approx(wall / (4 * w))
+    assert model.packed_rate(fedms.config, "cuda") == pytest.approx(3 * wall / (4 * w))
+    entries = [queue.Entry(i, 1.0, "test", False, None) for i in (fedavg, fedms)]
+    cost, how = queue.pack_cost(entries, "cuda", model)
+    assert how == "measured pack" and cost == pytest.approx(queue.STARTUP_SECONDS + wall)

@@ -533,14 +533,8 @@ class FedMS(Chapter):
             values.update({"mr_runner_up": f"{runner_up[0]}, read as the {runner_up[1]}",
                            "mr_runner_up_gap": float(others[runner_up]),
                            "mr_runner_up_mav": float(frame.loc[runner_up, mav])})
-        shown = frame.copy()
-        for column in [c for c in shown.columns if c.endswith("ours") or "Maverick classes" in c]:
-            shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
-        papers = [c for c in shown.columns if c.endswith(" paper")]
-        names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}
-        shown = shown.drop(columns=papers).rename(columns=names)
-        shown["chosen"] = [i == chosen for i in shown.index]
-        return shown, values
+        measured = [c for c in frame.columns if c.endswith("ours") or "Maverick classes" in c]
+        return readings.shown(frame, chosen, measured), values
 
     def cifar10_readings(self):
         """FedAvg's CIFAR-10 Table 1 cells under every reading of ``CIFAR10_READINGS`` (issue 30), from the

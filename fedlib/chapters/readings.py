@@ -68,11 +68,17 @@ def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr"):
     if chosen is None:
         return None, values
     values.update({f"{prefix}_chosen": chosen, f"{prefix}_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})
-    shown = frame.copy()
-    for column in [c for c in shown.columns if c.endswith(" ours")] + ["mean |ours − paper|"]:
-        shown[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in shown[column]]
-    papers = [c for c in shown.columns if c.endswith(" paper")]
-    names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {shown[c].iloc[0]:.2f})" for c in papers}
-    shown = shown.drop(columns=papers).rename(columns=names)
-    shown["chosen"] = [i == chosen for i in shown.index]
-    return shown, values
+    return shown(frame, chosen, [c for c in frame.columns if c.endswith(" ours")] + ["mean |ours − paper|"]), values
+
+
+def shown(frame, chosen, measured: list[str]):
+    """A candidates frame as a page shows it: the ``measured`` columns as text (a cell without a stored run
+    says so), each ``<split> paper`` column folded into its ``<split> ours`` header, a ``chosen`` flag."""
+    out = frame.copy()
+    for column in measured:
+        out[column] = [f"{v:.2f}" if np.isfinite(v) else "no stored run yet" for v in out[column]]
+    papers = [c for c in out.columns if c.endswith(" paper")]
+    names = {c[:-len(" paper")] + " ours": f"{c[:-len(' paper')]} ours (paper {out[c].iloc[0]:.2f})" for c in papers}
+    out = out.drop(columns=papers).rename(columns=names)
+    out["chosen"] = [i == chosen for i in out.index]
+    return out

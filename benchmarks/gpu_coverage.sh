@@ -17,8 +17,9 @@
 #    samples per second, 75 runs half as many, benchmarks/results/packed_nvidia-h100.json; each pack
 #    process also bounds it by free memory), PART (gpu, cpu
 #    or all; default gpu), PROFILE (default paper), ONLY (chapters), DEVICE (default cuda),
-#    BENCH_S (seconds for benchmarks/packed.py after the queue, plain then with --cudnn-benchmark,
-#    with --top-kernels 15; default 0: none; BENCH_ARGS replaces its size arguments).
+#    BENCH_S (seconds for benchmarks/packed.py after the queue: packs under both convolution lowerings
+#    with --top-kernels 15, then with --cudnn-benchmark; default 0: none; BENCH_ARGS replaces its size
+#    arguments). The queue's packs take the lowering timed fastest per shape (FEDLIB_CONV=auto).
 #    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
@@ -95,12 +96,14 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \
             "$stored" "$seconds"
-        if [ "${BENCH_S:-0}" -gt 0 ]; then  # the packed benchmark, plain then cuDNN-timed, half the time each
-            local half=$(( BENCH_S / 2 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
-            timeout "$half" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --top-kernels 15 \
-                --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"
-            timeout "$half" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --cudnn-benchmark \
-                --json "$out/packed_${device}_cudnn_benchmark.json" || echo "packed benchmark (cuDNN timed): exit $?"
+        if [ "${BENCH_S:-0}" -gt 0 ]; then  # the packed benchmark under both convolution lowerings (2/3 of
+            # BENCH_S), then cuDNN-timed (1/3); each writes its JSON after every row, so a timeout keeps rows
+            local first_s=$(( BENCH_S * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
+            timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native matmul \
+                --top-kernels 15 --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"
+            timeout "$(( BENCH_S - first_s ))" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" \
+                --cudnn-benchmark --json "$out/packed_${device}_cudnn_benchmark.json" \
+                || echo "packed benchmark (cuDNN timed): exit $?"
         fi
         if [ -n "$sampler" ]; then
             kill "$sampler" 2>/dev/null || true

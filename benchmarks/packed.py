@@ -14,12 +14,15 @@ Fashion-MNIST runs of CELM Table 1 with that model (pack sizes up to 25), the CP
 
     python benchmarks/packed.py [--device cpu|cuda] [--sizes 1 5 25 75] [--models cnn mlp lenet5]
                                 [--rounds 2 --fraction 0.01 --test-samples 200] [--json out.json]
-                                [--cudnn-benchmark] [--top-kernels 15]
+                                [--cudnn-benchmark] [--top-kernels 15] [--conv native matmul]
 
 ``--cudnn-benchmark`` lets cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark; packs
 have fixed shapes): run it beside a plain run to see what it is worth. ``--top-kernels N`` profiles one
 packed round of the largest pack (torch.profiler) and reports the N operators with the most device time
-(self time; CPU time on a CPU): where a packed step spends it.
+(self time; CPU time on a CPU): where a packed step spends it. ``--conv native matmul`` measures each pack
+under both convolution lowerings (``fedlib.layers.Conv2d``: vmap's grouped convolution, or unfold + one
+matmul per model); ``auto`` is the engine's own choice (native on a CPU, timed per shape on CUDA). The
+JSON is rewritten after every row, so a run stopped by a timeout keeps its rows.
 
 Load average before and after each measurement is recorded: on a shared machine the ratios are noise.
 """
@@ -42,6 +45,7 @@ from fedlib.book import load_profile  # noqa: E402
 from fedlib.chapters import celm  # noqa: E402
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
+from fedlib.population import CONV_CHOICES  # noqa: E402
 from fedlib.queue import work  # noqa: E402
 from fedlib.run import run, run_many  # noqa: E402
 
@@ -101,31 +105,44 @@ def timed(fn) -> tuple[float, tuple, tuple]:
     return time.perf_counter() - t, before, os.getloadavg()
 
 
-def measure(configs, sizes, device, peak, label) -> list[dict]:
+def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None) -> list[dict]:
+    """Per pack size: the runs separately (under the first of ``convs``), then packed under each
+    convolution lowering of ``convs`` (FEDLIB_CONV: native, matmul, auto). ``on_row`` gets each row
+    as it is measured."""
     flops = flops_per_sample(configs[0])
     warm = [c.model_copy(update={"rounds": 1}) for c in configs[:2]]  # data decoded, code paths warm, both ways
+    for conv in convs:
+        os.environ["FEDLIB_CONV"] = conv
+        run_many(warm, cache=False, progress=False, pack=True)
+    os.environ["FEDLIB_CONV"] = convs[0]
     run_many(warm, cache=False, progress=False)
-    run_many(warm, cache=False, progress=False, pack=True)
     rows = []
     for size in sizes:
         chosen = configs[:size]
         passes = sum(work(c) for c in chosen)
+        os.environ["FEDLIB_CONV"] = convs[0]
         separate, load_a, load_b = timed(lambda: [run(c, cache=False, progress=False) for c in chosen])
-        packed, load_c, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
-        row = {"workload": label, "pack_size": size, "runs": len(chosen),
-               "separate_s": round(separate, 3), "packed_s": round(packed, 3),
-               "separate_runs_per_min": round(len(chosen) / separate * 60, 3),
-               "packed_runs_per_min": round(len(chosen) / packed * 60, 3),
-               "packed_over_separate": round(separate / packed, 3),
-               "training_flops": passes * flops,
-               "packed_flops_per_s": passes * flops / packed,
-               "packed_fraction_of_peak": round(passes * flops / packed / peak, 5),
-               "load_before_after": [round(load_a[0], 2), round(load_d[0], 2)]}
-        rows.append(row)
-        print(f"{label:28} R={size:3d}  separate {separate:8.1f} s ({row['separate_runs_per_min']:7.2f} runs/min)"
-              f"  packed {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  packed/separate "
-              f"{row['packed_over_separate']:5.2f}x  {row['packed_fraction_of_peak'] * 100:6.2f} % of peak  "
-              f"load {load_a[0]:.1f} -> {load_d[0]:.1f}", flush=True)
+        for conv in convs:
+            os.environ["FEDLIB_CONV"] = conv
+            packed, load_c, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
+            row = {"workload": label, "pack_size": size, "runs": len(chosen), "conv": conv,
+                   "separate_conv": convs[0],
+                   "separate_s": round(separate, 3), "packed_s": round(packed, 3),
+                   "separate_runs_per_min": round(len(chosen) / separate * 60, 3),
+                   "packed_runs_per_min": round(len(chosen) / packed * 60, 3),
+                   "packed_over_separate": round(separate / packed, 3),
+                   "training_flops": passes * flops,
+                   "packed_flops_per_s": passes * flops / packed,
+                   "packed_fraction_of_peak": round(passes * flops / packed / peak, 5),
+                   "load_before_after": [round(load_a[0], 2), round(load_d[0], 2)]}
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+            print(f"{label:28} R={size:3d}  separate {separate:8.1f} s ({row['separate_runs_per_min']:7.2f} runs/min)"
+                  f"  packed [conv {conv:6}] {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  "
+                  f"packed/separate {row['packed_over_separate']:5.2f}x  "
+                  f"{row['packed_fraction_of_peak'] * 100:6.2f} % of peak  load {load_a[0]:.1f} -> {load_d[0]:.1f}",
+                  flush=True)
     return rows
 
 
@@ -162,6 +179,8 @@ def main(argv=None) -> int:
     parser.add_argument("--test-samples", type=int, help="test samples (default: all; 200 on a CPU)")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
+    parser.add_argument("--conv", nargs="+", default=["auto"], choices=["native", "matmul", "auto"],
+                        help="convolution lowerings to measure packed (FEDLIB_CONV; default auto)")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="profile one packed round of the largest pack; report the N costliest operators")
     args = parser.parse_args(argv)
@@ -179,20 +198,29 @@ def main(argv=None) -> int:
           + ("paper" if not (rounds or fraction or test_samples) else
              f"REDUCED (rounds {rounds or 'paper'}, fraction {fraction or 1}, test samples {test_samples or 'all'})"),
           flush=True)
-    rows = []
+    rows: list[dict] = []
+    record = {"benchmark": "packed", "device": device_name, "matmul_flops_per_s": peak,
+              "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "top_kernels": None,
+              "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples},
+              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
+
+    def save(_row=None) -> None:  # after every row: a benchmark stopped by a timeout keeps what it measured
+        if args.json:
+            record["conv_choices"] = {" | ".join(map(str, k)): v for k, v in CONV_CHOICES.items()}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            partial = args.json.with_name(args.json.name + ".part")
+            partial.write_text(json.dumps(record, indent=1) + "\n")
+            partial.replace(args.json)
+
     for model in args.models:
         configs = table1_configs(model, args.device, rounds, fraction, test_samples)
         label = "CELM T1 CIFAR-10 cnn" if model == "cnn" else f"CELM T1 F-MNIST {model}"
         sizes = [s for s in args.sizes if s <= len(configs)]
-        rows += measure(configs, sizes, args.device, peak, label)
-    kernels = top_kernels(configs[:max(sizes)], args.device, args.top_kernels) if args.top_kernels else None
-    if args.json:
-        record = {"benchmark": "packed", "device": device_name, "matmul_flops_per_s": peak,
-                  "cudnn_benchmark": args.cudnn_benchmark, "top_kernels": kernels,
-                  "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples},
-                  "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        measure(configs, sizes, args.device, peak, label, tuple(args.conv), on_row=lambda row: (rows.append(row), save()))
+    if args.top_kernels:
+        os.environ["FEDLIB_CONV"] = args.conv[0]
+        record["top_kernels"] = top_kernels(configs[:max(sizes)], args.device, args.top_kernels)
+    save()
     return 0
 
 

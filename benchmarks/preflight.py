@@ -4,8 +4,11 @@
 
 1. captured steps (a CUDA graph on CUDA): a tiny federation trained with the captured step and eagerly
    must agree; if capture fails or disagrees, the queue runs eager steps (``FEDLIB_COMPILE=off``);
-2. packing: two tiny runs packed must make the selections they make alone; if not, ``PACK=off``;
-3. each registered method once (one tiny round on synthetic data), in the queue's order of need, until
+2. convolutions as unfold + matmul (``fedlib.layers.Conv2d``; on CUDA the lowering is chosen by timing
+   each shape's captured step): a tiny CNN trained so must agree with the native convolution to 5e-3
+   relative (cuDNN convolutions use TF32); if not, ``FEDLIB_CONV=native``;
+3. packing: two tiny runs packed must make the selections they make alone; if not, ``PACK=off``;
+4. each registered method once (one tiny round on synthetic data), in the queue's order of need, until
    the budget: a failing method is named in one line (its queue runs will fail the same way).
 
 Each finding is one line on stdout; the fallbacks go to ``--env`` as shell assignments the GPU script
@@ -70,6 +73,36 @@ def check_capture(device: str) -> str | None:
     return None if diff <= 1e-5 else f"captured and eager steps differ by {diff:.2e}"
 
 
+def check_conv(device: str) -> str | None:
+    """None when a tiny CNN trains to the same parameters under both convolution lowerings (the
+    timed choice included, on CUDA), else why not."""
+    from fedlib.models import build_model
+    from fedlib.population import (LocalTraining, ParamLayout, conv_lowering_for, make_client_batches,
+                                   stack_buffers, train_clients)
+
+    torch.manual_seed(0)
+    model = build_model("cnn", (3, 16, 16), 10).to(device)
+    layout = ParamLayout(model)
+    x, y = torch.randn(96, 3, 16, 16, device=device), torch.randint(0, 10, (96,), device=device)
+    batches = make_client_batches([torch.arange(i * 24, (i + 1) * 24).numpy() for i in range(4)], 8, 1,
+                                  torch.Generator().manual_seed(0)).to(device)
+    bufs = stack_buffers(layout.buffers_of(model), 1)
+    start = layout.flat_of(model)
+    trained = {}
+    for conv in ("native", "matmul", "auto"):
+        cfg = LocalTraining(batch_size=8, lr=0.05, momentum=0.9, workers=1, conv=conv)
+        trained[conv], _ = train_clients(model, start, bufs, x, y, batches, cfg)
+    chosen = conv_lowering_for(model, layout, x, y, 4, 8, bufs, LocalTraining(batch_size=8, momentum=0.9, workers=1,
+                                                                                conv="auto"))
+    scale = float(trained["native"].abs().max())
+    for conv in ("matmul", "auto"):
+        diff = float((trained[conv] - trained["native"]).abs().max()) / scale
+        if not diff <= 5e-3:
+            return f"{conv} convolutions differ from native by {diff:.2e} (relative)"
+    print(f"preflight: convolution lowering chosen for a 4-client CNN step: {chosen}", flush=True)
+    return None
+
+
 def check_packing(device: str) -> str | None:
     from fedlib.run import run_many
 
@@ -127,6 +160,9 @@ def main(argv=None) -> int:
     step("captured steps", lambda: check_capture(args.device), "FEDLIB_COMPILE=off")
     if "FEDLIB_COMPILE=off" in env:
         os.environ["FEDLIB_COMPILE"] = "off"
+    step("convolution lowerings", lambda: check_conv(args.device), "FEDLIB_CONV=native")
+    if "FEDLIB_CONV=native" in env:
+        os.environ["FEDLIB_CONV"] = "native"
     step("packing", lambda: check_packing(args.device), "PACK=off")
     step("fedscm pipeline", lambda: check_scm_pipeline(args.device))
     names = [n for n in FAMILIES_FIRST if n in METHODS] + sorted(set(METHODS) - set(FAMILIES_FIRST))

@@ -16,7 +16,7 @@ import torch
 
 from .federation import Prepared
 from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
-from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, evaluate,
+from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, conv_choices_for, evaluate,
                          make_client_batches, train_clients, warm_up)
 from .results import RunResult, _provenance, _strict
 from .screening import PoisoningMonitor, screen_updates
@@ -280,6 +280,9 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
     final.update(method.final_extras() or {})
     meta = {**_provenance(p, time.perf_counter() - t_start), **(meta or {})}
     meta["warmup_s"] = warmup
+    conv = conv_choices_for(p.model, p.device)
+    if conv:  # convolution lowerings chosen by timing (CUDA): the numbers agree up to float order
+        meta["conv_lowerings"] = conv
     result = RunResult(config=cfg.to_dict(), history=history, final=_strict(final), meta=meta)
     if p.keep_model:
         result.model = (global_flat, global_buffers)

@@ -6,6 +6,13 @@ directly. BatchNorm would see the padding in its batch statistics, so models use
 :class:`MaskedBatchNorm`, which reads the current sample mask from :func:`sample_mask`
 and computes statistics (and running-statistic updates) over the real samples only.
 Without a mask it is exactly ``torch.nn.BatchNorm{1,2}d``.
+
+Convolutions are :class:`Conv2d`, ``torch.nn.Conv2d`` with a second lowering. Under ``vmap``
+over stacked weights PyTorch runs a convolution of M models as one grouped convolution
+(groups = M), which cuDNN may serve slowly for small layers; within :func:`conv_lowering`
+("matmul") the layer runs as an unfold and one matrix product per model instead. Both give
+the same numbers up to float summation order; the engine picks one per shape
+(``fedlib.population.conv_lowering_for``).
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import contextlib
 import contextvars
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 _SAMPLE_MASK: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
@@ -29,6 +37,53 @@ def sample_mask(mask: torch.Tensor | None):
         yield
     finally:
         _SAMPLE_MASK.reset(token)
+
+
+CONV_LOWERINGS = ("native", "matmul")
+_CONV_LOWERING: contextvars.ContextVar[str] = contextvars.ContextVar("fedlib_conv_lowering", default="native")
+
+
+@contextlib.contextmanager
+def conv_lowering(name: str):
+    """Within this block, :class:`Conv2d` layers run as ``name`` (one of ``CONV_LOWERINGS``)."""
+    if name not in CONV_LOWERINGS:
+        raise ValueError(f"conv lowering: must be one of {', '.join(CONV_LOWERINGS)} (got {name!r})")
+    token = _CONV_LOWERING.set(name)
+    try:
+        yield
+    finally:
+        _CONV_LOWERING.reset(token)
+
+
+def current_conv_lowering() -> str:
+    return _CONV_LOWERING.get()
+
+
+def conv2d_as_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     stride: tuple[int, int], padding: tuple[int, int]) -> torch.Tensor:
+    """``F.conv2d(x, weight, bias, stride, padding)`` (groups 1, dilation 1) as im2col and one
+    matrix product over the whole batch: ``out[o, (b, l)] = sum_k W[o, k] cols[k, (b, l)]``."""
+    batch, _, height, width = x.shape
+    out_channels, _, kh, kw = weight.shape
+    out_h = (height + 2 * padding[0] - kh) // stride[0] + 1
+    out_w = (width + 2 * padding[1] - kw) // stride[1] + 1
+    cols = F.unfold(x, (kh, kw), padding=padding, stride=stride)  # [B, C*kh*kw, L]
+    cols = cols.transpose(0, 1).reshape(cols.shape[1], batch * out_h * out_w)  # [C*kh*kw, B*L]
+    out = weight.reshape(out_channels, -1) @ cols  # [C_out, B*L]: under vmap one bmm over models
+    if bias is not None:
+        out = out + bias[:, None]
+    return out.reshape(out_channels, batch, out_h, out_w).transpose(0, 1)
+
+
+class Conv2d(nn.Conv2d):
+    """``torch.nn.Conv2d`` (same parameters, initialisation and state dict) that runs as
+    :func:`conv2d_as_matmul` inside ``conv_lowering("matmul")``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (_CONV_LOWERING.get() == "matmul" and self.groups == 1 and self.dilation == (1, 1)
+                and self.padding_mode == "zeros" and not isinstance(self.padding, str)):
+            return conv2d_as_matmul(x, self.weight, self.bias, self.stride, self.padding)
+        return super().forward(x)
 
 
 class MaskedBatchNorm(nn.BatchNorm2d):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.layers import MaskedBatchNorm
+from fedlib.layers import Conv2d, MaskedBatchNorm
 
 
 class FedModel(nn.Module):
@@ -94,7 +94,7 @@ class CNN(_TwoConvNet):
         flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
         if flat_height < 1 or flat_width < 1:
             raise ValueError(f"cnn needs inputs of at least 14x14, got {height}x{width}")
-        super().__init__(nn.Conv2d(channels, 16, kernel_size=5), nn.Conv2d(16, 32, kernel_size=5),
+        super().__init__(Conv2d(channels, 16, kernel_size=5), Conv2d(16, 32, kernel_size=5),
                          32 * flat_height * flat_width, num_classes)
 
 
@@ -110,8 +110,8 @@ class LeNet5(_TwoConvNet):
         channels, height, width = input_shape
         if (height, width) not in ((28, 28), (32, 32)):
             raise ValueError(f"lenet5 needs 28x28 or 32x32 inputs, got {height}x{width}")
-        super().__init__(nn.Conv2d(channels, 6, kernel_size=5, padding=2 if height == 28 else 0),
-                         nn.Conv2d(6, 16, kernel_size=5), 16 * 5 * 5, num_classes)
+        super().__init__(Conv2d(channels, 6, kernel_size=5, padding=2 if height == 28 else 0),
+                         Conv2d(6, 16, kernel_size=5), 16 * 5 * 5, num_classes)
 
 
 
@@ -135,7 +135,7 @@ class VGG11(FedModel):
             if entry == "M":
                 layers.append(nn.MaxPool2d(2))
             else:
-                conv = nn.Conv2d(channels, entry, 3, padding=1)
+                conv = Conv2d(channels, entry, 3, padding=1)
                 layers += [conv, MaskedBatchNorm(entry), nn.ReLU()]
                 channels = entry
         self.body = nn.Sequential(*layers)
@@ -169,15 +169,15 @@ class BasicBlock(nn.Module):
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, shortcut: str):
         super().__init__()
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
+        self.conv1 = Conv2d(in_channels, out_channels, 3, stride=stride, padding=1, bias=False)
         self.bn1 = MaskedBatchNorm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
+        self.conv2 = Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
         self.bn2 = MaskedBatchNorm(out_channels)
         if stride == 1 and in_channels == out_channels:
             self.shortcut: nn.Module = nn.Identity()
         elif shortcut == "projection":
             self.shortcut = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
                 MaskedBatchNorm(out_channels),
             )
         else:
@@ -206,7 +206,7 @@ class CifarResNet(FedModel):
         super().__init__()
         if shortcut not in ("projection", "zero_pad"):
             raise ValueError(f"shortcut must be 'projection' or 'zero_pad', got {shortcut!r}")
-        self.stem = nn.Conv2d(input_shape[0], widths[0], 3, padding=1, bias=False)
+        self.stem = Conv2d(input_shape[0], widths[0], 3, padding=1, bias=False)
         self.stem_bn = MaskedBatchNorm(widths[0])
         blocks = []
         in_channels = widths[0]

@@ -23,6 +23,8 @@ would change: requests with different optimiser constants, objectives or shapes 
 
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -71,12 +73,16 @@ def make_packs(configs: Sequence, max_rows: int | None = None) -> list[list[int]
 def bytes_per_row(model: torch.nn.Module, sample_shape: Sequence[int], batch_size: int) -> int:
     """Device bytes one client row of a packed step needs: its parameters, gradients, momentum and
     start copies (float32, about 6 x P) plus its activations on one batch (2 x the elements the
-    forward pass creates, for the backward pass), measured with forward hooks on one sample."""
+    forward pass creates, for the backward pass), measured with forward hooks on one sample. A
+    convolution also counts its unfolded columns twice (the matmul lowering's im2col and its copy)."""
     elements = [0]
 
-    def count(_module, _inputs, output):
+    def count(module, _inputs, output):
         if torch.is_tensor(output):
             elements[0] += output.numel()
+            if isinstance(module, torch.nn.Conv2d):
+                columns = output.numel() // module.out_channels * module.in_channels * math.prod(module.kernel_size)
+                elements[0] += 2 * columns
 
     hooks = [m.register_forward_hook(count) for m in model.modules() if not list(m.children())]
     try:
@@ -117,7 +123,7 @@ def train_signature(request: TrainRequest) -> tuple:
     t = request.training
     return ("train", _model_signature(request.model), tuple(request.x.shape[1:]), request.x.dtype,
             tuple(request.y.shape[1:]), request.y.dtype, str(request.x.device), request.batches.index.shape[2],
-            t.momentum, t.weight_decay, t.prox_mu, t.augment_fill, t.compile, t.workers, t.extra_loss_inputs,
+            t.momentum, t.weight_decay, t.prox_mu, t.augment_fill, t.compile, t.workers, t.conv, t.extra_loss_inputs,
             None if t.extra_loss is None else request.loss_key, t.client_context is None)
 
 

@@ -11,8 +11,11 @@ How the steps run is chosen per shape (``execution_plan``): on CUDA the step aft
 first one is captured once per shape as a CUDA graph and replayed (``LocalTraining.compile``;
 the eager step is the oracle, the replay is bit-identical to it); on a CPU the clients are
 split into one group per intra-op thread, each group trained by its own thread with one
-intra-op thread (``LocalTraining.workers``). ``warm_up`` pays torch.func's one-time costs
-before a run's first round.
+intra-op thread (``LocalTraining.workers``). Convolutions run as vmap's grouped convolution or
+as unfold + one matmul per client (``LocalTraining.conv``): native on a CPU, where it measured
+2x faster; on CUDA the lowering whose captured step is faster, timed once per shape and recorded
+in the run's ``meta.conv_lowerings``. ``warm_up`` pays torch.func's one-time costs before a
+run's first round.
 
 ``fedlib.testing.train_clients_loop`` is the plain per-client implementation, kept only as the test
 oracle and benchmark baseline; it consumes exactly the same batches.
@@ -34,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from .layers import sample_mask
+from .layers import CONV_LOWERINGS, Conv2d, conv_lowering, current_conv_lowering, sample_mask
 
 
 def _keep_freed_memory() -> None:
@@ -275,6 +278,11 @@ class LocalTraining:
     # (None reads FEDLIB_CPU_WORKERS, default: torch.get_num_threads()); 1 = one vectorized call
     # using all intra-op threads. Results equal the single call up to float blocking (1e-6).
     workers: int | None = None
+    # how convolutions run under vmap: "native" (one grouped convolution over the clients),
+    # "matmul" (unfold + one matmul per client, fedlib.layers.Conv2d) or "auto": native on a CPU
+    # (2x faster there, benchmarks/packed.py --conv), on CUDA the faster of the two, timed once
+    # per shape. None reads FEDLIB_CONV (default "auto"). Numbers agree up to float summation order.
+    conv: str | None = None
 
 
 def _per_client_loss(model, cfg: LocalTraining):
@@ -341,10 +349,88 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
 
 
 def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | str) -> dict[str, Any]:
-    """What ``train_clients`` will do for this shape (benchmarks report it)."""
+    """What ``train_clients`` will do for this shape (benchmarks report it); ``conv`` is the
+    requested mode ("auto" is resolved per shape by ``conv_lowering_for``; see ``CONV_CHOICES``)."""
     workers = cpu_workers(cfg, n_clients, device)
     return {"step": step_backend(cfg, device), "workers": workers,
-            "intra_op_threads": 1 if workers > 1 else _caller_threads()}
+            "intra_op_threads": 1 if workers > 1 else _caller_threads(), "conv": conv_mode(cfg)}
+
+
+CONV_MODES = CONV_LOWERINGS + ("auto",)
+CONV_CHOICES: dict[tuple, dict[str, Any]] = {}  # shape key -> {"lowering", "seconds": {lowering: s}}
+_CONV_LOCK = threading.Lock()
+
+
+def conv_mode(cfg: LocalTraining) -> str:
+    mode = cfg.conv if cfg.conv is not None else os.environ.get("FEDLIB_CONV", "auto")
+    if mode not in CONV_MODES:
+        raise ValueError(f"LocalTraining.conv (or FEDLIB_CONV): must be one of {', '.join(CONV_MODES)} (got {mode!r})")
+    return mode
+
+
+def conv_lowering_for(model, layout, x, y, n, batch, bufs, cfg, autotune: bool | None = None) -> str:
+    """The convolution lowering ``train_clients`` uses for this shape.
+
+    "auto" is native on a CPU and with an extra loss; on CUDA (or with ``autotune=True``) it is
+    the lowering whose captured step of these n clients on this batch size ran fastest, timed
+    once per shape (``time_conv_lowerings``; the choice and its timings are in ``CONV_CHOICES``)."""
+    mode = conv_mode(cfg)
+    if mode != "auto":
+        return mode
+    if cfg.extra_loss is not None or not any(isinstance(m, Conv2d) for m in model.modules()):
+        return "native"
+    if not (autotune if autotune is not None else x.device.type == "cuda"):
+        return "native"
+    key = (type(model).__name__, layout.size, n, batch, tuple(x.shape[1:]), str(x.device),
+           cfg.momentum, cfg.weight_decay, cfg.prox_mu, cfg.augment_fill)
+    with _CONV_LOCK:
+        if key not in CONV_CHOICES:
+            seconds = time_conv_lowerings(model, layout, x, y, n, batch, bufs, cfg)
+            CONV_CHOICES[key] = {"lowering": min(CONV_LOWERINGS, key=seconds.__getitem__), "seconds": seconds}
+        return CONV_CHOICES[key]["lowering"]
+
+
+def conv_choices_for(model: nn.Module, device: torch.device | str) -> dict[str, dict[str, Any]]:
+    """The lowerings chosen by timing for this architecture on this device, by training shape
+    ("n clients x batch"), with their step times in ms (a run's provenance; empty when none was timed)."""
+    name, size = type(model).__name__, ParamLayout(model).size
+    return {f"{k[2]} x {k[3]}": {"lowering": v["lowering"], "step_ms": {m: round(t * 1e3, 3) for m, t in v["seconds"].items()}}
+            for k, v in list(CONV_CHOICES.items()) if k[0] == name and k[1] == size and k[5] == str(torch.device(device))}
+
+
+def time_conv_lowerings(model, layout, x, y, n, batch, bufs, cfg, repeats: int = 3, clock=None) -> dict[str, float]:
+    """Seconds of one captured training step of n clients under each lowering (the best of
+    ``repeats`` after one warm-up step): a CUDA graph replay on CUDA, the same step run eagerly
+    on its static tensors elsewhere. The steps run on scratch tensors; nothing of a run moves."""
+    import time
+
+    clock = clock or time.perf_counter
+    device = x.device
+    backend = "graph" if step_backend(cfg, device) == "graph" else "static"
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *a: None)
+    index = torch.arange(n * batch, device=device).remainder(len(y)).view(n, batch)
+    mask, active = torch.ones(n, batch, device=device), torch.ones(n, device=device)
+    codes = None if cfg.augment_fill is None else torch.zeros(n, batch, dtype=torch.long, device=device)
+    seconds = {}
+    was_training = model.training
+    model.train()
+    try:
+        for lowering in CONV_LOWERINGS:
+            with conv_lowering(lowering):
+                step = _StaticStep(backend, model, layout, cfg, n, batch, x, y, bufs)
+                step.step(index, mask, active, codes)
+                best = math.inf
+                for _ in range(repeats):
+                    sync(device)
+                    t0 = clock()
+                    step.step(index, mask, active, codes)
+                    sync(device)
+                    best = min(best, clock() - t0)
+            seconds[lowering] = best
+            del step
+    finally:
+        model.train(was_training)
+    return seconds
 
 
 def train_clients(
@@ -368,6 +454,8 @@ def train_clients(
     workers = cpu_workers(cfg, n, start.device)
     chunk = min(cfg.chunk_size or n, math.ceil(n / workers))
     groups = [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]  # memory-bounded chunks
+    lowering = conv_lowering_for(model, layout, x, y, chunk, batches.index.shape[2],
+                                 {k: v[:chunk] for k, v in bufs.items()}, cfg)
 
     def train_group(sl: slice, net: nn.Module):
         ctx = None if cfg.client_context is None else torch.utils._pytree.tree_map(
@@ -375,9 +463,10 @@ def train_clients(
         )
         chunk_start = start if start.dim() == 1 else start[sl].clone()
         chunk_cfg = replace(cfg, lr=cfg.lr[sl]) if torch.is_tensor(cfg.lr) else cfg
-        return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
-                            x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx,
-                            None if batches.codes is None else batches.codes[:, sl])
+        with conv_lowering(lowering):  # set in the thread that trains (context variables stay per thread)
+            return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
+                                x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx,
+                                None if batches.codes is None else batches.codes[:, sl])
 
     was_training = model.training
     model.train()
@@ -637,7 +726,7 @@ def _captured_step(backend, model, layout, cfg, n, batch, x, y, bufs) -> _Static
     key = (backend, id(model), n, batch, str(x.device),
            x.data_ptr(), tuple(x.shape), x.dtype, y.data_ptr(), tuple(y.shape),
            tuple((k, tuple(v.shape), v.dtype) for k, v in bufs.items()),
-           cfg.momentum, cfg.weight_decay, cfg.prox_mu, cfg.augment_fill)
+           cfg.momentum, cfg.weight_decay, cfg.prox_mu, cfg.augment_fill, current_conv_lowering())
     with _CAPTURED_LOCK:
         entry = _CAPTURED.pop(key, None)
         if entry is None:

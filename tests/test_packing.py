@@ -167,6 +167,14 @@ def test_the_performance_page_reads_a_packed_benchmark_record():
     assert packed_text(record).endswith("at pack size 5")  # no warning at load <= cores + 0.5
     table = packed_table(record)
     assert list(table.loc[("w", 5)]) == [10.0, 30.0, "3.00x", "10.00 %", "1.0 → 2.4"]
+    # a record measuring both convolution lowerings: one line of the sentence per lowering
+    record["rows"] = [{**r, "conv": conv} for r in record["rows"] for conv in ("native", "matmul")]
+    record["rows"][-1]["packed_runs_per_min"] = 60.0
+    assert packed_text(record) == ("cpu (x86_64, 2 cores, 2 threads): w [conv native]: packed / separate 1.20x to "
+                                   "3.00x over pack sizes 1, 5; most runs per device-minute packed: 30.0 at pack size 5; "
+                                   "w [conv matmul]: packed / separate 1.20x to 3.00x over pack sizes 1, 5; most runs "
+                                   "per device-minute packed: 60.0 at pack size 5")
+    assert packed_table(record).loc[("w [conv matmul]", 5), "packed (runs/min)"] == 60.0
 
 
 def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):

@@ -81,9 +81,14 @@ def live_text(run: dict, stored: str = "") -> str:
     return f"{stored}On {run['device_name']}, " + "; ".join(parts) + "."
 
 
+def _workload(row: dict) -> str:
+    """A row's workload, with its convolution lowering when the record measured several."""
+    return row["workload"] + (f" [conv {row['conv']}]" if "conv" in row else "")
+
+
 def packed_table(record: dict) -> pd.DataFrame:
-    """One row per workload and pack size of a ``benchmarks/packed.py`` record."""
-    rows = [{"workload": r["workload"], "pack size": r["pack_size"],
+    """One row per workload (and convolution lowering) and pack size of a ``benchmarks/packed.py`` record."""
+    rows = [{"workload": _workload(r), "pack size": r["pack_size"],
              "separate (runs/min)": round(r["separate_runs_per_min"], 2),
              "packed (runs/min)": round(r["packed_runs_per_min"], 2),
              "packed / separate": f"{r['packed_over_separate']:.2f}x",
@@ -97,8 +102,8 @@ def packed_text(record: dict, cores: int | None = None) -> str:
     """The computed sentence on one record: the packed/separate range per workload, and a warning
     when the machine was busy (load above its cores) during any measurement."""
     parts = []
-    for workload in dict.fromkeys(r["workload"] for r in record["rows"]):
-        rows = [r for r in record["rows"] if r["workload"] == workload]
+    for workload in dict.fromkeys(_workload(r) for r in record["rows"]):
+        rows = [r for r in record["rows"] if _workload(r) == workload]
         best = max(rows, key=lambda r: r["packed_runs_per_min"])
         parts.append(f"{workload}: packed / separate {min(r['packed_over_separate'] for r in rows):.2f}x to "
                      f"{max(r['packed_over_separate'] for r in rows):.2f}x over pack sizes "

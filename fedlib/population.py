@@ -283,6 +283,11 @@ class LocalTraining:
     # (2x faster there, benchmarks/packed.py --conv), on CUDA the faster of the two, timed once
     # per shape. None reads FEDLIB_CONV (default "auto"). Numbers agree up to float summation order.
     conv: str | None = None
+    # CPU eager steps only: each step trains only the clients with samples left (a finished client
+    # is skipped, not computed on padding), and the worker threads get client groups balanced by
+    # their steps. None reads FEDLIB_CPU_BALANCE (default on); off is the plain plan (benchmarks).
+    # The numbers are the plain plan's: inactive clients never moved.
+    balance: bool | None = None
 
 
 def _per_client_loss(model, cfg: LocalTraining):
@@ -453,7 +458,12 @@ def train_clients(
     bufs = {k: (v.expand(n, *v.shape[1:]) if v.shape[0] == 1 else v).clone() for k, v in buffers.items()}
     workers = cpu_workers(cfg, n, start.device)
     chunk = min(cfg.chunk_size or n, math.ceil(n / workers))
-    groups = [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]  # memory-bounded chunks
+    balance = balanced(cfg, start.device)
+    if balance and workers > 1 and not cfg.chunk_size:
+        groups = balanced_groups((batches.mask.sum(2) > 0).sum(0), workers)  # threads get equal steps
+        chunk = max(len(g) for g in groups)
+    else:
+        groups = [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]  # memory-bounded chunks
     lowering = conv_lowering_for(model, layout, x, y, chunk, batches.index.shape[2],
                                  {k: v[:chunk] for k, v in bufs.items()}, cfg)
 
@@ -466,7 +476,7 @@ def train_clients(
         with conv_lowering(lowering):  # set in the thread that trains (context variables stay per thread)
             return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
                                 x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx,
-                                None if batches.codes is None else batches.codes[:, sl])
+                                None if batches.codes is None else batches.codes[:, sl], compact=balance)
 
     was_training = model.training
     model.train()
@@ -477,10 +487,38 @@ def train_clients(
             results = _in_worker_threads(model, groups, train_group, workers)
     finally:
         model.train(was_training)
-    flats = [f for f, _ in results]
-    flat = flats[0] if len(flats) == 1 else torch.cat(flats)
-    bufs = {k: torch.cat([b[k] for _, b in results]) for k in bufs}
-    return flat, bufs
+    if len(results) == 1:
+        return results[0]
+    order = torch.cat([torch.arange(n)[g] for g in groups])  # the clients in the order of the results
+    flat = results[0][0].new_empty(n, results[0][0].shape[1])
+    flat[order.to(flat.device)] = torch.cat([f for f, _ in results])
+    out = {}
+    for k in bufs:
+        joined = torch.cat([b[k] for _, b in results])
+        out[k] = torch.empty_like(joined)
+        out[k][order.to(joined.device)] = joined
+    return flat, out
+
+
+def balanced(cfg: LocalTraining, device: torch.device | str) -> bool:
+    """Whether this CPU round skips finished clients and balances its worker threads (see ``LocalTraining.balance``)."""
+    if torch.device(device).type != "cpu" or step_backend(cfg, device) != "eager":
+        return False
+    if cfg.balance is not None:
+        return bool(cfg.balance)
+    value = os.environ.get("FEDLIB_CPU_BALANCE", "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"FEDLIB_CPU_BALANCE: must be on or off (got {value!r})")
+    return value == "on"
+
+
+def balanced_groups(steps: torch.Tensor, groups: int) -> list[torch.Tensor]:
+    """Clients (their live steps ``[n]``) dealt into at most ``groups`` groups of nearly equal total steps:
+    longest first, in a snake (0, 1, .., g-1, g-1, .., 0, 0, ..); each group's clients in ascending order."""
+    order = torch.sort(steps, descending=True, stable=True).indices
+    turn = torch.arange(len(order)) % (2 * groups)
+    group = torch.where(turn < groups, turn, 2 * groups - 1 - turn)
+    return [torch.sort(order[group == g]).values for g in range(min(groups, len(order)))]
 
 
 _THREADS_LOCK = threading.Lock()
@@ -541,13 +579,15 @@ def _in_worker_threads(model, groups, train_group, workers):
     return results
 
 
-def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, codes=None):
+def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, codes=None, compact=False):
     """SGD steps for a chunk of n clients from ``start`` ([P] shared or [n, P]).
 
     While every client still holds the shared start (the first step of a round) the
     parameters enter the vmapped step unbatched, so the forward pass and the input
     gradients are single large matmuls; only the weight gradients are per client.
-    The later steps run eagerly or, per ``step_backend``, replay a captured step.
+    The later steps run eagerly or, per ``step_backend``, replay a captured step. With ``compact``
+    (eager steps on a CPU) a later step trains only its clients with samples; the others stay put
+    exactly as they do under the mask.
     """
     n = index.shape[1]
     loss_fn = _per_client_loss(model, cfg)
@@ -560,6 +600,7 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
     flat, velocity = (None if shared else start), None
     step_active = (mask.sum(2) > 0).to(mask.dtype)  # [steps, n]
     live_steps = step_active.any(1).tolist()  # one host sync per round, not one per step
+    live_counts = step_active.sum(1).tolist() if compact else None
     backend = step_backend(cfg, start.device)
     replay = None
     row_lr = torch.is_tensor(cfg.lr)  # one learning rate per client: the step is on * lr_i (exact, on in {0, 1})
@@ -576,6 +617,10 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
                 replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr)
             if replay is not None:
                 replay.step(index[s], mb, active, None if codes is None else codes[s])
+                continue
+            if compact and not shared and live_counts[s] < n:
+                velocity = _compacted_step(steppers, loss_fn, params, bufs, anchor, anchor_dim, velocity, context,
+                                           x, y, index[s], mb, codes, s, fill, active, lr_rows, cfg)
                 continue
             xb, yb = x[index[s]], y[index[s]]
             if codes is not None:
@@ -613,6 +658,47 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
         flat = start.expand(n, -1).clone()
     # MaskedBatchNorm left the statistics of empty steps unchanged
     return flat, {k: v.detach() for k, v in bufs.items()}
+
+
+def _compacted_step(steppers, loss_fn, params, bufs, anchor, anchor_dim, velocity, context, x, y, index, mb,
+                    codes, s, fill, active, lr_rows, cfg):
+    """One eager step of only the clients with samples (``active``), written back into the population:
+    the same per-client arithmetic as the masked step, whose inactive rows stay put. Returns the
+    momentum buffers (made here on the round's first momentum step, zero for the clients left out)."""
+    rows = active.nonzero().squeeze(1)
+    pick = lambda t: t[rows]  # noqa: E731
+    sub = {k: p[rows] for k, p in params.items()}
+    index_rows = index[rows]
+    xb, yb = x[index_rows], y[index_rows]
+    if codes is not None:
+        xb = crop_flip(xb, codes[s][rows], fill)
+    sub_anchor = anchor if anchor_dim is None else {k: a[rows] for k, a in anchor.items()}
+    sub_context = None if context is None else torch.utils._pytree.tree_map(pick, context)
+    dims = (0, 0, anchor_dim, 0, 0, 0, None if context is None else 0)
+    if dims not in steppers:
+        steppers[dims] = vmap(grad(loss_fn, has_aux=True), in_dims=dims)
+    with torch.enable_grad():
+        grads, new_bufs = steppers[dims](sub, {k: v[rows] for k, v in bufs.items()}, sub_anchor, xb, yb, mb[rows],
+                                          sub_context)
+    for k, v in new_bufs.items():
+        bufs[k].index_copy_(0, rows, v)
+    lr = lr_rows[rows] if lr_rows is not None else None
+    for k, p in params.items():
+        g = grads[k]
+        if cfg.weight_decay:
+            g.add_(sub[k], alpha=cfg.weight_decay)
+        if cfg.momentum:  # as the masked step: v <- m v + g for these clients, first step v = g
+            if velocity is None or k not in velocity:
+                velocity = velocity or {}
+                velocity[k] = torch.zeros_like(p).index_copy_(0, rows, g)
+            else:
+                v = velocity[k][rows]
+                velocity[k].index_copy_(0, rows, v.add_(g + (cfg.momentum - 1.0) * v))
+            g = velocity[k][rows]
+        updated = (torch.add(sub[k], g, alpha=-cfg.lr) if lr is None else
+                   torch.addcmul(sub[k], lr.view(-1, *([1] * (g.dim() - 1))), g, value=-1.0))
+        p.index_copy_(0, rows, updated)
+    return velocity
 
 
 # ----------------------------------------------------------------------------- captured steps

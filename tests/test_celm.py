@@ -86,8 +86,11 @@ def three_specialists(data):
     batches = make_client_batches(indices, 32, 3, torch.Generator().manual_seed(0))
     flat, bufs = train_clients(model, global_flat, {}, data.x_train, data.y_train, batches,
                                LocalTraining(epochs=3, batch_size=32, lr=0.1))
-    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
-    weights = method.aggregate(state, ClientUpdates(np.arange(3), flat, bufs, np.full(3, 200)))
+    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1,
+                       client_state=method.init_client_state(method.fed, global_flat, {}))
+    state.updates = ClientUpdates(np.arange(3), flat, bufs, np.full(3, 200))
+    weights = method.aggregate(state, state.updates)
+    state.client_state = method.update_client_state(state, weights, global_flat, {})  # the engine's order
     return method, held, state, flat, weights
 
 
@@ -111,11 +114,13 @@ def test_warmup_broadcasts_the_backbone_and_keeps_each_clients_head(three_specia
     model = method.fed.model
     head = np.concatenate([np.full(p.numel(), n in model.head_parameter_names())
                            for n, p in model.named_parameters()])
-    warm = RoundState(round=1, rng=state.rng, global_flat=state.global_flat + 1, global_buffers={}, lr=0.1)
+    warm = RoundState(round=1, rng=state.rng, global_flat=state.global_flat + 1, global_buffers={}, lr=0.1,
+                      client_state=state.client_state)
     start = method.start_models(warm, np.array([2, 0]))
     torch.testing.assert_close(start[:, ~head], warm.global_flat[~head].expand(2, -1))
     torch.testing.assert_close(start[:, head], flat[[2, 0]][:, head])
-    after = RoundState(round=2, rng=state.rng, global_flat=state.global_flat, global_buffers={}, lr=0.1)
+    after = RoundState(round=2, rng=state.rng, global_flat=state.global_flat, global_buffers={}, lr=0.1,
+                       client_state=state.client_state)
     assert method.start_models(after, np.array([0, 1, 2])) is None  # t > T_w: the full global model
 
 

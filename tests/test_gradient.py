@@ -365,9 +365,10 @@ def test_fedfv_steps_the_global_model_by_the_fair_direction():
     method = build_method("fedfv", {"alpha": 0.0, "tau": 0})
     method.setup(fed)
     (global_flat, clients, flat) = _rounds(fed)[0]
-    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
     loss = torch.tensor([0.3, 0.1, 0.2])
     updates = ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.full(3, 10), extras={"loss": loss})
+    state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1,
+                       updates=updates)  # as the engine: the round's uploads, set before aggregate
     w = method.aggregate(state, updates)
     new, _ = method.server_update(state, w, w @ flat, {})
     expected = global_flat - _fedfv_loop(global_flat - flat, loss, 0.0, [], 0)

@@ -68,6 +68,27 @@ def test_packed_run_equals_the_run_alone_for_every_method(name):
         assert b.meta["pack"] == {"size": len(configs), "index": i, "methods": [c.method.name for c in configs]}
 
 
+def test_round_data_and_client_state_stay_each_runs_own_in_a_pack():
+    """Issue 31 point 3: CELM's retained heads (client state, T_w = 2 of 4 rounds, 2 of 4 clients a
+    round) and the logit protocol's round data (UWA's GMMs from aggregate to evaluate, the
+    meta-model), two runs of each method with other seeds in one pack, equal the runs alone."""
+    def variant(name, seed, rounds, clients_per_round=None, **params):
+        base = golden.config_of(name)
+        return make_config(base.to_dict(), seed=seed, rounds=rounds, clients_per_round=clients_per_round,
+                           method={**base.method.params, "name": name, **params})
+
+    configs = [variant("celm", 7, 4, 2, warmup_fraction=0.5), variant("celm", 8, 4, 2, warmup_fraction=0.5),
+               variant("logit_uwa", 7, 3, public_logits="after_refine"), variant("logit_uwa", 8, 3),
+               variant("logit_meta", 7, 3), variant("logit_meta", 9, 3, dropout=0.3)]
+    alone, packed = _alone_and_packed(configs)
+    for c, a, b in zip(configs, alone, packed):
+        _assert_same_run(a, b, f"{c.method.name} seed {c.seed}")
+        if c.method.name.startswith("logit"):  # the aggregate on the public set, each run's own
+            np.testing.assert_allclose([h["diagnostics"]["public_accuracy"] for h in b.history],
+                                       [h["diagnostics"]["public_accuracy"] for h in a.history], atol=1e-6)
+    assert alone[0].history[1]["weights"] != alone[1].history[1]["weights"]  # the two CELM runs differ
+
+
 def test_a_pack_of_one_is_bit_identical():
     config = golden.config_of("cgsv")
     alone, packed = _alone_and_packed([config])

@@ -12,19 +12,31 @@ the order the engine calls them, by side of the protocol:
 - (2) the clients train, all at once (the engine; no method calls the trainer);
 - (3) more local passes: ``local_phases``, each followed by ``phase_done``;
 - (4) the clients upload: ``client_uploads`` (what they send besides their models);
-- (5) the server weighs and updates: ``aggregate`` (weights on the uploads, nothing else),
-  ``server_update`` (the new global model), ``update_client_state``;
+- (5) the server weighs and updates: ``aggregate`` (the weights on the uploads; it may also move
+  the method's server state, e.g. CGSV's reputations), ``server_update`` (the new global model),
+  ``update_client_state``;
 - (6) the record: ``scores`` (contribution per client), ``diagnostics``;
 - (7) the evaluation: ``evaluate`` (default: the new global model on the test set);
 - (8) passes at the round's end: ``round_end_phases``, each followed by ``phase_done``;
 - after the run: ``final_extras``.
 
-Hyper-parameters are dataclass fields, validated in ``validate``; ``register`` adds a method to
-``METHODS`` by its ``name``.
+Hyper-parameters are dataclass fields, validated in ``validate``. A method registers itself
+where it is defined: the ``@register`` decorator adds it to ``METHODS`` by its ``name`` (a name
+another class holds is an error).
 
-Per-client state (engine-owned). A method whose clients keep their own models between
-rounds (ShapFed's personalised broadcast, the per-client downloads of CGSV and CFFL) returns
-a :class:`ClientState` from ``init_client_state``; the engine then holds it, passes it in
+Round data (``RoundState``). The engine makes one ``RoundState`` per round and passes that same
+object to every hook of the round: the round's index, rng, incoming global model and lr, the
+per-client state, and from ``aggregate`` on the screened uploads (``updates``). What a hook
+computes for a later hook of the same round goes in ``RoundState.round_data`` (a dict the
+method alone writes and reads), not on ``self``: FedFV's server step reads the uploads from
+``state.updates``, the logit protocol's ``evaluate`` the present clients and the aggregator that
+``aggregate`` fitted from ``state.round_data``. State that outlives the round is either the
+server's (kept on the method, e.g. CGSV's reputations) or per-client (below).
+
+Per-client state (engine-owned). A method whose clients keep their own models or tensors
+between rounds (ShapFed's personalised broadcast, the per-client downloads of CGSV and CFFL,
+CELM's retained classifier heads) returns a :class:`ClientState` from ``init_client_state``; the
+engine then holds it, passes it in
 ``RoundState.client_state``, starts the selected clients from its rows (``flat``,
 ``buffers``) and replaces it by what ``update_client_state`` returns after the server step.
 Methods without it (the default ``None``) run exactly as before.
@@ -155,6 +167,14 @@ class TestSet:
 
 @dataclass
 class RoundState:
+    """One round, as the engine hands it to every hook of that round: a new one each round, each
+    run its own (packed runs too). The engine writes the fields down to ``updates``; a method only
+    reads them. ``round_data`` is the method's: what its hooks hand on to its later hooks of the
+    same round (e.g. the logit protocol's present clients and fitted aggregator, from
+    ``aggregate`` to ``evaluate``), never kept on ``self``; the engine never reads it. What
+    outlives the round is server state (on the method: reputations, FedFV's past directions) or
+    per-client state (``client_state``)."""
+
     round: int  # 0-based
     rng: np.random.Generator
     global_flat: torch.Tensor  # [P]
@@ -162,6 +182,7 @@ class RoundState:
     lr: float
     client_state: ClientState | None = None  # the engine's per-client state (``init_client_state``)
     updates: "ClientUpdates | None" = None  # the round's screened uploads, set before ``aggregate``
+    round_data: dict[str, Any] = field(default_factory=dict)  # the method's, between its hooks of this round
 
 
 @dataclass
@@ -274,6 +295,9 @@ class Method:
 
     # -- 5. the server weighs the uploads and updates --------------------------------------------
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        """The aggregation weights [n] on ``updates`` (``state.updates``, the same object); the
+        engine averages the uploads with them (``fedlib.population.aggregate``). It may move the
+        method's server state and put what later hooks of the round need in ``state.round_data``."""
         raise NotImplementedError
 
     def server_update(self, state: RoundState, weights: torch.Tensor, flat: torch.Tensor,
@@ -330,6 +354,15 @@ METHODS: dict[str, type[Method]] = {}
 
 
 def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: a method registers itself where it is defined, under its ``name`` (a
+    name a config accepts); a missing name, or one another class holds, is a one-line error. The
+    same class defined again (a notebook cell run twice, a reloaded module) replaces itself."""
+    if not cls.name:
+        raise ValueError(f"method class {cls.__name__}: set its name before registering it")
+    taken = METHODS.get(cls.name)
+    if taken is not None and (taken.__module__, taken.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise ValueError(f"method {cls.name!r}: the name is taken by {taken.__module__}.{taken.__qualname__}; "
+                         f"choose another name for {cls.__module__}.{cls.__qualname__}")
     METHODS[cls.name] = cls
     return cls
 

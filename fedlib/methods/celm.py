@@ -7,7 +7,8 @@ logits, debiased by the global model's mean probed logit (Eq. 8-9), form the evi
 matrix Q [N, K]; class-wise shares of Q (Eq. 10) averaged over classes (Eq. 11), put on
 the simplex (Eq. 12) and EMA-smoothed (Eq. 13) are the aggregation weights, frozen after
 warm-up (Eq. 14). During warm-up clients keep their own classifier head (only the
-backbone is broadcast). The steps follow Algorithm 1 (appendix A).
+backbone is broadcast; the heads are the engine's per-client state). The steps follow
+Algorithm 1 (appendix A).
 
 All probes of a round (every model x every class) run as one batched optimisation;
 ``fedlib.testing.probe_loop`` is the plain per-model, per-class reference (tests and benchmark only).
@@ -23,7 +24,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from ..population import ParamLayout
-from .base import ClientUpdates, Federation, Method, RoundState, register
+from .base import ClientState, ClientUpdates, Federation, Method, RoundState, register
 
 
 def probe(model: nn.Module, flats: torch.Tensor, buffers: dict[str, torch.Tensor], images: torch.Tensor,
@@ -85,6 +86,9 @@ class CELM(Method):
     for clients never probed), ``probe_images`` (last images, [N+1, K, *shape] on CPU; row 0
     is the global model), ``score_history`` (c after every round) and ``scores()`` (c now);
     ``diagnostics()`` puts each warm-up round's probed logits and evidence in the history.
+    With ``head_retention`` the clients' heads are the engine's per-client state
+    (``ClientState.tensors``: ``head`` [N, H], a client's head from its last warm-up upload, and
+    ``has_head`` [N] bool, whether it has one yet).
     """
 
     name = "celm"
@@ -127,8 +131,6 @@ class CELM(Method):
         head = set(fed.model.head_parameter_names())
         self._head_index = torch.cat([torch.arange(offsets[i], offsets[i + 1])
                                       for i, name in enumerate(layout.names) if name in head]).to(fed.device)
-        self._heads = layout.flat_of(fed.model).new_zeros(fed.n_clients, len(self._head_index))
-        self._has_head = np.zeros(fed.n_clients, dtype=bool)
         self.contributions = torch.full((fed.n_clients,), 1.0 / fed.n_clients, dtype=torch.float64)  # c^(0)
         self.evidence = np.full((fed.n_clients, fed.n_classes), np.nan)
         self.score_history: list[np.ndarray] = []
@@ -143,15 +145,25 @@ class CELM(Method):
     def _in_warmup(self, state: RoundState) -> bool:
         return state.round < self.warmup_rounds  # t <= T_w with 1-based t
 
+    def init_client_state(self, fed, global_flat, global_buffers) -> ClientState | None:
+        """With head retention: no client holds a head of its own yet."""
+        if not self.head_retention:
+            return None
+        return ClientState(tensors={"head": global_flat.new_zeros(fed.n_clients, len(self._head_index)),
+                                    "has_head": torch.zeros(fed.n_clients, dtype=torch.bool)})
+
     def start_models(self, state: RoundState, clients: np.ndarray) -> torch.Tensor | None:
         """Warm-up: the global backbone with each client's own head from its last update
         (the global head for a client not seen yet); None (the full global model) otherwise."""
-        own = self._has_head[clients]
-        if not (self.head_retention and self._in_warmup(state) and own.any()):
+        if not (self.head_retention and self._in_warmup(state)):
+            return None
+        heads = state.client_state.tensors
+        own = heads["has_head"][torch.as_tensor(clients)].numpy()
+        if not own.any():
             return None
         start = state.global_flat.repeat(len(clients), 1)
         rows = torch.as_tensor(np.flatnonzero(own), device=start.device)
-        start[rows.unsqueeze(1), self._head_index] = self._heads[torch.as_tensor(clients[own])]
+        start[rows.unsqueeze(1), self._head_index] = heads["head"][torch.as_tensor(clients[own])]
         return start
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
@@ -160,13 +172,18 @@ class CELM(Method):
             self._estimate(state, updates)
             if self.keep_probe_images and state.round == self.warmup_rounds - 1:
                 self._round_diagnostics["probe_images"] = self.probe_images.tolist()
-            if self.head_retention:
-                self._heads[torch.as_tensor(updates.clients)] = updates.flat[:, self._head_index]
-                self._has_head[updates.clients] = True
         # after warm-up c is never touched again: c^(t) = c^(T_w)  (Eq. 14)
         self.score_history.append(self.scores())
         w = self.contributions[torch.as_tensor(updates.clients)]
         return w / w.sum() if w.sum() > 0 else torch.full_like(w, 1.0 / len(w))
+
+    def update_client_state(self, state, weights, global_flat, global_buffers) -> ClientState:
+        """Warm-up: each aggregated client keeps the head of its upload (called with head retention only)."""
+        if not self._in_warmup(state):
+            return state.client_state
+        updates = state.updates
+        return state.client_state.with_rows(updates.clients, head=updates.flat[:, self._head_index],
+                                            has_head=torch.ones(len(updates.clients), dtype=torch.bool))
 
     def scores(self) -> np.ndarray:
         return self.contributions.numpy().copy()

@@ -259,20 +259,18 @@ class FedFV(Method):
 
     def setup(self, fed: Federation) -> None:
         super().setup(fed)
-        self.history: list[torch.Tensor] = []
+        self.history: list[torch.Tensor] = []  # the server's last τ directions g_h (server state)
 
     def client_uploads(self, state, clients, flat, buffers, data):
-
         loss, _ = global_model_on_clients(self.fed, state, data)
         return {"loss": loss}
 
     def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        self._updates = updates
         n = len(updates.clients)
         return torch.full((n,), 1.0 / n)
 
     def server_update(self, state, weights, flat, buffers):
-        updates, self._updates = self._updates, None
+        updates = state.updates  # the round's uploads, with their losses l_k
         g = state.global_flat - updates.flat  # pseudo-gradients [K, P]
         return state.global_flat - fair_direction(g, updates.extras["loss"], self.alpha, self.history,
                                                   int(self.tau)), buffers

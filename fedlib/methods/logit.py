@@ -314,7 +314,14 @@ class LogitFL(Method):
     client misses a round with this probability (every client is asked each round, whatever
     ``clients_per_round`` says; batches are drawn for the present clients, the
     engine's convention). No shared model: the uploads are never clipped. The protocol's own
-    loop is ``fedlib.testing.logit_protocol_loop`` (the tests' oracle: same numbers)."""
+    loop is ``fedlib.testing.logit_protocol_loop`` (the tests' oracle: same numbers).
+
+    Server state (on the method): ``targets``, softmax of the last aggregate on the public set
+    (the soft targets of this round's refinement, or of the next round's with ``after_refine``).
+    Round data (``state.round_data``, from ``aggregate`` to ``evaluate``): ``present`` [N] bool,
+    ``validation`` [N, m, C] the clients' logits on their validation splits, the aggregator fitted
+    on the public logits and reused on the test logits (UWA's ``gmm``, the ``meta_model``), and
+    ``weight_summary`` (UWA's entries for the round's diagnostics)."""
 
     needs_validation = True  # the public set
     parameter_uploads = False
@@ -345,7 +352,6 @@ class LogitFL(Method):
         self.x_upload = torch.cat([fed.x_val, data.x[self.val_table.flatten()]])  # public set, validation splits
         self.targets = None  # softmax of the last aggregate on the public set
         self.last: dict = {}
-        self.history_extras: dict = {}
 
     def training_indices(self, indices):
         return self.train
@@ -401,15 +407,15 @@ class LogitFL(Method):
 
     def aggregate(self, state, updates):
         public = self._full(updates.extras["public"], updates.clients)
-        self.present = torch.zeros(self.fed.n_clients, dtype=torch.bool, device=public.device)
-        self.present[torch.as_tensor(updates.clients, device=public.device)] = True
-        self.validation = self._full(updates.extras["validation"], updates.clients)
-        self.round = state.round
-        aggregated = self.aggregate_logits(public, "public")
+        present = torch.zeros(self.fed.n_clients, dtype=torch.bool, device=public.device)
+        present[torch.as_tensor(updates.clients, device=public.device)] = True
+        state.round_data["present"] = present
+        state.round_data["validation"] = self._full(updates.extras["validation"], updates.clients)
+        aggregated = self.aggregate_logits(state, public, "public")
         self.targets = torch.softmax(aggregated, dim=-1).detach()
-        n_present, n_pub, c = int(self.present.sum()), len(self.fed.y_val), self.fed.n_classes
+        n_present, n_pub, c = int(present.sum()), len(self.fed.y_val), self.fed.n_classes
         self.last = {"public_accuracy": float((aggregated.argmax(-1) == self.fed.y_val).float().mean()),
-                     "present": self.present.cpu().tolist(), **self.history_extras,
+                     "present": present.cpu().tolist(), **state.round_data.get("weight_summary", {}),
                      "floats_up": n_present * n_pub * c + (n_present * n_pub if self.name == "logit_uwa" else 0),
                      "floats_down": n_present * n_pub * c, "fedavg_floats": 2 * n_present * updates.flat.shape[1]}
         return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
@@ -421,15 +427,16 @@ class LogitFL(Method):
         u = state.updates
         return state.client_state.with_rows(u.clients, u.flat, u.buffers)
 
-    def aggregate_logits(self, logits: torch.Tensor, which: str) -> torch.Tensor:
-        """The server's rule on [N, n, C] client logits (``which``: 'public' fits it, 'test' reuses it)."""
+    def aggregate_logits(self, state, logits: torch.Tensor, which: str) -> torch.Tensor:
+        """The server's rule on [N, n, C] client logits (``which``: 'public' fits it and keeps it in
+        ``state.round_data``, 'test' reuses it)."""
         raise NotImplementedError
 
     # -- evaluation: the aggregated ensemble ------------------------------------------------------
     def evaluate(self, state, global_flat, global_buffers, test):
         u = state.updates
         logits = test.predict(u.flat, u.buffers)
-        aggregated = self.aggregate_logits(self._full(logits, u.clients), "test")
+        aggregated = self.aggregate_logits(state, self._full(logits, u.clients), "test")
         c = self.fed.n_classes
         confusion = torch.zeros(c * c, device=aggregated.device).index_add_(
             0, test.y * c + aggregated.argmax(-1), torch.ones(len(test.y), device=aggregated.device))
@@ -451,8 +458,8 @@ class LogitSimple(LogitFL):
 
     name = "logit_simple"
 
-    def aggregate_logits(self, logits, which):
-        return simple_average(logits, self.present)
+    def aggregate_logits(self, state, logits, which):
+        return simple_average(logits, state.round_data["present"])
 
 
 @register
@@ -482,18 +489,21 @@ class LogitUWA(LogitFL):
         else:
             draw = torch.randint(self.gmm_components, self.val_table.shape, generator=torch.Generator().manual_seed(fed.seed))
             self.init_resp = F.one_hot(draw, self.gmm_components).float().to(self.val_table.device)
-        self.uwa_weights = None
+        self.uwa_weights = None  # the last round's weight diagnostics (the run's final block)
 
-    def aggregate_logits(self, logits, which):
+    def aggregate_logits(self, state, logits, which):
+        data = state.round_data
+        present, validation = data["present"], data["validation"]
         if which == "public":  # fit on the clients' validation logits (client side), then score
-            self.gmm = fit_gmm(self.validation, self.val_valid, self.init_resp, self.gmm_iters, self.reg_covar)
-        ll = gmm_log_likelihood(self.gmm, logits)
+            data["gmm"] = fit_gmm(validation, self.val_valid, self.init_resp, self.gmm_iters, self.reg_covar)
+        gmm = data["gmm"]
+        ll = gmm_log_likelihood(gmm, logits)
         if self.uwa_score == "standardized":
-            ll = standardize_scores(gmm_log_likelihood(self.gmm, self.validation), self.val_valid, ll)
-        aggregated, w = uwa_aggregate(logits, ll, self.present, self.uwa_tau)
+            ll = standardize_scores(gmm_log_likelihood(gmm, validation), self.val_valid, ll)
+        aggregated, w = uwa_aggregate(logits, ll, present, self.uwa_tau)
         if which == "public":
-            self.uwa_weights = weight_diagnostics(w, self.present, self.fed.y_val, self.fed.n_classes)
-            self.history_extras = {k: self.uwa_weights[k] for k in ("mean_max_weight", "mean_entropy")}
+            self.uwa_weights = weight_diagnostics(w, present, self.fed.y_val, self.fed.n_classes)
+            data["weight_summary"] = {k: self.uwa_weights[k] for k in ("mean_max_weight", "mean_entropy")}
         return aggregated
 
     def final_extras(self):
@@ -526,11 +536,12 @@ class LogitMeta(LogitFL):
             raise ValueError(f"method 'logit_meta': meta_labeled must be <= the {len(fed.y_val)} public samples "
                              "(server_val)")
 
-    def aggregate_logits(self, logits, which):
+    def aggregate_logits(self, state, logits, which):
+        present = state.round_data["present"]
         if which == "public":
             labelled = slice(0, self.meta_labeled)
-            self.meta = train_meta_model(logits[:, labelled], self.fed.y_val[labelled], self.fed.n_classes,
-                                         hidden=self.meta_hidden, steps=self.meta_steps, lr=self.meta_lr,
-                                         drop=self.meta_drop, present=self.present,
-                                         seed=self.fed.seed * 1000 + self.round)
-        return meta_aggregate(self.meta, logits, self.present)
+            state.round_data["meta_model"] = train_meta_model(
+                logits[:, labelled], self.fed.y_val[labelled], self.fed.n_classes, hidden=self.meta_hidden,
+                steps=self.meta_steps, lr=self.meta_lr, drop=self.meta_drop, present=present,
+                seed=self.fed.seed * 1000 + state.round)
+        return meta_aggregate(state.round_data["meta_model"], logits, present)

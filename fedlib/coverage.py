@@ -27,7 +27,6 @@ LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced p
           "queued, not run yet", "not runnable here")
 COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0")))
 SHORT = dict(zip(LEVELS, ("all seeds", "fewer seeds", "reduced", "queued", "absent")))  # a grid cell's text
-PAPERS = ("celm", "flce", "logitfl", "fedms", "fedscm")
 # first words of reference rows/columns naming data we do not have anywhere
 DATA_NAMES = {"CIFAR-100": "cifar100", "EuroSAT": "eurosat", "SVHN": "svhn", "FedISIC": "FedISIC-2019"}
 

@@ -8,7 +8,7 @@ A notebook is its parameters cell and calls::
     frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
     ch.glue(values)
 
-A subclass names its chapter (``name``; its runs: the chapter module's ``configs``) and its method
+A subclass names its chapter (``name``; its runs: its ``Paper`` record's ``configs``) and its method
 labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
 over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
 """
@@ -164,16 +164,17 @@ def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, colum
 
 
 class Chapter:
-    name = ""
+    name = ""  # a chapter's: its Paper record's name (a page without one compares with no paper)
     labels: dict[str, str] = {}  # method -> column name
     index = "row"  # the comparison frames' first index level
-    reference_paper = ""  # whose numbers the page compares with (book/reference/<name>.yaml; "": this chapter's)
 
     def __init__(self, profile: str, params: dict[str, Any]):
+        from . import CHAPTER_MODULES, record
+
         self.profile, self.params = profile, params
         self.paper_params = book.load_profile(self.name, "paper")
-        self.reference = (None if self.reference_paper is None
-                          else book.load_reference(self.reference_paper or self.name))
+        reference = record(self.name).reference if self.name in CHAPTER_MODULES else None
+        self.reference = None if reference is None else book.load_reference(reference)
         # the evidence profile's own runs are the stored paper-protocol runs: one source, no training
         self.ours = OURS_STORED if profile == book.EVIDENCE else f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
@@ -201,10 +202,10 @@ class Chapter:
 
     # -- the runs ------------------------------------------------------------------------
     def configs(self, params: dict[str, Any] | None = None) -> list:
-        """Every run of the chapter (``params``: default this build's), by its module's ``configs``."""
-        from . import chapter_module
+        """Every run of the chapter (``params``: default this build's), by its record's ``configs``."""
+        from . import record
 
-        return chapter_module(self.name).configs(self.params if params is None else params)
+        return record(self.name).configs(self.params if params is None else params)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """This build's runs (the cache answers what ran before; a dataset that is not under the

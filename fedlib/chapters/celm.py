@@ -31,10 +31,12 @@ import numpy as np
 
 from .. import frames, partition
 from ..book import reference_value
+from ..claims import Claim, Comparison, Side, cells_row
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..results import RunResult
 from ..stats import mean_std, pm
-from . import readings, run_options, unique_configs
+from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, dataset_label, queue_item
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
@@ -849,3 +851,32 @@ def baselines_text(params: dict[str, Any]) -> str:
 
 
 SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+def rare_class_accuracy_of(result: dict) -> float:
+    """A stored run's rare-class accuracy (%): the claims' reading of Table 2."""
+    return rare_class_accuracy(RunResult.from_dict(result))
+
+
+def table1_claim_rows(prefixes=("F.MNIST", "CIFAR-10")) -> list[str]:
+    return [f"{p} {s}" for p in prefixes for s in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")]
+
+
+CLAIMS = (
+    Claim("CELM beats uniform FedAvg on every Table 1 split", "Table 1", "table-1-accuracy-under-label-skew",
+          cells_row(table1_claim_rows(), "CELM", "FedAvg")),
+    Claim("CELM beats ShapFed, the strongest contribution-aware baseline, on every Table 1 split", "Table 1",
+          "table-1-accuracy-under-label-skew", cells_row(table1_claim_rows(), "CELM", "ShapFed")),
+    Claim("CELM has the best rare-class accuracy under a Maverick split (F.MNIST)", "Table 2", "table-2-mavericks",
+          tuple(Comparison(f"vs {m}", Side(("Table 2", "F.MNIST Maverick", "CELM"), "rare_class_accuracy",
+                                           ref=("Table 2", "F.MNIST Rare Class Acc.", "CELM")),
+                           Side(("Table 2", "F.MNIST Maverick", m), "rare_class_accuracy",
+                                ref=("Table 2", "F.MNIST Rare Class Acc.", m)))
+                for m in ("FedAvg", "CFFL", "CGSV", "ShapFed"))),
+)
+
+PAPER = Paper("celm", "CELM", configs, queue_items, reference="celm", claims=CLAIMS,
+              metrics={"rare_class_accuracy": rare_class_accuracy_of})

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import frames, stats
 from ..config import RunConfig
-from . import ENGINE_DEFAULT_CLIP, celm
+from . import ENGINE_DEFAULT_CLIP, Paper, celm
 from .base import Chapter, queue_item
 
 # split label -> (split spec, CELM Table 1 row): CELM's label-skew splits
@@ -59,7 +59,6 @@ class FedAvg(Chapter):
     """The page: the splits, CELM Table 1's FedAvg column beside ours, the training curves."""
 
     name = "fedavg"
-    reference_paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
 
     def run(self) -> list:
@@ -158,3 +157,10 @@ class FedAvg(Chapter):
                              for m in self.params["methods"]}, ax=ax)
             ax.set_title(split)
         return fig
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+# the page compares with CELM Table 1's FedAvg column
+PAPER = Paper("fedavg", "FedAvg", configs, queue_items, reference="celm", ours=True)

@@ -36,8 +36,8 @@ import numpy as np
 
 from .. import contributions
 from ..config import RunConfig, make_config
+from . import Paper, run_options
 from . import celm as celm_chapter
-from . import run_options
 from .base import Chapter, queue_item
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
@@ -347,7 +347,6 @@ class Leaderboard(Chapter):
     """The page: accuracy, fidelity, Mavericks, free-riders, cost, UWA, radars and the closing table."""
 
     name = "leaderboard"
-    reference_paper = None  # no paper reports these numbers
 
     def __init__(self, profile: str, params: dict[str, Any]):
         super().__init__(profile, params)
@@ -583,3 +582,9 @@ class Leaderboard(Chapter):
         values = {"lb_close_fr": best(closing, "free-rider AUROC", empty="none"),
                   "lb_close_mav": best(closing, "Maverick rank", higher_is_better=False, empty="none")}
         return closing, values
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+PAPER = Paper("leaderboard", "Leaderboard", configs, queue_items, reference=None, ours=True)

@@ -23,10 +23,11 @@ import numpy as np
 
 from .. import frames
 from ..book import git_commit, load_profile, mean_std, pm, results_dir, stored_results
+from ..claims import Claim, cells_row
 from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
-from . import unique_configs
+from . import Paper, unique_configs
 from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
@@ -670,6 +671,22 @@ class LogitFL(Chapter):
         return pd.DataFrame(lines).set_index(["k", "aggregator"]), "\n".join(notes)
 
 
+# ----------------------------------------------------------------------------- the declaration
+
+
+CLAIMS = (
+    Claim("UWA beats simple averaging at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
+          cells_row(["MNIST k=2"], "UWA", "Simple avg.", "k sweep", ref="Headline")),
+    Claim("The meta-model beats UWA at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
+          cells_row(["MNIST k=2"], "Meta-model", "UWA", "k sweep", ref="Headline")),
+    Claim("UWA beats simple averaging at every k (2, 5, 8)", "k sweep",
+          "accuracy-versus-heterogeneity-k-classes-per-client",
+          cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
+)
+
+PAPER = Paper("logitfl", "Logit-based FL", configs, queue_items, reference="logitfl", claims=CLAIMS, engine=False)
+
+
 if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--shard i/n]
     import sys
 
@@ -680,3 +697,4 @@ if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--s
         shard, shards = (int(v) for v in args[at + 1].split("/"))
         del args[at:at + 2]
     calibrate(stages=tuple(args) or STAGES, shard=shard, shards=shards)
+

@@ -39,8 +39,9 @@ from typing import Any, Callable, Iterable
 
 from . import data
 from .cache import ResultCache, key_of
-from .book import check_only, load_profile, repo_root
+from .book import check_only, repo_root
 from . import chapters
+from .chapters import profiles
 from .results import runs_dir, store_run
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
@@ -130,8 +131,9 @@ def run_scm(config) -> dict:
 
 
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
-    """Every item of a chapter's profile (its ``Paper.queue_items``), duplicates included."""
-    return list(chapters.record(chapter).queue_items(load_profile(chapter, profile)))
+    """Every item of a chapter's profile (its ``Paper.queue_items``), duplicates included; a profile that
+    does not fit the chapter's schema is one ``ProfileError`` line."""
+    return list(chapters.record(chapter).queue_items(profiles.load(chapter, profile)))
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedlib import book, chapters, claims, queue
-from fedlib.chapters import Paper
+from fedlib.chapters import Paper, profiles
 from fedlib.claims import Claim, Comparison, Side
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,13 +79,13 @@ class FakeConfig:
         return f"shared-run-{self.seed}"
 
 
-def _fake_chapter(name: str, ours: bool) -> tuple[Paper, Claim]:
+def _fake_chapter(name: str, ours: bool, schema) -> tuple[Paper, Claim]:
     def queue_items(params):
         return [queue.QueueItem(name, "Table 1", "row", "column", 0, FakeConfig(0), queue.run_round)]
 
     claim = Claim(f"{name} beats FedAvg", "Table 1", "table-1", (Comparison("row", Side(("Table 1", "row", "column"),
                                                                                        f"{name}_reading")),))
-    paper = Paper(name, name.title(), lambda params: [FakeConfig(0)], queue_items, reference=None,
+    paper = Paper(name, name.title(), schema, lambda params: [FakeConfig(0)], queue_items, reference=None,
                   claims=() if ours else (claim,), metrics={f"{name}_reading": lambda result: 1.0}, ours=ours)
     return paper, claim
 
@@ -93,15 +93,18 @@ def _fake_chapter(name: str, ours: bool) -> tuple[Paper, Claim]:
 def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
     """A seventh chapter (and one of ours) declared by a module alone: the registry, the papers of the
     status and coverage pages, the claims, the metrics, the queue (its items, its choice of label for a
-    shared run) and the defenses line all list them."""
+    shared run), the defenses line and the profile check all list them."""
+    class FakeProfile(profiles.EngineProfile):
+        rounds: int
+
     added = {}
     for name, ours in (("seventh", False), ("ourpage", True)):
         module = types.ModuleType(f"fedlib.chapters.{name}")
-        module.PAPER, added[name] = _fake_chapter(name, ours)
+        module.PAPER, added[name] = _fake_chapter(name, ours, FakeProfile)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(chapters, "CHAPTER_MODULES", CHAPTERS + ("ourpage", "seventh"))
     load = book.load_profile
-    monkeypatch.setattr(queue, "load_profile", lambda page, profile: {"rounds": 2} if page in added
+    monkeypatch.setattr(book, "load_profile", lambda page, profile: {"rounds": 2} if page in added
                         else load(page, profile))
 
     assert tuple(chapters.registry()) == CHAPTERS + ("ourpage", "seventh")
@@ -113,6 +116,10 @@ def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
     assert [(i.chapter, i.key) for i in items] == [("ourpage", "shared-run-0"), ("seventh", "shared-run-0")]
     assert [i.chapter for i in queue.unique(items)] == ["seventh"]  # a run shared with a paper is the paper's
     assert chapters.defenses("seventh", {"rounds": 2}).startswith("**Defenses on:**")
+    assert profiles.schema_of("seventh") is FakeProfile
+    with pytest.raises(profiles.ProfileError, match=r"^params/seventh/quick.yaml: parameter rounds: "):
+        monkeypatch.setattr(book, "load_profile", lambda page, profile: {"rounds": "2"})
+        queue.chapter_items("seventh", "quick")
 
 
 def test_an_unknown_chapter_is_one_line_naming_the_chapters():

@@ -1,10 +1,10 @@
 """The book's chapters: one module per chapter, each declaring one :class:`Paper` record.
 
 A chapter module (``fedlib/chapters/<name>.py``) holds its runs (``configs``, ``queue_items``),
-the paper's claims and the tables and figures its page shows, and ends with
-``PAPER = Paper(...)``. Every list of chapters the queue, the claims, the coverage and status
-pages and the command line use is derived from these records (:func:`registry`);
-``CHAPTER_MODULES`` is the one place that names the modules.
+its profile schema (``fedlib.chapters.profiles``), the paper's claims and the tables and figures
+its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
+claims, the coverage and status pages and the command line use is derived from these records
+(:func:`registry`); ``CHAPTER_MODULES`` is the one place that names the modules.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     from ..claims import Claim
+    from .profiles import Profile
 
 # every chapter module, in queue order: a run several chapters share is labelled by the first of equal rank
 CHAPTER_MODULES = ("fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard")
@@ -28,13 +29,21 @@ class Paper:
 
     name: str  # the chapter key: fedlib/chapters/<name>.py, book/<name>.ipynb, params/<name>/
     title: str  # as the book names it (the status page's headings)
+    profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper}.yaml and the notebook's parameters cell
     configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once
     queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.queue)
     reference: str | None  # book/reference/<reference>.yaml: the published numbers the page compares with
     claims: tuple[Claim, ...] = ()  # the paper's main claims, in the order its scorecard shows them
     metrics: Mapping[str, Callable[..., float]] = field(default_factory=dict)  # its claims' readings of a run
     ours: bool = False  # a chapter of ours, not a paper's: a run it shares with a paper is labelled by the paper
-    engine: bool = True  # its runs go through fedlib.run and take the profile's update_clip
+
+    @property
+    def engine(self) -> bool:
+        """Whether its runs go through ``fedlib.run`` and take the profile's ``update_clip`` (its
+        schema is an ``EngineProfile``)."""
+        from .profiles import EngineProfile
+
+        return issubclass(self.profile_schema, EngineProfile)
 
 
 def chapter_module(name: str):

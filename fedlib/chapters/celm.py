@@ -38,6 +38,7 @@ from ..results import RunResult
 from ..stats import mean_std, pm
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Part, Seeds
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -856,6 +857,48 @@ SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}
 # ----------------------------------------------------------------------------- the declaration
 
 
+class CfflStudy(Part):
+    """The CFFL study's one reduced run."""
+
+    split: str
+    fraction: float
+    rounds: int
+    lr_milestones: list[int]
+    seed: int
+
+
+class CelmProfile(EngineProfile):
+    dataset: str
+    model: str
+    n_clients: int
+    rounds: int
+    lr: float
+    lr_milestones: list[int]
+    batch_size: int
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int | None  # null: each method's own validation share
+    seeds: Seeds
+    methods: Names
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over its defaults
+    experiments: Names
+    splits: Names
+    fidelity_splits: list[str]
+    many_clients: int
+    many_client_splits: list[str]
+    warmup_splits: list[str]
+    warmup_fractions: list[float]
+    sensitivity_split: str
+    lm_steps_grid: list[int]
+    lm_lr_grid: list[float]
+    cifar10_fraction: float
+    cifar10_rounds: int
+    cifar10_lr_milestones: list[int]
+    cifar10_reading_splits: list[str]
+    cffl_study: CfflStudy
+
+
 def rare_class_accuracy_of(result: dict) -> float:
     """A stored run's rare-class accuracy (%): the claims' reading of Table 2."""
     return rare_class_accuracy(RunResult.from_dict(result))
@@ -878,5 +921,5 @@ CLAIMS = (
                 for m in ("FedAvg", "CFFL", "CGSV", "ShapFed"))),
 )
 
-PAPER = Paper("celm", "CELM", configs, queue_items, reference="celm", claims=CLAIMS,
+PAPER = Paper("celm", "CELM", CelmProfile, configs, queue_items, reference="celm", claims=CLAIMS,
               metrics={"rare_class_accuracy": rare_class_accuracy_of})

@@ -31,6 +31,7 @@ from ..config import RunConfig, make_config
 from ..results import RunResult
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
@@ -703,6 +704,36 @@ def calibrate_cifar10_readings(params: dict[str, Any], results: dict[str, Any], 
 # ----------------------------------------------------------------------------- the declaration
 
 
+class FedMSProfile(EngineProfile):
+    dataset: str
+    model: str
+    n_clients: int
+    clients_per_round: int
+    n_mavericks: int
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int  # the server's validation set, held out of the training set
+    seeds: Seeds
+    methods: Names
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over §5.1's
+    experiments: Names
+    splits: Names
+    table1_reading: str = next(iter(MAVERICK_RUN_READINGS))  # a name of MAVERICK_RUN_READINGS
+    table1_score: str = "last round"  # a name of MAVERICK_SCORE_READINGS
+    softmax_variants: list[str]
+    fig2_rounds: int
+    adversarial_per_round: int
+    cifar10_fraction: float
+    cifar10_rounds: int
+    cifar10_local_epochs: int
+    cifar10_methods: list[str]
+    cifar10_splits: list[str]
+
+
 def maverick_reward_gap(result: dict) -> float:
     """Mean over rounds of the Maverick's MS-GTG reward minus its GTG-Shapley reward (FedMS Fig. 2)."""
     roles = np.asarray(result["meta"]["client_roles"])
@@ -745,6 +776,6 @@ CLAIMS = (
                            ref=("Table 2", "FedAvg", "Mavericks"))),), unit="% of rounds"),
 )
 
-PAPER = Paper("fedms", "FedMS", configs, queue_items, reference="fedms", claims=CLAIMS,
+PAPER = Paper("fedms", "FedMS", FedMSProfile, configs, queue_items, reference="fedms", claims=CLAIMS,
               metrics={"maverick_reward_gap": maverick_reward_gap, "maverick_participation": maverick_participation,
                        "fedms_table1": table1_claim_score})

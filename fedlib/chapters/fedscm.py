@@ -33,6 +33,7 @@ from ..results import store_run
 from ..scm_pipeline import method_labels, run_pipeline
 from . import Paper, unique_configs
 from .base import Chapter, dataset_label, queue_item
+from .profiles import Names, Profile, Seeds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -666,6 +667,51 @@ class FedSCM(Chapter):
 # ----------------------------------------------------------------------------- the declaration
 
 
+class FedSCMProfile(Profile):
+    dataset: str
+    model: str
+    fraction: float
+    n_clients: int
+    alphas: list[float]  # Table 2's Dirichlet α
+    sigma: float
+    server_samples: int
+    eval_samples: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    post_rounds: int
+    post_steps: int | None  # null: every local step of an epoch
+    post_lr: float
+    prox_mu: float
+    gammas: list[float]
+    solver: str
+    random_sizes: list[int]
+    sdea_clients: int
+    fedavg_per_round: int | None  # null: every client each round
+    seeds: Seeds
+    experiments: Names
+    stability_runs: int
+    stability_kappa: float
+    stability_alpha: float
+    sparsity_gammas: list[float]
+    theory_trials: int
+    n_grid: list[int]
+    k_grid: list[int]
+    k_grid_n: int
+    optimum_trials: int
+    projection: str
+    rounding: str
+    temperatures: list[float]
+    adapt_steps: int
+    vote_gate: float
+    cf_permutations: int
+    ot_reg: float
+    ot_samples: int
+    comda_clients: int
+    diagnosis_variants: list[dict[str, Any]]  # each: the protocol's keys (or alpha) it changes
+
+
 def scm_accuracy(result: dict, label: str) -> float:
     """A pipeline run's target accuracy (%) of the method ``label``: the claims' reading of Table 2."""
     return 100.0 * float(result["methods"][label]["accuracy"])
@@ -694,5 +740,5 @@ CLAIMS = (
                 for col in table2_claim_columns())),
 )
 
-PAPER = Paper("fedscm", "FedSCM", configs, queue_items, reference="fedscm", claims=CLAIMS, engine=False,
+PAPER = Paper("fedscm", "FedSCM", FedSCMProfile, configs, queue_items, reference="fedscm", claims=CLAIMS,
               metrics={"scm_accuracy": scm_accuracy, "selected_minus_unselected": selected_minus_unselected})

@@ -29,6 +29,7 @@ from ..contributions import contribution_vector, flce_contributions, flce_tensor
 from ..results import RunResult
 from . import Paper, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
@@ -477,6 +478,34 @@ class FLCE(Chapter):
 # ----------------------------------------------------------------------------- the declaration
 
 
+class FLCEProfile(EngineProfile):
+    datasets: Names
+    model: str
+    n_clients: int
+    clients_per_round: int
+    rounds: int
+    batch_size: int
+    lr: float
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int
+    seeds: Seeds
+    alpha: float  # Dir(alpha) of the Non-IID split
+    last_rounds: int  # Table 2 reads the mean over the last rounds
+    methods: Names
+    ablations: list[str]
+    simplifications: list[str]
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over its defaults
+    experiments: Names
+    noise_methods: list[str]
+    noise_splits: list[str]
+    noisy_fraction: float
+    feature_noise: float
+    label_noise: float
+    dirichlet_sweep: list[float]
+
+
 def last_100_accuracy(result: dict) -> float:
     """A stored run's mean accuracy (%) over its last 100 rounds: the claims' reading of Table 2."""
     return last_rounds_mean(RunResult.from_dict(result), "accuracy", 100)
@@ -490,5 +519,5 @@ CLAIMS = (
                 for row in ("CIFAR-10 Non-IID", "CIFAR-10 IID"))),
 )
 
-PAPER = Paper("flce", "FLCE", configs, queue_items, reference="flce", claims=CLAIMS,
+PAPER = Paper("flce", "FLCE", FLCEProfile, configs, queue_items, reference="flce", claims=CLAIMS,
               metrics={"last_100_accuracy": last_100_accuracy})

@@ -39,6 +39,7 @@ from ..config import RunConfig, make_config
 from . import Paper, run_options
 from . import celm as celm_chapter
 from .base import Chapter, queue_item
+from .profiles import EngineProfile, Names, Part, Seeds
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
 # the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
@@ -587,4 +588,57 @@ class Leaderboard(Chapter):
 # ----------------------------------------------------------------------------- the declaration
 
 
-PAPER = Paper("leaderboard", "Leaderboard", configs, queue_items, reference=None, ours=True)
+class AdversarialSplit(Part):
+    """The adversarial split's clients by role (``fedlib.partition``'s ``adversarial`` split)."""
+
+    gamma: float
+    n_benign: int
+    n_mavericks: int
+    n_label_flip: int
+    n_random_data: int
+    n_random_update: int
+    n_free_riders: int
+
+
+class UwaProtocol(Part):
+    """UWA's own rows: the logit protocol's federation."""
+
+    k: int
+    public_size: int
+    meta_labeled: int
+    rounds: int
+    batch_size: int
+    lr: float
+
+
+class PoisoningFederation(Part):
+    """The poisoning table's federation: IID, ``sign_flips`` of its clients send sign-flipped updates."""
+
+    dataset: str
+    n_clients: int
+    sign_flips: int
+
+
+class LeaderboardProfile(EngineProfile):
+    datasets: Names
+    models: dict[str, str]  # dataset -> model
+    n_clients: int
+    rounds: int
+    lr: float
+    lr_milestones: list[int]
+    batch_size: int
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int
+    seeds: Seeds
+    methods: Names  # keys of ENTRIES
+    method_params: dict[str, dict[str, Any]]  # entry -> hyper-parameters over its defaults
+    splits: Names
+    adversarial: AdversarialSplit
+    uwa: UwaProtocol
+    poisoning: PoisoningFederation
+    threads: int  # torch CPU threads; 0: torch's default
+
+
+PAPER = Paper("leaderboard", "Leaderboard", LeaderboardProfile, configs, queue_items, reference=None, ours=True)

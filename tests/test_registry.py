@@ -8,9 +8,10 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from fedlib import book, chapters, claims, queue
+from fedlib import book, chapters, claims, coverage, queue
 from fedlib.chapters import Paper, profiles
 from fedlib.claims import Claim, Comparison, Side
 
@@ -112,6 +113,8 @@ def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
     assert claims.papers() == {**STATUS_PAGE_PAPERS, "seventh": "Seventh"}
     assert claims.claims_of("seventh") == [added["seventh"]] and claims.claims_of("ourpage") == []
     assert claims.metric("seventh_reading")({}) == 1.0
+    monkeypatch.setattr(claims, "numbers", lambda paper, profile: pd.DataFrame({"reproduces": ["—"]}))
+    assert coverage.reproduction(None, "smoke").index.tolist() == chapters.papers()  # the coverage page's default
     items = queue.all_items("smoke", only=["ourpage", "seventh"])
     assert [(i.chapter, i.key) for i in items] == [("ourpage", "shared-run-0"), ("seventh", "shared-run-0")]
     assert [i.chapter for i in queue.unique(items)] == ["seventh"]  # a run shared with a paper is the paper's

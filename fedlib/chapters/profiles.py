@@ -85,7 +85,7 @@ def load(page: str, profile: str) -> dict[str, Any]:
 
 
 class CoverageProfile(Profile):
-    papers: Names  # the papers whose tables the page shows, in its order
+    papers: Names | None  # the papers whose tables the page shows, in its order; null: every paper, in the book's
 
 
 class ExploreProfile(Profile):

@@ -514,6 +514,8 @@ BROKEN_PROFILES = [  # (a change to params/celm/quick.yaml, its one line)
     ({"methods": []}, "parameter methods: List should have at least 1 item after validation, not 0 (got [])"),
     ({"cffl_study": {"split": "PLS", "fraction": 0.1, "rounds": 10, "lr_milestones": [5]}},
      "missing parameter 'cffl_study.seed'"),
+    ({"cffl_study": {"split": "PLS", "fraction": 0.1, "rounds": 10, "lr_milestones": [5], "seed": 0, "sede": 1}},
+     "unknown parameter 'cffl_study.sede'; known: split, fraction, rounds, lr_milestones, seed"),
     ({"update_clip": "off"}, "parameter update_clip: Input should be a valid number (got 'off')"),
 ]
 

@@ -13,7 +13,7 @@ chapters (coverage, explore, performance) declare theirs here.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -57,11 +57,21 @@ def problem(schema: type[Profile], values: dict[str, Any]) -> str | None:
         first = errors[0]
         name = ".".join(str(part) for part in first["loc"])
         if first["type"] == "extra_forbidden":
-            return f"unknown parameter {shown(name)}; known: {', '.join(schema.model_fields)}"
+            return f"unknown parameter {shown(name)}; known: {', '.join(_fields_at(schema, first['loc'][:-1]))}"
         if first["type"] == "missing":
             return f"missing parameter {shown(name)}"
         return f"parameter {name}: {first['msg']} (got {shown(first['input'])})".replace("\n", " ")
     return None
+
+
+def _fields_at(schema: type[Profile], path: tuple) -> list[str]:
+    """The keys of the mapping at ``path`` in ``schema`` (a nested ``Part``'s for a nested path; list
+    indices step into the list's items)."""
+    model = schema
+    for key in (k for k in path if isinstance(k, str)):
+        annotation = model.model_fields[key].annotation
+        model = next(t for t in (annotation, *get_args(annotation)) if isinstance(t, type) and issubclass(t, Profile))
+    return list(model.model_fields)
 
 
 def check(schema: type[Profile], values: dict[str, Any], source: str) -> None:

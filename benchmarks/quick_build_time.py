@@ -77,11 +77,11 @@ def estimate(chapter: str, profile: str) -> float:
 
     torch.set_num_threads(1)
     from fedlib.book import load_profile
-    from fedlib.chapters import chapter_module
+    from fedlib.chapters import record
     from fedlib.config import make_config
     from fedlib.run import run
 
-    configs = chapter_module(chapter).configs(load_profile(chapter, profile))
+    configs = record(chapter).configs(load_profile(chapter, profile))
     groups = defaultdict(list)
     for c in configs:
         groups[(c.dataset, c.model, c.fraction, c.n_clients, c.local_epochs, c.method.name,
@@ -110,9 +110,9 @@ def main() -> int:
     parser.add_argument("--estimate", nargs="*", metavar="CHAPTER", help="estimate these chapters' runs instead")
     args = parser.parse_args()
     if args.estimate is not None:
-        from fedlib.chapters import CHAPTER_MODULES
+        from fedlib.chapters import registry
 
-        chapters = args.estimate or [c for c in CHAPTER_MODULES]
+        chapters = args.estimate or list(registry())
         totals = {c: estimate(c, args.profile) for c in chapters}
         print("\n".join(f"{c:12s} {s / 60:5.1f} CPU min" for c, s in totals.items()))
         return 0

@@ -129,15 +129,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _migrate(args) -> int:
-    from .chapters import CHAPTER_MODULES, chapter_module
+    from .chapters import registry
     from .migrate import adopt_unclipped, compress_results, format_report, migrate_results
 
     try:
         compressed = compress_results(args.root, dry_run=args.dry_run)
         print(f"compressed {len(compressed)} stored run(s) to <key>.json.gz" + (" (dry run)" if args.dry_run else ""))
         print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
-        for chapter in CHAPTER_MODULES:  # paper profiles run unclipped: adopt clipped runs that never clipped
-            configs = chapter_module(chapter).configs(load_profile(chapter, "paper"))
+        for chapter, paper in registry().items():  # paper profiles run unclipped: adopt clipped runs that never clipped
+            configs = paper.configs(load_profile(chapter, "paper"))
             for source, key, _ in adopt_unclipped(chapter, configs, args.root, dry_run=args.dry_run):
                 print(f"  adopted {source} as runs/{key} for {chapter} (clipping on, never acted)")
     except (FileNotFoundError, NotADirectoryError) as err:
@@ -152,7 +152,7 @@ def _migrate(args) -> int:
 
 def _check_queue_flags(args) -> None:
     """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
-    from .chapters import CHAPTER_MODULES
+    from .chapters import registry
     from .data import DATASETS, IMAGEFOLDER_PREFIX
 
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
@@ -173,9 +173,9 @@ def _check_queue_flags(args) -> None:
             raise ValueError(f"--dataset: unknown dataset {name[:60]!r}; known: {', '.join(DATASETS)}")
     for spec in args.first or []:
         chapter = spec.split(":", 1)[0]
-        if chapter not in CHAPTER_MODULES:
+        if chapter not in registry():
             raise ValueError(f"--first: unknown chapter {chapter[:60]!r} in {spec[:80]!r}; known: "
-                             f"{', '.join(CHAPTER_MODULES)}")
+                             f"{', '.join(registry())}")
 
 
 def _book(args) -> int:

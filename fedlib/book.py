@@ -982,10 +982,10 @@ _STATED = re.compile(r"(?<![\w‖])(α|β|γ|μ|λ|η|τ|L|T|q|fade)\s*=\s*([0-9
 def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:
     """Each method of the chapter's ``profile`` runs with its resolved hyper-parameters (and the run's
     resolved ``server_val``), from the first of its runs: what the runs use, defaults filled in."""
-    from .chapters import chapter_module
+    from .chapters import record
 
     out: dict[str, dict[str, Any]] = {}
-    for config in chapter_module(chapter).configs(load_profile(chapter, profile)):
+    for config in record(chapter).configs(load_profile(chapter, profile)):
         name = getattr(getattr(config, "method", None), "name", None)
         if name and name not in out:
             resolved = config.resolved()

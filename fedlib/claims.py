@@ -31,11 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import numpy as np
-
-from . import queue, stats
+from . import chapters, queue, stats
 from .cache import ResultCache, key_of
-from .results import RunResult, placement_free, read_stored, result_check, run_of, runs_dir
+from .results import placement_free, read_stored, result_check, run_of, runs_dir
 from .stats import FAILS, HOLDS, INDICATIVE, NOISE
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
@@ -47,69 +45,24 @@ Cell = tuple[str, str, str]
 # ----------------------------------------------------------------------------- metrics (on result dicts)
 
 
-def _final(result: dict, key: str = "accuracy") -> float:
+def final(result: dict, key: str = "accuracy") -> float:
+    """A run's final test metric ``key`` in % (NaN when it has none)."""
     value = result["final"].get(key)
     return float("nan") if value is None else 100.0 * float(value)
 
 
-def _rare_class_accuracy(result: dict) -> float:
-    from .chapters.celm import rare_class_accuracy
-
-    return rare_class_accuracy(RunResult.from_dict(result))
+# the readings of a run any claim may use; a paper's own are in its record (``Paper.metrics``)
+METRICS: dict[str, Callable[..., float]] = {"accuracy": final}
 
 
-def _maverick_reward_gap(result: dict) -> float:
-    """Mean over rounds of the Maverick's MS-GTG reward minus its GTG-Shapley reward (FedMS Fig. 2)."""
-    roles = np.asarray(result["meta"]["client_roles"])
-    mav = np.flatnonzero(roles == "maverick")
-    gtg = np.asarray([h["diagnostics"]["rewards_gtg"] for h in result["history"]], dtype=float)
-    ms = np.asarray([h["diagnostics"]["rewards_ms"] for h in result["history"]], dtype=float)
-    return float((ms[:, mav] - gtg[:, mav]).mean())
-
-
-def _maverick_participation(result: dict) -> float:
-    from .chapters.fedms import participation
-
-    return participation(RunResult.from_dict(result))["maverick"]
-
-
-def _fedms_table1(result: dict) -> float:
-    """A FedMS Table 1 run read as the page reads it: the paper profile's ``table1_score`` on MNIST (the
-    reading calibrated on FedAvg, e.g. the mean over all rounds), the final accuracy on CIFAR-10."""
-    from .book import load_profile
-    from .chapters.fedms import table1_score
-
-    score = table1_score(load_profile("fedms", "paper"), result["config"]["dataset"] == "cifar10")
-    return _final(result) if score is None else score(RunResult.from_dict(result))
-
-
-def _last_100_accuracy(result: dict) -> float:
-    from .chapters.flce import last_rounds_mean
-
-    return last_rounds_mean(RunResult.from_dict(result), "accuracy", 100)
-
-
-def _scm_accuracy(result: dict, label: str) -> float:
-    return 100.0 * float(result["methods"][label]["accuracy"])
-
-
-def _selected_minus_unselected(result: dict, gamma: str) -> float:
-    from .chapters.fedscm import selected_vs_unselected
-
-    split = selected_vs_unselected(result, gamma)
-    return split["selected"]["target accuracy (%)"] - split["unselected"]["target accuracy (%)"]
-
-
-METRICS: dict[str, Callable[..., float]] = {
-    "accuracy": _final,
-    "rare_class_accuracy": _rare_class_accuracy,
-    "maverick_reward_gap": _maverick_reward_gap,
-    "maverick_participation": _maverick_participation,
-    "last_100_accuracy": _last_100_accuracy,
-    "fedms_table1": _fedms_table1,
-    "scm_accuracy": _scm_accuracy,
-    "selected_minus_unselected": _selected_minus_unselected,
-}
+def metric(name: str) -> Callable[..., float]:
+    """The reading of a run called ``name``: ``METRICS``' or a chapter's (``Paper.metrics``)."""
+    if name in METRICS:
+        return METRICS[name]
+    for paper in chapters.registry().values():
+        if name in paper.metrics:
+            return paper.metrics[name]
+    raise KeyError(f"metric: unknown metric {name!r}")
 
 
 # ----------------------------------------------------------------------------- claims
@@ -125,7 +78,7 @@ class Side:
     ref: Cell | None = None
 
     def value(self, result: dict) -> float:
-        fn = METRICS[self.metric]
+        fn = metric(self.metric)
         return fn(result) if self.arg is None else fn(result, self.arg)
 
 
@@ -138,7 +91,8 @@ class Comparison:
 
 @dataclass(frozen=True)
 class Claim:
-    chapter: str
+    """A paper's claim; it lives in its chapter's ``Paper.claims``."""
+
     text: str
     decided_by: str  # the table or figure, as the chapter page names it
     anchor: str  # the section id of that table on the chapter page
@@ -210,8 +164,8 @@ class Verdict:
         return "—" if w is None or w.paper is None else f"{w.paper:+.{digits}f}"
 
 
-def _cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table 1",
-               ref: str | None = None, metric: str = "accuracy") -> tuple[Comparison, ...]:
+def cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table 1",
+              ref: str | None = None, metric: str = "accuracy") -> tuple[Comparison, ...]:
     """``better`` against ``worse`` (columns) on each of ``rows`` of ``table``; ``ref``: the reference
     table holding the paper's values of those cells, when it is another; ``metric``: how a run is read."""
     def side(row, column):
@@ -220,71 +174,14 @@ def _cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table
     return tuple(Comparison(row, side(row, better), side(row, worse)) for row in rows)
 
 
-def _celm_rows(prefixes=("F.MNIST", "CIFAR-10")) -> list[str]:
-    return [f"{p} {s}" for p in prefixes for s in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")]
-
-
-def _fedms_rows(prefixes=("MNIST", "CIFAR-10")) -> list[str]:
-    return [f"{p} {s}" for p in prefixes for s in ("Dir(10)", "Dir(1)", "Dir(0.1)")]
-
-
-def _scm_columns() -> list[str]:
-    return [f"CIFAR-10 α={a}" for a in ("1.0", "0.1", "0.01")]
-
-
-CLAIMS: tuple[Claim, ...] = (
-    Claim("celm", "CELM beats uniform FedAvg on every Table 1 split", "Table 1", "table-1-accuracy-under-label-skew",
-          _cells_row(_celm_rows(), "CELM", "FedAvg")),
-    Claim("celm", "CELM beats ShapFed, the strongest contribution-aware baseline, on every Table 1 split", "Table 1",
-          "table-1-accuracy-under-label-skew", _cells_row(_celm_rows(), "CELM", "ShapFed")),
-    Claim("celm", "CELM has the best rare-class accuracy under a Maverick split (F.MNIST)", "Table 2",
-          "table-2-mavericks",
-          tuple(Comparison(f"vs {m}", Side(("Table 2", "F.MNIST Maverick", "CELM"), "rare_class_accuracy",
-                                           ref=("Table 2", "F.MNIST Rare Class Acc.", "CELM")),
-                           Side(("Table 2", "F.MNIST Maverick", m), "rare_class_accuracy",
-                                ref=("Table 2", "F.MNIST Rare Class Acc.", m)))
-                for m in ("FedAvg", "CFFL", "CGSV", "ShapFed"))),
-    Claim("logitfl", "UWA beats simple averaging at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
-          _cells_row(["MNIST k=2"], "UWA", "Simple avg.", "k sweep", ref="Headline")),
-    Claim("logitfl", "The meta-model beats UWA at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
-          _cells_row(["MNIST k=2"], "Meta-model", "UWA", "k sweep", ref="Headline")),
-    Claim("logitfl", "UWA beats simple averaging at every k (2, 5, 8)", "k sweep",
-          "accuracy-versus-heterogeneity-k-classes-per-client",
-          _cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
-    Claim("fedms", "FedMS gives the Maverick a larger reward than GTG-Shapley (Fig. 2)", "Fig. 2",
-          "fig-2-the-maverick-matters-and-ms-gtg-rewards-it",
-          (Comparison("MS-GTG − GTG reward of the Maverick",
-                      Side(("Fig. 2", "with Maverick", "GTG / MS-GTG rewards"), "maverick_reward_gap")),),
-          unit="reward"),
-    Claim("fedms", "FedMS beats FedAvg on every Table 1 split (Mavericks + Dir)", "Table 1",
-          "table-1-accuracy-with-two-mavericks-mnist", _cells_row(_fedms_rows(), "FedMS", "FedAvg",
-                                                                    metric="fedms_table1")),
-    Claim("fedms", "FedMS lets the Mavericks take part more often than FedAvg (Table 2)", "Table 2",
-          "table-2-participation-of-adversaries-free-riders-and-mavericks",
-          (Comparison("Maverick participation", Side(("Table 2", "FedMS", "participation"), "maverick_participation",
-                                                     ref=("Table 2", "FedMS", "Mavericks")),
-                      Side(("Table 2", "FedAvg", "participation"), "maverick_participation",
-                           ref=("Table 2", "FedAvg", "Mavericks"))),), unit="% of rounds"),
-    Claim("flce", "FLCE is more accurate than FedAvg on CIFAR-10 (IID and Non-IID)", "Table 2",
-          "table-2-accuracy-and-f1-fidelity",
-          tuple(Comparison(row, Side(("Table 2", row, "FLCE"), "last_100_accuracy", ref=("Table 2", row, "FLCE Acc")),
-                           Side(("Table 2", row, "FedAvg"), "last_100_accuracy", ref=("Table 2", row, "FedAvg Acc")))
-                for row in ("CIFAR-10 Non-IID", "CIFAR-10 IID"))),
-    Claim("fedscm", "FedSCM (γ = 0.67) beats FedAvg on every CIFAR-10 Table 2 column", "Table 2",
-          "tables-23-label-and-quantity-shift",
-          tuple(Comparison(col, Side(("Table 2", "all methods", col), "scm_accuracy", "FedSCM (γ = 0.67)",
-                                     ref=("Table 2", "FedSCM (γ = 0.67)", col)),
-                           Side(("Table 2", "all methods", col), "scm_accuracy", "FedAvg", ref=("Table 2", "FedAvg", col)))
-                for col in _scm_columns())),
-    Claim("fedscm", "FedSCM's selection recovers the experts: the selected clients are more accurate on the target "
-          "than the others (γ = 0.67)", "Fig. 5", "fig-5-which-clients-does-fedscm-pick",
-          tuple(Comparison(col, Side(("Table 2", "all methods", col), "selected_minus_unselected", "0.67"))
-                for col in _scm_columns())),
-)
-
-
 def claims_of(chapter: str) -> list[Claim]:
-    return [c for c in CLAIMS if c.chapter == chapter]
+    """The chapter's claims (its ``Paper.claims``), in its scorecard's order."""
+    return list(chapters.record(chapter).claims)
+
+
+def papers() -> dict[str, str]:
+    """Chapter -> title of every paper (not our own chapters), in the book's page order."""
+    return {name: chapters.record(name).title for name in chapters.papers()}
 
 
 # ----------------------------------------------------------------------------- evidence
@@ -468,8 +365,9 @@ def _inputs(chapter: str, profile: str | None, stored: Evidence | None, build: E
     """The paper's reference values, the stored evidence and the build profile's cached evidence."""
     from .book import load_reference
 
+    name = chapters.record(chapter).reference
     try:
-        reference = load_reference(chapter)
+        reference = None if name is None else load_reference(name)
     except FileNotFoundError:
         reference = None
     stored = stored_evidence(chapter, absent=absent) if stored is None else stored
@@ -524,7 +422,6 @@ def comparisons(results: list[Verdict]):
 
 COLOURS = {HOLDS: "#d9f2d9", FAILS: "#f8d7d7", NOISE: "#fde2c4", INDICATIVE: "#e8e0f5", PARTIAL: "#fff3cd",
            UNMEASURED: "#eeeeee"}
-PAPERS = {"celm": "CELM", "fedms": "FedMS", "flce": "FLCE", "logitfl": "Logit-based FL", "fedscm": "FedSCM"}
 METHOD_NOTE = (f"Margins are ours, paired on the seeds both cells have: mean ± sample std (ddof 1) with the number "
                f"of seeds in brackets; the interval is the {stats.INTERVAL_NAME}. A comparison holds when the "
                f"interval lies above 0, does not hold when it lies below, is within noise when it contains 0; "
@@ -575,7 +472,7 @@ def show_verdicts(profile: str | None = None) -> dict[str, int]:
 
     judged = []
     display(Markdown(METHOD_NOTE))
-    for chapter, label in PAPERS.items():
+    for chapter, label in papers().items():
         judged += (results := verdicts(chapter, profile))
         display(Markdown(f"**{label}**"), HTML(_coloured(table(results, links=True, page=f"{chapter}.html")).to_html()),
                 HTML(f"<details><summary>{label}: every comparison</summary>"
@@ -633,6 +530,7 @@ def all_numbers(profile: str | None = None):
     ours is one text "mean ± sd (n)" beside the paper's on the same scale (percent for accuracies)."""
     import pandas as pd
 
-    frame = pd.concat([numbers(chapter, profile).assign(**{"paper (name)": name}) for chapter, name in PAPERS.items()])
+    frame = pd.concat([numbers(chapter, profile).assign(**{"paper (name)": name})
+                       for chapter, name in papers().items()])
     shown = ["paper (name)", "table", "row", "column", "metric", "paper ± std", "ours ± sd (n)", "reproduces", "from"]
     return frame[shown].rename(columns={"paper ± std": "paper"}).style.hide(axis="index")

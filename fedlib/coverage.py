@@ -27,7 +27,6 @@ LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced p
           "queued, not run yet", "not runnable here")
 COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0")))
 SHORT = dict(zip(LEVELS, ("all seeds", "fewer seeds", "reduced", "queued", "absent")))  # a grid cell's text
-PAPERS = ("celm", "flce", "logitfl", "fedms", "fedscm")
 # first words of reference rows/columns naming data we do not have anywhere
 DATA_NAMES = {"CIFAR-100": "cifar100", "EuroSAT": "eurosat", "SVHN": "svhn", "FedISIC": "FedISIC-2019"}
 
@@ -143,14 +142,21 @@ def counts(cells: list[Cell]):
     return out.reindex(columns=[lv for lv in LEVELS if lv in out.columns])
 
 
-def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
-    """Shows the legend, then per paper its grids (its tables, then ours) and the cells not runnable here with the
-    reason; returns {paper: its cells}."""
+def _papers(papers: list[str] | None) -> list[str]:
+    """The chapters a page shows: ``papers``, or (None) every paper's, in the book's order."""
+    from .chapters import papers as every_paper
+
+    return every_paper() if papers is None else list(papers)
+
+
+def show(papers: list[str] | None, build_profile: str = "quick") -> dict[str, list[Cell]]:
+    """Shows the legend, then per paper (None: every paper) its grids (its tables, then ours) and the cells not
+    runnable here with the reason; returns {paper: its cells}."""
     from IPython.display import Markdown, display
 
     display(Markdown(" · ".join(f'<span style="background-color: {COLOURS[lv]}; padding: 0 6px">{s}</span> {lv}'
                                 for lv, s in SHORT.items())))
-    cells_by_paper = {paper: coverage(paper, build_profile) for paper in papers}
+    cells_by_paper = {paper: coverage(paper, build_profile) for paper in _papers(papers)}
     for paper, cells in cells_by_paper.items():
         display(Markdown(f"**{paper}**: paper tables, then ours"))
         for table in dict.fromkeys(c.table for c in cells):
@@ -167,9 +173,9 @@ def show(papers, build_profile: str = "quick") -> dict[str, list[Cell]]:
     return cells_by_paper
 
 
-def reproduction(papers, build_profile: str = "quick"):
-    """Per paper, the cells its claims compare that have a number of ours and one of the paper's, and
-    how many reproduce it (``stats.reproduces``, the rule of the status page and the scorecards:
+def reproduction(papers: list[str] | None, build_profile: str = "quick"):
+    """Per paper (None: every paper), the cells its claims compare that have a number of ours and one of the
+    paper's, and how many reproduce it (``stats.reproduces``, the rule of the status page and the scorecards:
     |ours − paper| ≤ max(2 points, the paper's std, our 95 % interval's half-width)); below 3
     seeds a yes or no is indicative and counted apart."""
     import pandas as pd
@@ -177,7 +183,7 @@ def reproduction(papers, build_profile: str = "quick"):
     from .claims import numbers
 
     rows = []
-    for paper in papers:
+    for paper in _papers(papers):
         f = numbers(paper, build_profile)
         judged = f[f["reproduces"] != "—"]
         firm = judged[~judged["reproduces"].str.contains("indicative")]

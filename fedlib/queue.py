@@ -1,13 +1,13 @@
 """The results queue: every run of every chapter's paper profile, most valuable first.
 
-Each chapter module exposes ``queue_items(params) -> list[QueueItem]``: one item per run of
-its profile, saying which paper table, row and column the run backs, its seed, its config
-and the function that runs it (:func:`run_round` for every engine run, :func:`run_scm`). The
-queue knows nothing else about chapters: it orders the items (:func:`priority`), skips those
-already stored under ``results/runs/<key>.json.gz`` (one store: a run two chapters share is
-stored once), estimates what each costs and runs them, one process per run, ``workers`` at a
-time, storing each result with its provenance as it finishes. A killed queue resumes where it
-stopped (stored files are never recomputed).
+Each chapter's ``Paper`` record (``fedlib.chapters``) names its ``queue_items(params) ->
+list[QueueItem]``: one item per run of its profile, saying which paper table, row and column
+the run backs, its seed, its config and the function that runs it (:func:`run_round` for
+every engine run, :func:`run_scm`). The queue knows nothing else about chapters: it orders the
+items (:func:`priority`), skips those already stored under ``results/runs/<key>.json.gz`` (one
+store: a run two chapters share is stored once), estimates what each costs and runs them, one
+process per run, ``workers`` at a time, storing each result with its provenance as it
+finishes. A killed queue resumes where it stopped (stored files are never recomputed).
 
 Cost model (:class:`CostModel`): a run's *work* is the number of training-sample passes it
 makes (rounds x local epochs x the training samples of the clients of a round; the logit
@@ -39,8 +39,9 @@ from typing import Any, Callable, Iterable
 
 from . import data
 from .cache import ResultCache, key_of
-from .book import check_only, load_profile, repo_root
-from .chapters import CHAPTER_MODULES, chapter_module
+from .book import check_only, repo_root
+from . import chapters
+from .chapters import profiles
 from .results import runs_dir, store_run
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
@@ -55,7 +56,6 @@ FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
 # extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
 METHOD_FACTOR = {"fedsv": 5.0, "gtg_shapley": 3.0, "fedms": 3.0, "greedyfed": 3.0, "s_fedavg": 1.5,
                  "shapley_rewards": 3.0}
-NOT_PAPERS = ("fedavg", "leaderboard")  # chapters of ours: a run they share with a paper is labelled by the paper
 STARTUP_SECONDS = 15.0  # process start, imports, data loading (measured 10-30 s on a shared 2-core machine)
 
 
@@ -131,25 +131,24 @@ def run_scm(config) -> dict:
 
 
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
-    """Every item of a chapter's profile (its ``queue_items``), duplicates included."""
-    module = chapter_module(chapter)
-    if not hasattr(module, "queue_items"):
-        raise ValueError(f"{chapter}: the chapter module exposes no queue_items(params)")
-    return list(module.queue_items(load_profile(chapter, profile)))
+    """Every item of a chapter's profile (its ``Paper.queue_items``), duplicates included; a profile that
+    does not fit the chapter's schema is one ``ProfileError`` line."""
+    return list(chapters.record(chapter).queue_items(profiles.load(chapter, profile)))
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:
-    names = list(only) if only else list(CHAPTER_MODULES)
-    check_only(names, CHAPTER_MODULES)
+    known = list(chapters.registry())
+    names = list(only) if only else known
+    check_only(names, known)
     return [item for name in names for item in chapter_items(name, profile)]
 
 
 def unique(items: Iterable[QueueItem]) -> list[QueueItem]:
     """One item per config key: the most valuable labelling of a run that several tables (or
     chapters: the FedAvg chapter's runs are CELM's) share."""
+    ours = {name for name, paper in chapters.registry().items() if paper.ours}  # labelled by the paper they share
     seen, out = set(), []
-    for item in sorted(items, key=lambda i: (not i.first_seed, not i.headline, i.table_rank,
-                                              i.chapter in NOT_PAPERS)):
+    for item in sorted(items, key=lambda i: (not i.first_seed, not i.headline, i.table_rank, i.chapter in ours)):
         if item.key not in seen:
             seen.add(item.key)
             out.append(item)

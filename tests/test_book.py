@@ -480,3 +480,53 @@ def test_the_parameters_cell_is_the_profile_it_names(path):
     assert set(profile) <= set(names), f"not in the cell: {sorted(set(profile) - set(names))}"
     drift = {k: (names[k], profile[k]) for k in profile if names[k] != profile[k]}
     assert not drift, f"cell value vs params/{path.stem}/{names['profile']}.yaml: {drift}"
+
+
+PAGES_WITH_PROFILES = sorted(p.name for p in (ROOT / "params").iterdir() if p.is_dir())
+
+
+@pytest.mark.parametrize("page", PAGES_WITH_PROFILES)
+def test_every_profile_and_the_parameters_cell_fit_the_page_schema(page):
+    """Issue 31 point 5: one typed schema per page (a chapter's in its Paper record); its smoke, quick
+    and paper YAMLs (evidence: inherited), its notebook's parameters cell and papermill's values are
+    checked against it, and it declares no key that none of them sets."""
+    from fedlib.chapters import profiles
+    from fedlib.chapters.base import notebook_defaults
+
+    schema = profiles.schema_of(page)
+    sources = {f"params/{page}/{p}.yaml": book.load_profile(page, p) for p in book.PROFILES}
+    sources[f"book/{page}.ipynb"] = {k: v for k, v in notebook_defaults(page).items() if k != "profile"}
+    for source, values in sources.items():
+        profiles.check(schema, values, source)
+    unused = set(schema.model_fields) - set().union(*sources.values()) - set(profiles.EngineProfile.model_fields)
+    assert not unused, f"{page}: the schema declares keys no profile sets: {sorted(unused)}"
+
+
+DROP = object()
+BROKEN_PROFILES = [  # (a change to params/celm/quick.yaml, its one line)
+    ({"roundz": 10}, "unknown parameter 'roundz'; known: update_clip, dataset, model, n_clients, rounds,"),
+    ({"rounds": DROP, "roundz": 10}, "unknown parameter 'roundz'"),  # a misspelt key: named before the missing one
+    ({"seeds": DROP}, "missing parameter 'seeds'"),
+    ({"rounds": None}, "parameter rounds: Input should be a valid integer (got None)"),
+    ({"rounds": "10"}, "parameter rounds: Input should be a valid integer (got '10')"),
+    ({"lr": "0.1"}, "parameter lr: Input should be a valid number (got '0.1')"),
+    ({"lr_milestones": [5.5]}, "parameter lr_milestones.0: Input should be a valid integer (got 5.5)"),
+    ({"methods": []}, "parameter methods: List should have at least 1 item after validation, not 0 (got [])"),
+    ({"cffl_study": {"split": "PLS", "fraction": 0.1, "rounds": 10, "lr_milestones": [5]}},
+     "missing parameter 'cffl_study.seed'"),
+    ({"cffl_study": {"split": "PLS", "fraction": 0.1, "rounds": 10, "lr_milestones": [5], "seed": 0, "sede": 1}},
+     "unknown parameter 'cffl_study.sede'; known: split, fraction, rounds, lr_milestones, seed"),
+    ({"update_clip": "off"}, "parameter update_clip: Input should be a valid number (got 'off')"),
+]
+
+
+@pytest.mark.parametrize("change,line", BROKEN_PROFILES, ids=[f"broken-{i}" for i in range(len(BROKEN_PROFILES))])
+def test_a_broken_profile_is_one_line_naming_file_and_key(change, line):
+    from fedlib.chapters import profiles
+
+    params = {**book.load_profile("celm", "quick"), **change}
+    params = {k: v for k, v in params.items() if v is not DROP}
+    with pytest.raises(profiles.ProfileError) as info:
+        profiles.check(profiles.schema_of("celm"), params, "params/celm/quick.yaml")
+    assert str(info.value).startswith(f"params/celm/quick.yaml: {line}") and "\n" not in str(info.value)
+    profiles.check(profiles.schema_of("celm"), book.load_profile("celm", "quick"), "params/celm/quick.yaml")

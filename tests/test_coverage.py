@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fedlib import coverage, queue
+from fedlib import chapters, coverage, queue
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ def test_levels_from_stored_seeds_build_profile_and_missing_data(monkeypatch):
 
 
 def test_every_paper_coverage_is_computed_from_the_repository():
-    for paper in coverage.PAPERS:
+    for paper in chapters.papers():
         cells = coverage.coverage(paper, "smoke")
         assert cells and all(c.level in coverage.LEVELS for c in cells)
         assert any(c.in_paper for c in cells)

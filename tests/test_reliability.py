@@ -1035,10 +1035,12 @@ def test_33_8_cache_takes_only_booleans_or_a_store(cache):
 BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one line)
     ({"roundz": 1}, "unknown parameter 'roundz'"),
     ({"profile": "nosuch"}, "unknown profile 'nosuch'; known: evidence, paper, quick, smoke"),
-    ({"seeds": 5}, "parameter seeds must be list (got 5)"),
-    ({"seeds": []}, "parameter seeds must not be empty"),
-    ({"seeds": ["a"]}, "parameter seeds must hold int items"),
-    ({"rounds": "10"}, "parameter rounds must be int"),
+    ({"seeds": 5}, "parameter seeds: Input should be a valid list (got 5)"),
+    ({"seeds": []}, "parameter seeds: List should have at least 1 item after validation, not 0 (got [])"),
+    ({"seeds": ["a"]}, "parameter seeds.0: Input should be a valid integer (got 'a')"),
+    ({"rounds": "10"}, "parameter rounds: Input should be a valid integer (got '10')"),
+    ({"rounds": 10.0}, "parameter rounds: Input should be a valid integer (got 10.0)"),
+    ({"cffl_study": {"split": "PLS"}}, "missing parameter 'cffl_study.fraction'"),
 ]
 
 
@@ -1065,7 +1067,7 @@ def test_33_9_imported_constants_are_not_parameters():
 
 
 def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
-    from fedlib.chapters.base import _notebook_defaults, _yaml, check_parameters, profiles_of
+    from fedlib.chapters.base import check_parameters, notebook_defaults, profiles_of
 
     chapters = sorted(p.name for p in (ROOT / "params").iterdir() if p.is_dir())
     for chapter in chapters:
@@ -1074,8 +1076,9 @@ def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
         first = next(c for c in cells[tagged + 1:] if c["cell_type"] == "code")
         assert f"check_parameters({chapter!r}, globals())" in "".join(first["source"]), chapter
         for profile in profiles_of(chapter):  # no false alarm on any profile or the notebook's own defaults
-            check_parameters(chapter, {**_notebook_defaults(chapter), **_yaml(chapter, profile), "profile": profile})
-        check_parameters(chapter, _notebook_defaults(chapter))
+            check_parameters(chapter, {**notebook_defaults(chapter), **book.load_profile(chapter, profile),
+                                       "profile": profile})
+        check_parameters(chapter, notebook_defaults(chapter))
 
 
 BAD_FLAGS = [  # (flags, flag named in the one line)

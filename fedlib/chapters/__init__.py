@@ -1,17 +1,84 @@
-"""Chapter logic shared by a book notebook, its tests and ``make results``.
+"""The book's chapters: one module per chapter, each declaring one :class:`Paper` record.
 
-Each chapter module exposes ``configs(params) -> list[RunConfig]`` for a profile's
-parameters (``params/<chapter>/<profile>.yaml``), plus the tables and figures its page shows.
+A chapter module (``fedlib/chapters/<name>.py``) holds its runs (``configs``, ``queue_items``),
+its profile schema (``fedlib.chapters.profiles``), the paper's claims and the tables and figures
+its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
+claims, the coverage and status pages and the command line use is derived from these records
+(:func:`registry`); ``CHAPTER_MODULES`` is the one place that names the modules.
 """
 
+from __future__ import annotations
+
 import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+if TYPE_CHECKING:
+    from ..claims import Claim
+    from .profiles import Profile
+
+# every chapter module, in queue order: a run several chapters share is labelled by the first of equal rank
 CHAPTER_MODULES = ("fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard")
-
-
-# chapters whose runs go through ``fedlib.run`` and take the profile's ``update_clip``
-ENGINE_CHAPTERS = ("fedavg", "celm", "flce", "fedms", "leaderboard")
 ENGINE_DEFAULT_CLIP = 10.0  # RunConfig.update_clip's default
+
+
+@dataclass(frozen=True)
+class Paper:
+    """One chapter's declaration: what the queue, the claims, the coverage and status pages and the
+    profile checks know of it (a paper's chapter, or one of ours: the FedAvg baselines, the leaderboard)."""
+
+    name: str  # the chapter key: fedlib/chapters/<name>.py, book/<name>.ipynb, params/<name>/
+    title: str  # as the book names it (the status page's headings)
+    profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper}.yaml and the notebook's parameters cell
+    configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once
+    queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.queue)
+    reference: str | None  # book/reference/<reference>.yaml: the published numbers the page compares with
+    claims: tuple[Claim, ...] = ()  # the paper's main claims, in the order its scorecard shows them
+    metrics: Mapping[str, Callable[..., float]] = field(default_factory=dict)  # its claims' readings of a run
+    ours: bool = False  # a chapter of ours, not a paper's: a run it shares with a paper is labelled by the paper
+
+    @property
+    def engine(self) -> bool:
+        """Whether its runs go through ``fedlib.run`` and take the profile's ``update_clip`` (its
+        schema is an ``EngineProfile``)."""
+        from .profiles import EngineProfile
+
+        return issubclass(self.profile_schema, EngineProfile)
+
+
+def chapter_module(name: str):
+    if name not in CHAPTER_MODULES:
+        raise ValueError(f"chapter: unknown chapter {name!r}; chapters with stored runs: {', '.join(CHAPTER_MODULES)}")
+    return importlib.import_module(f"{__name__}.{name}")
+
+
+def registry() -> dict[str, Paper]:
+    """Chapter name -> its module's ``PAPER``, in ``CHAPTER_MODULES`` order (imports the modules)."""
+    out = {}
+    for name in CHAPTER_MODULES:
+        record = getattr(chapter_module(name), "PAPER", None)
+        if not isinstance(record, Paper) or record.name != name:
+            raise TypeError(f"fedlib.chapters.{name}: declares no PAPER = Paper({name!r}, ...)")
+        out[name] = record
+    return out
+
+
+def record(name: str) -> Paper:
+    """The ``Paper`` record of chapter ``name`` (a ValueError names the chapters)."""
+    return chapter_module(name).PAPER
+
+
+def papers() -> list[str]:
+    """The chapters that reproduce a paper (not ours), in the book's page order."""
+    return book_order([name for name, paper in registry().items() if not paper.ours])
+
+
+def book_order(names: list[str]) -> list[str]:
+    """``names`` in the order of the book's pages (``_toc.yml``); those it does not list after them."""
+    from ..book import toc_chapters
+
+    pages = [page for page in toc_chapters() if page in names]
+    return pages + [name for name in names if name not in pages]
 
 
 def run_options(params: dict) -> dict:
@@ -22,19 +89,13 @@ def run_options(params: dict) -> dict:
 
 def defenses(chapter: str, params: dict) -> str | None:
     """One line naming the server-side defenses the chapter's runs have on (None: not an engine chapter)."""
-    if chapter not in ENGINE_CHAPTERS:
+    if chapter not in CHAPTER_MODULES or not record(chapter).engine:
         return None
     clip = params.get("update_clip", ENGINE_DEFAULT_CLIP)
     if clip is None:
         return "**Defenses on:** non-finite (NaN/Inf) updates are dropped; update clipping is off."
     return (f"**Defenses on:** non-finite (NaN/Inf) updates are dropped; updates farther from the global model "
             f"than {clip:g}× the round's median distance are clipped (not part of the papers' protocols).")
-
-
-def chapter_module(name: str):
-    if name not in CHAPTER_MODULES:
-        raise ValueError(f"chapter: unknown chapter {name!r}; chapters with stored runs: {', '.join(CHAPTER_MODULES)}")
-    return importlib.import_module(f"{__name__}.{name}")
 
 
 def unique_configs(experiment_configs, params: dict) -> list:

@@ -8,7 +8,7 @@ A notebook is its parameters cell and calls::
     frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
     ch.glue(values)
 
-A subclass names its chapter (``name``; its runs: the chapter module's ``configs``) and its method
+A subclass names its chapter (``name``; its runs: its ``Paper`` record's ``configs``) and its method
 labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
 over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
 """
@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .. import book, data, frames, queue
 from ..run import run_many
+from . import profiles
 
 OURS_STORED = "stored paper profile"
 DATASET_LABELS = {"mnist": "MNIST", "fmnist": "F.MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
@@ -40,8 +41,8 @@ def curve(result, key: str = "accuracy") -> tuple[list[int], list[float]]:
 
 # ----------------------------------------------------------------------------- papermill parameters
 
-class ChapterParameterError(ValueError):
-    """A chapter's papermill parameters do not fit its profiles' schema; one line, before any run."""
+class ChapterParameterError(profiles.ProfileError):
+    """A chapter's papermill parameters do not fit its profile schema; one line, before any run."""
 
 
 NOTEBOOK_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "display"}  # a kernel's own globals
@@ -52,22 +53,7 @@ def profiles_of(chapter: str) -> list[str]:
     return sorted(p.stem for p in (book.repo_root() / "params" / chapter).glob("*.yaml"))
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    for kind, types in (("bool", bool), ("int", int), ("float", float), ("str", str), ("list", (list, tuple)),
-                        ("dict", dict)):
-        if isinstance(value, types):
-            return kind
-    return type(value).__name__
-
-
-def _fits(value: Any, kinds: set[str]) -> bool:
-    kind = _kind(value)
-    return kind in kinds or (kind == "int" and "float" in kinds)
-
-
-def _notebook_defaults(chapter: str) -> dict[str, Any]:
+def notebook_defaults(chapter: str) -> dict[str, Any]:
     """The literal values of the notebook's parameters cell (a non-literal value: ``...``)."""
     path = book.book_dir() / f"{chapter}.ipynb"
     if not path.is_file():
@@ -86,38 +72,6 @@ def _notebook_defaults(chapter: str) -> dict[str, Any]:
     return out
 
 
-def parameter_schema(chapter: str) -> dict[str, dict[str, Any]]:
-    """Name -> {"kinds", "items", "nonempty"} from every profile of the chapter and its notebook's
-    parameters cell: the value kinds seen (an int fits a float), the kinds of list items, and
-    whether every list seen was non-empty (then an empty one is refused)."""
-    sources = [_yaml(chapter, p) for p in profiles_of(chapter)]
-    sources.append(_notebook_defaults(chapter))
-    schema: dict[str, dict[str, Any]] = {}
-    for params in sources:
-        for name, value in params.items():
-            if name == "notes":
-                continue
-            entry = schema.setdefault(name, {"kinds": set(), "items": set(), "nonempty": True, "any": False})
-            if value is ...:
-                entry["any"] = True
-                continue
-            entry["kinds"].add(_kind(value))
-            if isinstance(value, (list, tuple)):
-                entry["items"].update(_kind(v) for v in value)
-                entry["nonempty"] = entry["nonempty"] and bool(value)
-    schema.setdefault("profile", {"kinds": {"str"}, "items": set(), "nonempty": True, "any": False})
-    return schema
-
-
-def _yaml(chapter: str, profile: str) -> dict[str, Any]:
-    import yaml
-
-    if profile in book.PROFILES:  # with what it inherits (the evidence profile: the paper profile's values)
-        return book.load_profile(chapter, profile)
-    data = yaml.safe_load((book.repo_root() / "params" / chapter / f"{profile}.yaml").read_text()) or {}
-    return data if isinstance(data, dict) else {}
-
-
 def _injected(namespace: dict[str, Any]) -> dict[str, Any]:
     """The notebook globals that are parameters: not private, not the kernel's, not modules, classes,
     functions or imported constants (UPPER_CASE names; no profile has one)."""
@@ -127,33 +81,19 @@ def _injected(namespace: dict[str, Any]) -> dict[str, Any]:
 
 def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
     """Check a chapter notebook's parameters (papermill's ``-p``/``-y`` values and the parameters
-    cell, i.e. the notebook's globals) against its profiles before anything runs: an unknown name,
-    an unknown profile (no ``params/<chapter>/<profile>.yaml``) or a value of the wrong type is one
-    ``ChapterParameterError`` line."""
+    cell, i.e. the notebook's globals) against its profile schema (``fedlib.chapters.profiles``)
+    before anything runs: an unknown profile (no ``params/<chapter>/<profile>.yaml``), an unknown
+    or missing name or a value of the wrong type is one ``ChapterParameterError`` line."""
     from ..config import shown
 
-    profiles = profiles_of(chapter)
+    known = profiles_of(chapter)
     profile = namespace.get("profile", "quick")
-    if not isinstance(profile, str) or profile not in profiles:
-        raise ChapterParameterError(f"{chapter}: unknown profile {shown(profile)}; known: {', '.join(profiles)}")
-    schema = parameter_schema(chapter)
-    for name, value in _injected(namespace).items():
-        entry = schema.get(name)
-        if entry is None:
-            known = ", ".join(sorted(schema))
-            raise ChapterParameterError(f"{chapter}: unknown parameter {shown(name)}; known: {known}")
-        if entry["any"] or entry["kinds"] <= {"null"}:
-            continue
-        expected = " or ".join(sorted(entry["kinds"] - {"null"})) + (" or null" if "null" in entry["kinds"] else "")
-        if not _fits(value, entry["kinds"]):
-            raise ChapterParameterError(f"{chapter}: parameter {name} must be {expected} (got {shown(value)})")
-        if isinstance(value, (list, tuple)):
-            if entry["nonempty"] and not value:
-                raise ChapterParameterError(f"{chapter}: parameter {name} must not be empty (got [])")
-            bad = [v for v in value if entry["items"] and not _fits(v, entry["items"])]
-            if bad:
-                raise ChapterParameterError(f"{chapter}: parameter {name} must hold "
-                                            f"{' or '.join(sorted(entry['items']))} items (got {shown(bad[0])})")
+    if not isinstance(profile, str) or profile not in known:
+        raise ChapterParameterError(f"{chapter}: unknown profile {shown(profile)}; known: {', '.join(known)}")
+    values = {k: v for k, v in _injected(namespace).items() if k != "profile"}
+    found = profiles.problem(profiles.schema_of(chapter), values)
+    if found:
+        raise ChapterParameterError(f"{chapter}: {found}")
 
 
 def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
@@ -164,16 +104,17 @@ def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, colum
 
 
 class Chapter:
-    name = ""
+    name = ""  # a chapter's: its Paper record's name (a page without one compares with no paper)
     labels: dict[str, str] = {}  # method -> column name
     index = "row"  # the comparison frames' first index level
-    reference_paper = ""  # whose numbers the page compares with (book/reference/<name>.yaml; "": this chapter's)
 
     def __init__(self, profile: str, params: dict[str, Any]):
+        from . import CHAPTER_MODULES, record
+
         self.profile, self.params = profile, params
-        self.paper_params = book.load_profile(self.name, "paper")
-        self.reference = (None if self.reference_paper is None
-                          else book.load_reference(self.reference_paper or self.name))
+        self.paper_params = profiles.load(self.name, "paper")
+        reference = record(self.name).reference if self.name in CHAPTER_MODULES else None
+        self.reference = None if reference is None else book.load_reference(reference)
         # the evidence profile's own runs are the stored paper-protocol runs: one source, no training
         self.ours = OURS_STORED if profile == book.EVIDENCE else f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
@@ -182,14 +123,8 @@ class Chapter:
 
     @classmethod
     def parameter_names(cls) -> list[str]:
-        """Every parameter a profile of this chapter may set (the keys of its YAML files)."""
-        names: dict[str, None] = {}
-        for profile in book.PROFILES:
-            try:
-                names.update(dict.fromkeys(book.load_profile(cls.name, profile)))
-            except FileNotFoundError:
-                continue
-        return [n for n in names if n not in ("profile", "notes")]
+        """Every parameter a profile of this chapter may set (its profile schema's fields)."""
+        return list(profiles.schema_of(cls.name).model_fields)
 
     @classmethod
     def from_notebook(cls, namespace: dict[str, Any]) -> "Chapter":
@@ -201,10 +136,10 @@ class Chapter:
 
     # -- the runs ------------------------------------------------------------------------
     def configs(self, params: dict[str, Any] | None = None) -> list:
-        """Every run of the chapter (``params``: default this build's), by its module's ``configs``."""
-        from . import chapter_module
+        """Every run of the chapter (``params``: default this build's), by its record's ``configs``."""
+        from . import record
 
-        return chapter_module(self.name).configs(self.params if params is None else params)
+        return record(self.name).configs(self.params if params is None else params)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
         """This build's runs (the cache answers what ran before; a dataset that is not under the

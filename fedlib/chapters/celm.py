@@ -31,11 +31,14 @@ import numpy as np
 
 from .. import frames, partition
 from ..book import reference_value
+from ..claims import Claim, Comparison, Side, cells_row
 from ..config import RunConfig, make_config
 from ..contributions import contribution_history
+from ..results import RunResult
 from ..stats import mean_std, pm
-from . import readings, run_options, unique_configs
+from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Part, Seeds
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -849,3 +852,74 @@ def baselines_text(params: dict[str, Any]) -> str:
 
 
 SHAPFED_SIGNALS = {"params": "parameters", "updates": "updates"}
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class CfflStudy(Part):
+    """The CFFL study's one reduced run."""
+
+    split: str
+    fraction: float
+    rounds: int
+    lr_milestones: list[int]
+    seed: int
+
+
+class CelmProfile(EngineProfile):
+    dataset: str
+    model: str
+    n_clients: int
+    rounds: int
+    lr: float
+    lr_milestones: list[int]
+    batch_size: int
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int | None  # null: each method's own validation share
+    seeds: Seeds
+    methods: Names
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over its defaults
+    experiments: Names
+    splits: Names
+    fidelity_splits: list[str]
+    many_clients: int
+    many_client_splits: list[str]
+    warmup_splits: list[str]
+    warmup_fractions: list[float]
+    sensitivity_split: str
+    lm_steps_grid: list[int]
+    lm_lr_grid: list[float]
+    cifar10_fraction: float
+    cifar10_rounds: int
+    cifar10_lr_milestones: list[int]
+    cifar10_reading_splits: list[str]
+    cffl_study: CfflStudy
+
+
+def rare_class_accuracy_of(result: dict) -> float:
+    """A stored run's rare-class accuracy (%): the claims' reading of Table 2."""
+    return rare_class_accuracy(RunResult.from_dict(result))
+
+
+def table1_claim_rows(prefixes=("F.MNIST", "CIFAR-10")) -> list[str]:
+    return [f"{p} {s}" for p in prefixes for s in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")]
+
+
+CLAIMS = (
+    Claim("CELM beats uniform FedAvg on every Table 1 split", "Table 1", "table-1-accuracy-under-label-skew",
+          cells_row(table1_claim_rows(), "CELM", "FedAvg")),
+    Claim("CELM beats ShapFed, the strongest contribution-aware baseline, on every Table 1 split", "Table 1",
+          "table-1-accuracy-under-label-skew", cells_row(table1_claim_rows(), "CELM", "ShapFed")),
+    Claim("CELM has the best rare-class accuracy under a Maverick split (F.MNIST)", "Table 2", "table-2-mavericks",
+          tuple(Comparison(f"vs {m}", Side(("Table 2", "F.MNIST Maverick", "CELM"), "rare_class_accuracy",
+                                           ref=("Table 2", "F.MNIST Rare Class Acc.", "CELM")),
+                           Side(("Table 2", "F.MNIST Maverick", m), "rare_class_accuracy",
+                                ref=("Table 2", "F.MNIST Rare Class Acc.", m)))
+                for m in ("FedAvg", "CFFL", "CGSV", "ShapFed"))),
+)
+
+PAPER = Paper("celm", "CELM", CelmProfile, configs, queue_items, reference="celm", claims=CLAIMS,
+              metrics={"rare_class_accuracy": rare_class_accuracy_of})

@@ -19,8 +19,9 @@ import numpy as np
 
 from .. import frames, stats
 from ..config import RunConfig
-from . import ENGINE_DEFAULT_CLIP, celm
+from . import ENGINE_DEFAULT_CLIP, Paper, celm
 from .base import Chapter, queue_item
+from .profiles import EngineProfile, Names, Seeds
 
 # split label -> (split spec, CELM Table 1 row): CELM's label-skew splits
 SPLITS = {split: (spec, f"F.MNIST {row}") for split, (spec, row) in celm.SPLITS.items() if split != "IID"}
@@ -59,7 +60,6 @@ class FedAvg(Chapter):
     """The page: the splits, CELM Table 1's FedAvg column beside ours, the training curves."""
 
     name = "fedavg"
-    reference_paper = "celm"  # the values are CELM Table 1's FedAvg column
     labels = METHOD_LABELS
 
     def run(self) -> list:
@@ -158,3 +158,25 @@ class FedAvg(Chapter):
                              for m in self.params["methods"]}, ax=ax)
             ax.set_title(split)
         return fig
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class FedAvgProfile(EngineProfile):
+    dataset: str
+    n_clients: int
+    rounds: int
+    lr: float
+    lr_milestones: list[int]
+    batch_size: int
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    seeds: Seeds
+    splits: Names  # CELM's label-skew splits (SPLITS)
+    methods: Names
+
+
+# the page compares with CELM Table 1's FedAvg column
+PAPER = Paper("fedavg", "FedAvg", FedAvgProfile, configs, queue_items, reference="celm", ours=True)

@@ -25,9 +25,13 @@ from typing import Any
 import numpy as np
 
 from .. import frames
+from ..book import load_profile
+from ..claims import Claim, Comparison, Side, cells_row, final
 from ..config import RunConfig, make_config
-from . import readings, run_options, unique_configs
+from ..results import RunResult
+from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
@@ -695,3 +699,83 @@ def calibrate_cifar10_readings(params: dict[str, Any], results: dict[str, Any], 
         return frames.paper_values(reference, "Table 1", f"CIFAR-10 {split}", ["fedavg"], METHOD_LABELS.get)["fedavg"][0]
 
     return readings.calibrate(cifar10_reading_configs(params, seed), results, paper_of)
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class FedMSProfile(EngineProfile):
+    dataset: str
+    model: str
+    n_clients: int
+    clients_per_round: int
+    n_mavericks: int
+    rounds: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int  # the server's validation set, held out of the training set
+    seeds: Seeds
+    methods: Names
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over §5.1's
+    experiments: Names
+    splits: Names
+    table1_reading: str = next(iter(MAVERICK_RUN_READINGS))  # a name of MAVERICK_RUN_READINGS
+    table1_score: str = "last round"  # a name of MAVERICK_SCORE_READINGS
+    softmax_variants: list[str]
+    fig2_rounds: int
+    adversarial_per_round: int
+    cifar10_fraction: float
+    cifar10_rounds: int
+    cifar10_local_epochs: int
+    cifar10_methods: list[str]
+    cifar10_splits: list[str]
+
+
+def maverick_reward_gap(result: dict) -> float:
+    """Mean over rounds of the Maverick's MS-GTG reward minus its GTG-Shapley reward (FedMS Fig. 2)."""
+    roles = np.asarray(result["meta"]["client_roles"])
+    mav = np.flatnonzero(roles == "maverick")
+    gtg = np.asarray([h["diagnostics"]["rewards_gtg"] for h in result["history"]], dtype=float)
+    ms = np.asarray([h["diagnostics"]["rewards_ms"] for h in result["history"]], dtype=float)
+    return float((ms[:, mav] - gtg[:, mav]).mean())
+
+
+def maverick_participation(result: dict) -> float:
+    """A stored run's Maverick participation rate (%): the claims' reading of Table 2."""
+    return participation(RunResult.from_dict(result))["maverick"]
+
+
+def table1_claim_score(result: dict) -> float:
+    """A FedMS Table 1 run read as the page reads it: the paper profile's ``table1_score`` on MNIST (the
+    reading calibrated on FedAvg, e.g. the mean over all rounds), the final accuracy on CIFAR-10."""
+    score = table1_score(load_profile("fedms", "paper"), result["config"]["dataset"] == "cifar10")
+    return final(result) if score is None else score(RunResult.from_dict(result))
+
+
+def table1_claim_rows(prefixes=("MNIST", "CIFAR-10")) -> list[str]:
+    return [f"{p} {s}" for p in prefixes for s in ("Dir(10)", "Dir(1)", "Dir(0.1)")]
+
+
+CLAIMS = (
+    Claim("FedMS gives the Maverick a larger reward than GTG-Shapley (Fig. 2)", "Fig. 2",
+          "fig-2-the-maverick-matters-and-ms-gtg-rewards-it",
+          (Comparison("MS-GTG − GTG reward of the Maverick",
+                      Side(("Fig. 2", "with Maverick", "GTG / MS-GTG rewards"), "maverick_reward_gap")),),
+          unit="reward"),
+    Claim("FedMS beats FedAvg on every Table 1 split (Mavericks + Dir)", "Table 1",
+          "table-1-accuracy-with-two-mavericks-mnist",
+          cells_row(table1_claim_rows(), "FedMS", "FedAvg", metric="fedms_table1")),
+    Claim("FedMS lets the Mavericks take part more often than FedAvg (Table 2)", "Table 2",
+          "table-2-participation-of-adversaries-free-riders-and-mavericks",
+          (Comparison("Maverick participation", Side(("Table 2", "FedMS", "participation"), "maverick_participation",
+                                                     ref=("Table 2", "FedMS", "Mavericks")),
+                      Side(("Table 2", "FedAvg", "participation"), "maverick_participation",
+                           ref=("Table 2", "FedAvg", "Mavericks"))),), unit="% of rounds"),
+)
+
+PAPER = Paper("fedms", "FedMS", FedMSProfile, configs, queue_items, reference="fedms", claims=CLAIMS,
+              metrics={"maverick_reward_gap": maverick_reward_gap, "maverick_participation": maverick_participation,
+                       "fedms_table1": table1_claim_score})

@@ -23,6 +23,7 @@ import numpy as np
 from .. import book, frames
 from ..book import load_profile, mean_std, pm, results_dir
 from ..cache import ResultCache
+from ..claims import Claim, Comparison, Side
 from ..config import ScmConfig
 from ..data import DataNotFoundError
 from ..methods import scm
@@ -30,8 +31,9 @@ from ..progress import report
 from ..queue import run_scm
 from ..results import store_run
 from ..scm_pipeline import method_labels, run_pipeline
-from . import unique_configs
+from . import Paper, unique_configs
 from .base import Chapter, dataset_label, queue_item
+from .profiles import Names, Profile, Seeds
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -660,3 +662,83 @@ class FedSCM(Chapter):
             {"claim": f"{label}, label shift α = {w['α']} ({self.paper_table}; paper: {self.paper_name}; {self.ours})",
              "paper": w["paper"][label][0], "ours": round(w["ours"][label][0], 2), "unit": "%", "notes": self.ours}
             for w in wins for label in HEADLINE_LABELS if label in w["ours"]])
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class FedSCMProfile(Profile):
+    dataset: str
+    model: str
+    fraction: float
+    n_clients: int
+    alphas: list[float]  # Table 2's Dirichlet α
+    sigma: float
+    server_samples: int
+    eval_samples: int
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    post_rounds: int
+    post_steps: int | None  # null: every local step of an epoch
+    post_lr: float
+    prox_mu: float
+    gammas: list[float]
+    solver: str
+    random_sizes: list[int]
+    sdea_clients: int
+    fedavg_per_round: int | None  # null: every client each round
+    seeds: Seeds
+    experiments: Names
+    stability_runs: int
+    stability_kappa: float
+    stability_alpha: float
+    sparsity_gammas: list[float]
+    theory_trials: int
+    n_grid: list[int]
+    k_grid: list[int]
+    k_grid_n: int
+    optimum_trials: int
+    projection: str
+    rounding: str
+    temperatures: list[float]
+    adapt_steps: int
+    vote_gate: float
+    cf_permutations: int
+    ot_reg: float
+    ot_samples: int
+    comda_clients: int
+    diagnosis_variants: list[dict[str, Any]]  # each: the protocol's keys (or alpha) it changes
+
+
+def scm_accuracy(result: dict, label: str) -> float:
+    """A pipeline run's target accuracy (%) of the method ``label``: the claims' reading of Table 2."""
+    return 100.0 * float(result["methods"][label]["accuracy"])
+
+
+def selected_minus_unselected(result: dict, gamma: str) -> float:
+    """Target accuracy (points) of the clients FedSCM selects at ``gamma`` minus the others' (Fig. 5)."""
+    split = selected_vs_unselected(result, gamma)
+    return split["selected"]["target accuracy (%)"] - split["unselected"]["target accuracy (%)"]
+
+
+def table2_claim_columns() -> list[str]:
+    return [f"CIFAR-10 α={a}" for a in ("1.0", "0.1", "0.01")]
+
+
+CLAIMS = (
+    Claim("FedSCM (γ = 0.67) beats FedAvg on every CIFAR-10 Table 2 column", "Table 2",
+          "tables-23-label-and-quantity-shift",
+          tuple(Comparison(col, Side(("Table 2", "all methods", col), "scm_accuracy", "FedSCM (γ = 0.67)",
+                                     ref=("Table 2", "FedSCM (γ = 0.67)", col)),
+                           Side(("Table 2", "all methods", col), "scm_accuracy", "FedAvg", ref=("Table 2", "FedAvg", col)))
+                for col in table2_claim_columns())),
+    Claim("FedSCM's selection recovers the experts: the selected clients are more accurate on the target "
+          "than the others (γ = 0.67)", "Fig. 5", "fig-5-which-clients-does-fedscm-pick",
+          tuple(Comparison(col, Side(("Table 2", "all methods", col), "selected_minus_unselected", "0.67"))
+                for col in table2_claim_columns())),
+)
+
+PAPER = Paper("fedscm", "FedSCM", FedSCMProfile, configs, queue_items, reference="fedscm", claims=CLAIMS,
+              metrics={"scm_accuracy": scm_accuracy, "selected_minus_unselected": selected_minus_unselected})

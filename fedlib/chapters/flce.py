@@ -23,10 +23,13 @@ from typing import Any
 import numpy as np
 
 from .. import book, frames, models
+from ..claims import Claim, Comparison, Side
 from ..config import RunConfig, make_config
 from ..contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
-from . import run_options, unique_configs
+from ..results import RunResult
+from . import Paper, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
+from .profiles import EngineProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
@@ -470,3 +473,51 @@ class FLCE(Chapter):
             {"claim": f"{claim}, {self.label(d0)} Non-IID ({table})", "paper": self.paper(table, d0, "Non-IID", column),
              "ours": round(float(closing.loc["FLCE", ours]), digits), "unit": unit}
             for claim, table, column, ours, digits, unit in claims])
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class FLCEProfile(EngineProfile):
+    datasets: Names
+    model: str
+    n_clients: int
+    clients_per_round: int
+    rounds: int
+    batch_size: int
+    lr: float
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int
+    seeds: Seeds
+    alpha: float  # Dir(alpha) of the Non-IID split
+    last_rounds: int  # Table 2 reads the mean over the last rounds
+    methods: Names
+    ablations: list[str]
+    simplifications: list[str]
+    method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over its defaults
+    experiments: Names
+    noise_methods: list[str]
+    noise_splits: list[str]
+    noisy_fraction: float
+    feature_noise: float
+    label_noise: float
+    dirichlet_sweep: list[float]
+
+
+def last_100_accuracy(result: dict) -> float:
+    """A stored run's mean accuracy (%) over its last 100 rounds: the claims' reading of Table 2."""
+    return last_rounds_mean(RunResult.from_dict(result), "accuracy", 100)
+
+
+CLAIMS = (
+    Claim("FLCE is more accurate than FedAvg on CIFAR-10 (IID and Non-IID)", "Table 2",
+          "table-2-accuracy-and-f1-fidelity",
+          tuple(Comparison(row, Side(("Table 2", row, "FLCE"), "last_100_accuracy", ref=("Table 2", row, "FLCE Acc")),
+                           Side(("Table 2", row, "FedAvg"), "last_100_accuracy", ref=("Table 2", row, "FedAvg Acc")))
+                for row in ("CIFAR-10 Non-IID", "CIFAR-10 IID"))),
+)
+
+PAPER = Paper("flce", "FLCE", FLCEProfile, configs, queue_items, reference="flce", claims=CLAIMS,
+              metrics={"last_100_accuracy": last_100_accuracy})

@@ -36,9 +36,10 @@ import numpy as np
 
 from .. import contributions
 from ..config import RunConfig, make_config
+from . import Paper, run_options
 from . import celm as celm_chapter
-from . import run_options
 from .base import Chapter, queue_item
+from .profiles import EngineProfile, Names, Part, Seeds
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
 # the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
@@ -347,7 +348,6 @@ class Leaderboard(Chapter):
     """The page: accuracy, fidelity, Mavericks, free-riders, cost, UWA, radars and the closing table."""
 
     name = "leaderboard"
-    reference_paper = None  # no paper reports these numbers
 
     def __init__(self, profile: str, params: dict[str, Any]):
         super().__init__(profile, params)
@@ -583,3 +583,62 @@ class Leaderboard(Chapter):
         values = {"lb_close_fr": best(closing, "free-rider AUROC", empty="none"),
                   "lb_close_mav": best(closing, "Maverick rank", higher_is_better=False, empty="none")}
         return closing, values
+
+
+# ----------------------------------------------------------------------------- the declaration
+
+
+class AdversarialSplit(Part):
+    """The adversarial split's clients by role (``fedlib.partition``'s ``adversarial`` split)."""
+
+    gamma: float
+    n_benign: int
+    n_mavericks: int
+    n_label_flip: int
+    n_random_data: int
+    n_random_update: int
+    n_free_riders: int
+
+
+class UwaProtocol(Part):
+    """UWA's own rows: the logit protocol's federation."""
+
+    k: int
+    public_size: int
+    meta_labeled: int
+    rounds: int
+    batch_size: int
+    lr: float
+
+
+class PoisoningFederation(Part):
+    """The poisoning table's federation: IID, ``sign_flips`` of its clients send sign-flipped updates."""
+
+    dataset: str
+    n_clients: int
+    sign_flips: int
+
+
+class LeaderboardProfile(EngineProfile):
+    datasets: Names
+    models: dict[str, str]  # dataset -> model
+    n_clients: int
+    rounds: int
+    lr: float
+    lr_milestones: list[int]
+    batch_size: int
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    server_val: int
+    seeds: Seeds
+    methods: Names  # keys of ENTRIES
+    method_params: dict[str, dict[str, Any]]  # entry -> hyper-parameters over its defaults
+    splits: Names
+    adversarial: AdversarialSplit
+    uwa: UwaProtocol
+    poisoning: PoisoningFederation
+    threads: int  # torch CPU threads; 0: torch's default
+
+
+PAPER = Paper("leaderboard", "Leaderboard", LeaderboardProfile, configs, queue_items, reference=None, ours=True)

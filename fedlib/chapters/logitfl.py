@@ -23,11 +23,13 @@ import numpy as np
 
 from .. import frames
 from ..book import git_commit, load_profile, mean_std, pm, results_dir, stored_results
+from ..claims import Claim, cells_row
 from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..methods.logit import LogitFL as LogitMethod
-from . import unique_configs
+from . import Paper, unique_configs
 from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
+from .profiles import Ints, Names, Profile, Seeds
 
 # protocol choices added after the first protocol (absent from a profile: the first protocol)
 PROTOCOL_FIELDS = ("public_logits", "distill_lr")
@@ -670,6 +672,55 @@ class LogitFL(Chapter):
         return pd.DataFrame(lines).set_index(["k", "aggregator"]), "\n".join(notes)
 
 
+# ----------------------------------------------------------------------------- the declaration
+
+
+class LogitFLProfile(Profile):
+    dataset: str
+    model: str
+    n_clients: int
+    ks: Ints  # classes per client; the first is the headline k
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    public_size: int
+    public_sizes_ablation: list[int]
+    meta_labeled: int
+    rounds: int
+    local_epochs: int
+    distill_epochs: int
+    batch_size: int
+    lr: float
+    temperature: float
+    public_logits: str
+    distill_lr: float | None  # null: the local lr
+    meta_steps: int
+    simple_extra_seeds: list[int]  # more seeds for simple averaging at the first k
+    seeds: Seeds
+    aggregators: Names
+    experiments: Names
+    dropouts: list[float]
+    uwa_taus: list[float]
+    cifar10_model: str
+    cifar10_fraction: float
+    cifar10_public_size: int
+    cifar10_rounds: int
+    cifar10_ks: list[int]
+    threads: int | None  # torch CPU threads; null: torch's default
+
+
+CLAIMS = (
+    Claim("UWA beats simple averaging at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
+          cells_row(["MNIST k=2"], "UWA", "Simple avg.", "k sweep", ref="Headline")),
+    Claim("The meta-model beats UWA at k = 2 (MNIST)", "Headline", "the-headline-mnist-two-classes-per-client",
+          cells_row(["MNIST k=2"], "Meta-model", "UWA", "k sweep", ref="Headline")),
+    Claim("UWA beats simple averaging at every k (2, 5, 8)", "k sweep",
+          "accuracy-versus-heterogeneity-k-classes-per-client",
+          cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
+)
+
+PAPER = Paper("logitfl", "Logit-based FL", LogitFLProfile, configs, queue_items, reference="logitfl", claims=CLAIMS)
+
+
 if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--shard i/n]
     import sys
 
@@ -680,3 +731,4 @@ if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--s
         shard, shards = (int(v) for v in args[at + 1].split("/"))
         del args[at:at + 2]
     calibrate(stages=tuple(args) or STAGES, shard=shard, shards=shards)
+

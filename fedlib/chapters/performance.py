@@ -178,7 +178,6 @@ class Performance(Chapter):
     """The live benchmark run, stored runs on other devices, where a round's time goes, the cost of valuation."""
 
     name = "performance"
-    reference_paper = None
     live: dict[str, Any] = {}  # this build's benchmark JSON (``measure``)
     stored_note = ""  # the evidence build: where its (stored) "live" run comes from
 

@@ -26,7 +26,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,7 +35,7 @@ import torch  # noqa: E402
 
 from fedlib.book import load_profile  # noqa: E402
 from fedlib.chapters import celm  # noqa: E402
-from fedlib.provenance import device_name  # noqa: E402
+from fedlib.provenance import device_name, environment  # noqa: E402
 from fedlib.engine import _execute  # noqa: E402
 from fedlib.federation import prepare  # noqa: E402
 
@@ -95,8 +94,7 @@ def main(argv=None) -> int:
               f"max |dw| {difference:.1e}  load {row['load_before_after'][0]:.1f} -> {row['load_before_after'][1]:.1f}",
               flush=True)
     if args.json:
-        record = {"benchmark": "cpu_plan", "device": device_name("cpu"), "rounds": args.rounds,
-                  "repeats": args.repeats, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        record = {"benchmark": "cpu_plan", **environment("cpu"), "rounds": args.rounds, "repeats": args.repeats,
                   "rows": rows}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1) + "\n")

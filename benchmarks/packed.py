@@ -191,7 +191,7 @@ def main(argv=None) -> int:
     test_samples = args.test_samples or (200 if reduced else None)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     peak = matmul_peak(args.device)
-    from fedlib.provenance import device_name as name_of
+    from fedlib.provenance import device_name as name_of, environment
 
     device_name = name_of(args.device)
     print(f"device: {device_name}; 4096^2 float32 matmul: {peak / 1e9:.1f} GFLOP/s; protocol: "
@@ -199,10 +199,9 @@ def main(argv=None) -> int:
              f"REDUCED (rounds {rounds or 'paper'}, fraction {fraction or 1}, test samples {test_samples or 'all'})"),
           flush=True)
     rows: list[dict] = []
-    record = {"benchmark": "packed", "device": device_name, "matmul_flops_per_s": peak,
+    record = {"benchmark": "packed", **environment(args.device), "matmul_flops_per_s": peak,
               "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "top_kernels": None,
-              "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples},
-              "date": time.strftime("%Y-%m-%d %H:%M:%S"), "torch": torch.__version__, "rows": rows}
+              "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples}, "rows": rows}
 
     def save(_row=None) -> None:  # after every row: a benchmark stopped by a timeout keeps what it measured
         if args.json:

@@ -1,12 +1,15 @@
-"""Where a computation comes from: the repository and its commit (core; the book build and the
-stored runs' provenance both read them here)."""
+"""Where a computation comes from: the repository and its commit, the device in words, and the one
+provenance builder (:func:`environment`) that runs, the FedSCM one-shot stage, calibration records
+and benchmarks all call (core; the book build reads them here too)."""
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 import platform
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,3 +38,23 @@ def device_name(device: "torch.device | str") -> str:
         index = device.index if device.index is not None else torch.cuda.current_device()
         return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
     return f"cpu ({platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+
+
+def environment(device: "torch.device | str", wall: float | None = None, commit: bool = True) -> dict[str, Any]:
+    """What ran a computation: fedlib's and the libraries' versions, Python, the device in words
+    (:func:`device_name`), the date (UTC), the wall time when given and the commit when ``commit``
+    (a stored run records its commit when it is stored, ``fedlib.results.stored_payload``)."""
+    import numpy
+    import torchvision
+
+    from ._version import __version__
+
+    out: dict[str, Any] = {"fedlib_version": __version__, "torch": torch.__version__,
+                           "torchvision": torchvision.__version__, "numpy": numpy.__version__,
+                           "python": platform.python_version(), "device": device_name(device)}
+    if wall is not None:
+        out["wall_time"] = wall
+    out["date"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    if commit:
+        out["commit"] = git_commit()
+    return out

@@ -4,9 +4,7 @@ records (what produced it: key, config, rule versions, data, versions, device, d
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
-import platform
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -164,17 +162,10 @@ def _strict(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def environment(device: torch.device, wall: float) -> dict[str, Any]:
-    """What ran a computation: versions, the device in words, the wall time and the date (UTC)."""
-    import torchvision
+    """A run's environment (``fedlib.provenance.environment``; its commit is recorded when it is stored)."""
+    from .provenance import environment as built
 
-    from ._version import __version__
-
-    from .provenance import device_name
-
-    name = device_name(device)
-    return {"fedlib_version": __version__, "torch": torch.__version__, "torchvision": torchvision.__version__,
-            "numpy": np.__version__, "python": platform.python_version(), "device": name, "wall_time": wall,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    return built(device, wall, commit=False)
 
 
 def _provenance(p, wall: float) -> dict[str, Any]:

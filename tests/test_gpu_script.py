@@ -42,6 +42,9 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
         assert record["rows"][0]["pack_size"] == 1
     assert json.loads((out / "packed_cpu.json").read_text())["top_kernels"]
     assert [r["conv"] for r in json.loads((out / "packed_cpu.json").read_text())["rows"]] == ["native", "matmul"]
+    from fedlib.provenance import environment
+
+    assert set(environment("cpu")) <= set(json.loads((out / "packed_cpu.json").read_text()))  # one provenance shape
     with tarfile.open(out / "gpu_results.tar.gz") as archive:
         names = [n for n in archive.getnames() if n.endswith(".json.gz")]
         assert len(names) == 10 and all(n.startswith("results/runs/") for n in names)

@@ -82,3 +82,19 @@ def test_the_core_has_no_import_cycle():
         if m not in seen:
             visit(m)
     assert not cycles, cycles
+
+
+def test_one_provenance_builder():
+    """Runs (without the commit: it is recorded when a run is stored), the FedSCM stage, calibration and
+    benchmarks take their provenance from fedlib.provenance.environment."""
+    from fedlib.provenance import environment, git_commit
+    from fedlib.results import environment as run_environment
+
+    built = environment("cpu", wall=2.5)
+    assert list(built) == ["fedlib_version", "torch", "torchvision", "numpy", "python", "device", "wall_time",
+                           "date", "commit"]
+    assert built["commit"] == git_commit() and built["device"].startswith("cpu (")
+    run = run_environment("cpu", 2.5)
+    assert "commit" not in run and {k: v for k, v in built.items() if k not in ("commit", "date")} == \
+        {k: v for k, v in run.items() if k != "date"}
+    assert "wall_time" not in environment("cpu")

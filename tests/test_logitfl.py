@@ -107,6 +107,10 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     record = chapter.calibrate(stages=("structure",), path=path, progress=False)
     assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [
         ("after_local", 1), ("after_local", 2), ("after_refine", 1), ("after_refine", 2)]
+    from fedlib.provenance import environment
+
+    keys = set(environment("cpu"))  # every point carries the one provenance builder's fields
+    assert all(keys <= set(p) and p["device"] == environment("cpu")["device"] for p in record["points"])
     assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**chapter.FIRST, "public_logits": 0,
                                                                          "local_epochs": 0} for p in record["points"])
     assert all(c.method.name == "logit_simple" and c.split.params["k"] == 2 and c.fraction == chapter.SCREEN["fraction"]

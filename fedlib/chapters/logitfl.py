@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import frames
-from ..book import git_commit, load_profile, mean_std, pm, results_dir, stored_results
+from ..book import load_profile, mean_std, pm, results_dir, stored_results
 from ..claims import Claim, cells_row
 from ..config import RunConfig, make_config
 from ..methods import METHODS
@@ -262,10 +262,8 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
     every point (config, accuracy per round, wall and CPU time) in ``results/logitfl-calibration.json``, atomically
     after each run; recorded points are not rerun. ``shard``/``shards`` split a stage's points between processes
     (the next stage after all shards finished). Returns the record."""
-    import datetime as dt
     import fcntl
     import hashlib
-    import platform
     import tempfile
     import time
     from pathlib import Path
@@ -273,6 +271,8 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
     import torch
 
     from ..cache import atomic_write_text
+    from ..federation import resolve_device
+    from ..provenance import environment
     from ..run import run
 
     params = load_profile("logitfl", profile)
@@ -299,9 +299,9 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
                     "protocol": "screen" if stage != "confirm" else profile,
                     "accuracy": result.final["accuracy"], "round_accuracy": [h["accuracy"] for h in result.history],
                     "mean_client_accuracy": result.final["mean_client_accuracy"],
+                    **environment(resolve_device(config.device)),  # versions, device, date, commit
                     "wall_time": result.meta["wall_time"] if cpu > 1.0 else None, "cpu_time": cpu if cpu > 1.0 else None,
-                    "commit": git_commit(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "device": result.meta["device"], "threads": torch.get_num_threads(), "python": platform.python_version(),
+                    "threads": torch.get_num_threads(),
                 })
                 record = {**load_calibration(path), "profile": profile, "search_space": SEARCH_SPACE,
                           "screen": SCREEN, "seed": SCREEN_SEED, "first_protocol": FIRST, "top": top, "confirm_top": confirm_top, "aggregator": "simple", "points": points}

@@ -201,7 +201,10 @@ def run_pack(configs: list[RunConfig], *, progress: bool = False, max_rows: int 
             if on_done is not None:
                 on_done(i, out[i])
 
-        execute_packed([prepared[i] for i in pack], progress=progress, on_done=finished)
+        if len(pack) == 1:  # a pack of one is a run alone: the engine's own path, without the pack's machinery
+            finished(0, _execute(prepared[pack[0]], progress, None))
+        else:
+            execute_packed([prepared[i] for i in pack], progress=progress, on_done=finished)
     return out  # type: ignore[return-value]
 
 

@@ -267,3 +267,18 @@ def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_p
     kernels = record["top_kernels"]
     assert len(kernels) == 3 and all(r["ms"] > 0 and 0 < r["share"] <= 1 for r in kernels)
     assert kernels[0]["ms"] >= kernels[-1]["ms"]
+
+
+def test_a_pack_of_one_runs_as_the_run_alone(monkeypatch):
+    """A pack holding one run takes the engine's own path (no pack machinery, no meta.pack): the
+    numbers of run() (benchmarks/packed.py measured packs of one 0.85-0.98x of a run alone before)."""
+    import fedlib.packing
+    from fedlib.run import run, run_pack
+
+    monkeypatch.setattr(fedlib.packing, "execute_packed", lambda *a, **k: pytest.fail("a pack of one was packed"))
+    config = golden.config_of("fedavg")
+    (packed,) = run_pack([config])
+    alone = run(config, cache=False, progress=False).to_dict()
+    assert "pack" not in packed["meta"] and packed["meta"]["config_key"] == alone["meta"]["config_key"]
+    assert [h["accuracy"] for h in packed["history"]] == [h["accuracy"] for h in alone["history"]]
+    assert packed["final"] == alone["final"]

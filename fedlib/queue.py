@@ -567,14 +567,18 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     """The queue in order: every unique item with its estimated cost and state.
 
     ``part``: 'all', 'cpu' (Fashion-MNIST/MNIST) or 'gpu' (the rest); ``datasets``, ``tables``,
-    ``seeds`` keep only those; ``first``: (chapter, table or None) to put first, in order."""
+    ``seeds`` keep only those (a run several tables share is kept for any of them, under its one
+    label); ``first``: (chapter, table or None) to put first, in order."""
     if part not in ("all", "cpu", "gpu"):
         raise ValueError(f"part: must be all, cpu or gpu (got {part!r})")
     items = list(items if items is not None else all_items(profile, only))
     _check_labels(items, tables, first)
     shared = sharing(items)
+    backs: dict[str, set[str]] = {}  # config key -> every table its run backs (a shared run has one label)
+    for i in items:
+        backs.setdefault(i.key, set()).add(i.table)
     items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
-             and (not datasets or i.dataset in datasets) and (not tables or i.table in tables)
+             and (not datasets or i.dataset in datasets) and (not tables or backs[i.key] & set(tables))
              and (seeds is None or i.seed in seeds)]
     model = cost_model or CostModel.from_results()
     missing = missing_data(items)

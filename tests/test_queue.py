@@ -201,6 +201,18 @@ def test_first_puts_named_tables_ahead_but_seed_zero_still_leads():
     assert [e.item.seed for e in only_seed1] == [1]
 
 
+def test_a_table_filter_keeps_a_run_the_table_shares_under_another_label():
+    """CELM's PLS CELM runs back Table 1 and Table 4 and are labelled Table 4: asking for Table 1 must
+    still queue them (--table "Table 1" had left them out)."""
+    a = fake_item("x", headline=True)
+    b = queue.QueueItem("celm", "Table 4", "row x", "CELM evidence", 0, a.config, lambda c: {}, headline=True,
+                        table_rank=-1, first_seed=True)  # the label the run gets
+    entries = queue.plan(items=[a, b], cost_model=queue.CostModel(), tables=["Table 1"])
+    assert [(e.item.table, e.item.key) for e in entries] == [("Table 4", a.key)]
+    only_table4 = queue.plan(items=[a, b, fake_item("y")], cost_model=queue.CostModel(), tables=["Table 4"])
+    assert [e.item.key for e in only_table4] == [a.key]  # y backs Table 1 only
+
+
 def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
     monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")

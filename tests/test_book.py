@@ -504,7 +504,7 @@ def test_every_profile_and_the_parameters_cell_fit_the_page_schema(page):
 
 DROP = object()
 BROKEN_PROFILES = [  # (a change to params/celm/quick.yaml, its one line)
-    ({"roundz": 10}, "unknown parameter 'roundz'; known: update_clip, dataset, model, n_clients, rounds,"),
+    ({"roundz": 10}, "unknown parameter 'roundz'; known: update_clip, n_clients, rounds, batch_size, lr,"),
     ({"rounds": DROP, "roundz": 10}, "unknown parameter 'roundz'"),  # a misspelt key: named before the missing one
     ({"seeds": DROP}, "missing parameter 'seeds'"),
     ({"rounds": None}, "parameter rounds: Input should be a valid integer (got None)"),

@@ -38,7 +38,7 @@ from ..results import RunResult
 from ..stats import mean_std, pm
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, dataset_label, queue_item
-from .profiles import EngineProfile, Names, Part, Seeds
+from .profiles import FederationProfile, Names, Part, Seeds
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
@@ -867,19 +867,11 @@ class CfflStudy(Part):
     seed: int
 
 
-class CelmProfile(EngineProfile):
+class CelmProfile(FederationProfile):
     dataset: str
     model: str
-    n_clients: int
-    rounds: int
-    lr: float
     lr_milestones: list[int]
-    batch_size: int
-    local_epochs: int
-    fraction: float
-    test_samples: int | None  # null: the whole test set
     server_val: int | None  # null: each method's own validation share
-    seeds: Seeds
     methods: Names
     method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over its defaults
     experiments: Names

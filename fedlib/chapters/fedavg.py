@@ -21,7 +21,7 @@ from .. import frames, stats
 from ..config import RunConfig
 from . import ENGINE_DEFAULT_CLIP, Paper, celm
 from .base import Chapter, queue_item
-from .profiles import EngineProfile, Names, Seeds
+from .profiles import FederationProfile, Names, Seeds
 
 # split label -> (split spec, CELM Table 1 row): CELM's label-skew splits
 SPLITS = {split: (spec, f"F.MNIST {row}") for split, (spec, row) in celm.SPLITS.items() if split != "IID"}
@@ -163,17 +163,9 @@ class FedAvg(Chapter):
 # ----------------------------------------------------------------------------- the declaration
 
 
-class FedAvgProfile(EngineProfile):
+class FedAvgProfile(FederationProfile):
     dataset: str
-    n_clients: int
-    rounds: int
-    lr: float
     lr_milestones: list[int]
-    batch_size: int
-    local_epochs: int
-    fraction: float
-    test_samples: int | None  # null: the whole test set
-    seeds: Seeds
     splits: Names  # CELM's label-skew splits (SPLITS)
     methods: Names
 

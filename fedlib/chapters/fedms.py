@@ -31,7 +31,7 @@ from ..config import RunConfig, make_config
 from ..results import RunResult
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
-from .profiles import EngineProfile, Names, Seeds
+from .profiles import FederationProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
                  "s_fedavg": "S-FedAvg", "greedyfed": "GreedyFed", "fedms": "FedMS",
@@ -704,20 +704,12 @@ def calibrate_cifar10_readings(params: dict[str, Any], results: dict[str, Any], 
 # ----------------------------------------------------------------------------- the declaration
 
 
-class FedMSProfile(EngineProfile):
+class FedMSProfile(FederationProfile):
     dataset: str
     model: str
-    n_clients: int
     clients_per_round: int
     n_mavericks: int
-    rounds: int
-    local_epochs: int
-    batch_size: int
-    lr: float
-    fraction: float
-    test_samples: int | None  # null: the whole test set
     server_val: int  # the server's validation set, held out of the training set
-    seeds: Seeds
     methods: Names
     method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over §5.1's
     experiments: Names

@@ -29,7 +29,7 @@ from ..contributions import contribution_vector, flce_contributions, flce_tensor
 from ..results import RunResult
 from . import Paper, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
-from .profiles import EngineProfile, Names, Seeds
+from .profiles import FederationProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "ditto": "Ditto", "fedfv": "FedFV", "cgsv": "CGSV",
                  "moon": "MOON", "qfedavg": "qFedAvg", "fedfa": "FedFa", "fedsv": "FedSV", "flce": "FLCE"}
@@ -478,19 +478,11 @@ class FLCE(Chapter):
 # ----------------------------------------------------------------------------- the declaration
 
 
-class FLCEProfile(EngineProfile):
+class FLCEProfile(FederationProfile):
     datasets: Names
     model: str
-    n_clients: int
     clients_per_round: int
-    rounds: int
-    batch_size: int
-    lr: float
-    local_epochs: int
-    fraction: float
-    test_samples: int | None  # null: the whole test set
     server_val: int
-    seeds: Seeds
     alpha: float  # Dir(alpha) of the Non-IID split
     last_rounds: int  # Table 2 reads the mean over the last rounds
     methods: Names

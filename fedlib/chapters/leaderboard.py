@@ -39,7 +39,7 @@ from ..config import RunConfig, make_config
 from . import Paper, run_options
 from . import celm as celm_chapter
 from .base import Chapter, queue_item
-from .profiles import EngineProfile, Names, Part, Seeds
+from .profiles import FederationProfile, Names, Part, Seeds
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
 # the vector itself is ``fedlib.contributions.contribution_vector`` (the same for every page):
@@ -619,19 +619,11 @@ class PoisoningFederation(Part):
     sign_flips: int
 
 
-class LeaderboardProfile(EngineProfile):
+class LeaderboardProfile(FederationProfile):
     datasets: Names
     models: dict[str, str]  # dataset -> model
-    n_clients: int
-    rounds: int
-    lr: float
     lr_milestones: list[int]
-    batch_size: int
-    local_epochs: int
-    fraction: float
-    test_samples: int | None  # null: the whole test set
     server_val: int
-    seeds: Seeds
     methods: Names  # keys of ENTRIES
     method_params: dict[str, dict[str, Any]]  # entry -> hyper-parameters over its defaults
     splits: Names

@@ -41,6 +41,19 @@ class EngineProfile(Profile):
     update_clip: float | None = ENGINE_DEFAULT_CLIP  # left out: the engine default; null: clipping off
 
 
+class FederationProfile(EngineProfile):
+    """The federation every paper chapter's profile sets (and the leaderboard's)."""
+
+    n_clients: int
+    rounds: int
+    batch_size: int
+    lr: float
+    local_epochs: int
+    fraction: float
+    test_samples: int | None  # null: the whole test set
+    seeds: Seeds
+
+
 class Part(Profile):
     """A nested mapping of a profile (e.g. a study's own protocol): its keys are declared too."""
 

@@ -11,20 +11,25 @@
 #    (CIFAR-10 ~19 MB, MNIST ~11 MB), and checks it fits the device tool's 64 MiB with the tracked files.
 # 2. Run it with the device tool (one call; the machine has no internet):
 #        run(command="bash benchmarks/gpu_coverage.sh run", carry=[".gpu-carry"], timeout_s=560)
-#    Optional environment, set in the command: BUDGET_S (seconds for everything, default 480),
+#    Optional environment, set in the command: BUDGET_S (seconds for everything: setup, preflight, the
+#    queue and the benchmark; default 480; keep it 60 s under timeout_s for the machine's own start),
 #    WORKERS (pack processes at a time, default 1: one pack fills the GPU), MAX_ROWS (client rows per
 #    round in a pack, default 32: on an H100 a pack of 5 CELM CIFAR-10 runs (25 rows) trained the most
 #    samples per second, 75 runs half as many, benchmarks/results/packed_nvidia-h100.json; each pack
 #    process also bounds it by free memory), PART (gpu, cpu
 #    or all; default gpu), PROFILE (default paper), ONLY (chapters), DEVICE (default cuda),
-#    BENCH_S (seconds for benchmarks/packed.py after the queue: packs under both convolution lowerings
-#    with --top-kernels 15, then with --cudnn-benchmark; default 0: none; BENCH_ARGS replaces its size
-#    arguments). The queue's packs take the lowering timed fastest per shape (FEDLIB_CONV=auto).
+#    BENCH_S (seconds of BUDGET_S kept for benchmarks/packed.py after the queue: first a kernel profile
+#    (--top-kernels 15), then packs under both convolution lowerings (2/3 of BENCH_S), then with
+#    --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments). The queue's packs
+#    take the lowering timed fastest per shape (FEDLIB_CONV=auto; native won every shape on an H100,
+#    benchmarks/results/packed_conv_nvidia-h100.json).
 #    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
-# 3. Unpack what came back into the repository (files_at: the folder the tool names), commit:
-#        tar -xzf <files_at>/gpu_results.tar.gz      # adds results/runs/<key>.json.gz
+#    Every run is stored straight under $OUT/results/runs as it finishes, so a call cut off by its
+#    timeout still brings back each finished run (the 2026-11-27 call lost 6 to an archive made last).
+# 3. Copy what came back into the repository (files_at: the folder the tool names), commit:
+#        cp -n <files_at>/results/runs/*.json.gz results/runs/
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
@@ -61,13 +66,12 @@ prepare() {
 
 run_on_device() {
     local t0 out="${OUT:?run this through the device tool: \$OUT is where results go back}"
-    local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" results=/tmp/gpu/results sampler=""
+    local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" bench="${BENCH_S:-0}" results="$out/results" sampler=""
     t0=$(date +%s)
     if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! python3 -c "import pydantic" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
             "$CARRY"/whl/*.whl
     fi
-    [ -n "${RESULTS_DIR:-}" ] && results="$RESULTS_DIR"
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" FEDLIB_DATA="${FEDLIB_DATA:-$PWD/$CARRY/data}" \
         FEDLIB_CACHE="${FEDLIB_CACHE:-/tmp/fedlib-cache}" FEDLIB_DOWNLOAD=0 FEDLIB_RESULTS="$results" PYTHONUNBUFFERED=1
     mkdir -p "$FEDLIB_RESULTS"
@@ -82,7 +86,10 @@ run_on_device() {
 sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA device')" "$device"
         python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env
         set -a; . /tmp/preflight.env; set +a
-        local left=$(( budget - ($(date +%s) - t0) ))
+        # the queue stops runs at its budget x 1.1 + 5 s (fedlib.queue.run_queue's grace): what is left after
+        # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S
+        local left=$(( (budget - bench - ($(date +%s) - t0) - 5) * 10 / 11 ))
+        [ "$left" -gt 0 ] || left=1
         local only=() part=() first=(--first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
         [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
         case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
@@ -96,12 +103,11 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \
             "$stored" "$seconds"
-        if [ "${BENCH_S:-0}" -gt 0 ]; then  # the packed benchmark under both convolution lowerings (2/3 of
-            # BENCH_S), then cuDNN-timed (1/3); each writes its JSON after every row, so a timeout keeps rows
-            local first_s=$(( BENCH_S * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
+        if [ "$bench" -gt 0 ]; then  # each writes its JSON after every row, so a timeout keeps rows
+            local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
             timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native matmul \
                 --top-kernels 15 --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"
-            timeout "$(( BENCH_S - first_s ))" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" \
+            timeout "$(( bench - first_s ))" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" \
                 --cudnn-benchmark --json "$out/packed_${device}_cudnn_benchmark.json" \
                 || echo "packed benchmark (cuDNN timed): exit $?"
         fi
@@ -113,7 +119,6 @@ print(f'GPU utilisation: mean {sum(u) / max(1, len(u)):.0f} %, max {max(u, defau
       f'memory used up to {max(m, default=0):.0f} MiB')" "$out/gpu_utilisation.csv" || true
         fi
     } 2>&1 | tee "$out/gpu_coverage.log"
-    tar -czf "$out/gpu_results.tar.gz" -C "$(dirname "$FEDLIB_RESULTS")" "$(basename "$FEDLIB_RESULTS")"
 }
 
 case "${1:-}" in

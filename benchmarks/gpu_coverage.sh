@@ -33,9 +33,11 @@
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
-# Order (fedlib/queue.py, --first): seed 0 of CELM Table 1 (CIFAR-10 rows), FedMS Table 1
-# (CIFAR-10), FLCE (its CIFAR-10 headline row first), FedSCM Table 2; then the rest. Seeds 1-2 of a
-# table join its packs. tests/test_gpu_script.py rehearses this script on the CPU (DEVICE=cpu).
+# Order (fedlib/queue.py, --first): seed 0 of the CIFAR-10 readings screens (CELM, then FedMS: FedAvg under
+# each candidate recipe, issue 30; the chosen reading decides whether earlier CIFAR-10 runs stay current),
+# then CELM Table 1 (CIFAR-10 rows), FedMS Table 1 (CIFAR-10), FLCE (its CIFAR-10 headline row first),
+# FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/test_gpu_script.py rehearses
+# this script on the CPU (DEVICE=cpu) and checks its --first labels against the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry
@@ -90,7 +92,8 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S
         local left=$(( (budget - bench - ($(date +%s) - t0) - 5) * 10 / 11 ))
         [ "$left" -gt 0 ] || left=1
-        local only=() part=() first=(--first "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
+        local only=() part=() first=(--first "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" \
+            "fedms:Table 1" flce "fedscm:Table 2")
         [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
         case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
         echo "setup and preflight took $(( $(date +%s) - t0 )) s; queue budget ${left} s"

@@ -53,3 +53,19 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert 0 < queue_budget <= (300 - 120 - 5) * 10 // 11
     meta = payload["payload"]["result"]["meta"] if "payload" in payload else payload["result"]["meta"]
     assert meta["pack"]["size"] == 10
+
+
+def test_the_gpu_scripts_first_labels_name_tables_of_the_queue():
+    """A misspelt ``--first`` label would end the device call in its first second: check them here."""
+    import re
+    import shlex
+
+    from fedlib import queue
+
+    script = (ROOT / "benchmarks" / "gpu_coverage.sh").read_text()
+    words = shlex.split(re.search(r"first=\(--first (.*?)\)", script, re.S).group(1).replace("\\\n", " "))
+    first = [tuple(w.split(":", 1)) if ":" in w else (w, None) for w in words]
+    assert first[:2] == [("celm", "CIFAR-10 readings"), ("fedms", "CIFAR-10 readings")]
+    queue._check_labels(queue.all_items("paper"), None, first)  # raises on a label the queue lacks
+    with pytest.raises(ValueError, match="has no table 'Table 99'"):
+        queue._check_labels(queue.all_items("paper"), None, [("celm", "Table 99")])

@@ -19,10 +19,10 @@
 #    process also bounds it by free memory), PART (gpu, cpu
 #    or all; default gpu), PROFILE (default paper), ONLY (chapters), DEVICE (default cuda),
 #    BENCH_S (seconds of BUDGET_S kept for benchmarks/packed.py after the queue: first a kernel profile
-#    (--top-kernels 15), then packs under both convolution lowerings (2/3 of BENCH_S), then with
-#    --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments). The queue's packs
+#    (--top-kernels 15), then packs with and without compacted replays (FEDLIB_COMPACT; 2/3 of
+#    BENCH_S), then with --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments). The queue's packs
 #    take the lowering timed fastest per shape (FEDLIB_CONV=auto; native won every shape on an H100,
-#    benchmarks/results/packed_conv_nvidia-h100.json).
+#    4-5x faster than matmul, benchmarks/results/packed_conv_nvidia-h100.json).
 #    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
@@ -108,7 +108,8 @@ print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the ma
             "$stored" "$seconds"
         if [ "$bench" -gt 0 ]; then  # each writes its JSON after every row, so a timeout keeps rows
             local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
-            timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native matmul \
+            timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native \
+                --compact on off \
                 --top-kernels 15 --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"
             timeout "$(( bench - first_s ))" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" \
                 --cudnn-benchmark --json "$out/packed_${device}_cudnn_benchmark.json" \

@@ -15,14 +15,18 @@ Fashion-MNIST runs of CELM Table 1 with that model (pack sizes up to 25), the CP
     python benchmarks/packed.py [--device cpu|cuda] [--sizes 1 5 25 75] [--models cnn mlp lenet5]
                                 [--rounds 2 --fraction 0.01 --test-samples 200] [--json out.json]
                                 [--cudnn-benchmark] [--top-kernels 15] [--conv native matmul]
+                                [--compact on off]
 
-``--cudnn-benchmark`` lets cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark; packs
-have fixed shapes): run it beside a plain run to see what it is worth. ``--top-kernels N`` first profiles
-one packed round of a pack of 5 runs, or of the largest size if smaller (torch.profiler), and reports the
-N operators with the most device time (self time; CPU time on a CPU): where a packed step spends it. ``--conv native matmul`` measures each pack
-under both convolution lowerings (``fedlib.layers.Conv2d``: vmap's grouped convolution, or unfold + one
-matmul per model); ``auto`` is the engine's own choice (native on a CPU, timed per shape on CUDA). The
-JSON is rewritten after every row, so a run stopped by a timeout keeps its rows.
+``--cudnn-benchmark`` lets cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark; packs have
+fixed shapes): run it beside a plain run to see what it is worth. ``--top-kernels N`` first profiles one
+packed round of a pack of 5 runs, or of the largest size if smaller (torch.profiler), and reports the N
+operators with the most device time (self time; CPU time on a CPU): where a packed step spends it. ``--conv
+native matmul`` measures each pack under both convolution lowerings (``fedlib.layers.Conv2d``: vmap's grouped
+convolution, or unfold + one matmul per model); ``auto`` is the engine's own choice (native on a CPU, timed
+per shape on CUDA). ``--compact on off`` measures each pack with captured steps that replay only the clients
+with samples (``FEDLIB_COMPACT``, a CUDA plan: on a CPU the eager steps skip them under
+``FEDLIB_CPU_BALANCE``) and with the masked replay. The JSON is rewritten after every row, so a run stopped by
+a timeout keeps its rows.
 
 Load average before and after each measurement is recorded: on a shared machine the ratios are noise.
 """
@@ -105,28 +109,29 @@ def timed(fn) -> tuple[float, tuple, tuple]:
     return time.perf_counter() - t, before, os.getloadavg()
 
 
-def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None) -> list[dict]:
-    """Per pack size: the runs separately (under the first of ``convs``), then packed under each
-    convolution lowering of ``convs`` (FEDLIB_CONV: native, matmul, auto). ``on_row`` gets each row
-    as it is measured."""
+def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None, compacts=("on",)) -> list[dict]:
+    """Per pack size: the runs separately (under the first of ``convs`` and ``compacts``), then packed
+    under each convolution lowering of ``convs`` (FEDLIB_CONV: native, matmul, auto) and each setting of
+    ``compacts`` (FEDLIB_COMPACT: captured steps replay only the clients with samples; CUDA only).
+    ``on_row`` gets each row as it is measured."""
     flops = flops_per_sample(configs[0])
     warm = [c.model_copy(update={"rounds": 1}) for c in configs[:2]]  # data decoded, code paths warm, both ways
     for conv in convs:
         os.environ["FEDLIB_CONV"] = conv
         run_many(warm, cache=False, progress=False, pack=True)
-    os.environ["FEDLIB_CONV"] = convs[0]
+    os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = convs[0], compacts[0]
     run_many(warm, cache=False, progress=False)
     rows = []
     for size in sizes:
         chosen = configs[:size]
         passes = sum(work(c) for c in chosen)
-        os.environ["FEDLIB_CONV"] = convs[0]
+        os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = convs[0], compacts[0]
         separate, load_a, load_b = timed(lambda: [run(c, cache=False, progress=False) for c in chosen])
-        for conv in convs:
-            os.environ["FEDLIB_CONV"] = conv
+        for conv, compact in [(c, k) for c in convs for k in compacts]:
+            os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = conv, compact
             packed, load_c, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
-            row = {"workload": label, "pack_size": size, "runs": len(chosen), "conv": conv,
-                   "separate_conv": convs[0],
+            row = {"workload": label, "pack_size": size, "runs": len(chosen), "conv": conv, "compact": compact,
+                   "separate_conv": convs[0], "separate_compact": compacts[0],
                    "separate_s": round(separate, 3), "packed_s": round(packed, 3),
                    "separate_runs_per_min": round(len(chosen) / separate * 60, 3),
                    "packed_runs_per_min": round(len(chosen) / packed * 60, 3),
@@ -139,7 +144,7 @@ def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None) -
             if on_row is not None:
                 on_row(row)
             print(f"{label:28} R={size:3d}  separate {separate:8.1f} s ({row['separate_runs_per_min']:7.2f} runs/min)"
-                  f"  packed [conv {conv:6}] {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  "
+                  f"  packed [conv {conv:6}, compact {compact:3}] {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  "
                   f"packed/separate {row['packed_over_separate']:5.2f}x  "
                   f"{row['packed_fraction_of_peak'] * 100:6.2f} % of peak  load {load_a[0]:.1f} -> {load_d[0]:.1f}",
                   flush=True)
@@ -184,6 +189,9 @@ def main(argv=None) -> int:
     parser.add_argument("--cudnn-benchmark", action="store_true", help="torch.backends.cudnn.benchmark = True")
     parser.add_argument("--conv", nargs="+", default=["auto"], choices=["native", "matmul", "auto"],
                         help="convolution lowerings to measure packed (FEDLIB_CONV; default auto)")
+    parser.add_argument("--compact", nargs="+", default=["on"], choices=["on", "off"],
+                        help="captured steps replay only the clients with samples (FEDLIB_COMPACT; CUDA only; "
+                             "default on)")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="first, profile one packed round of a pack of 5 runs (or the largest size); report the N costliest operators")
     args = parser.parse_args(argv)
@@ -203,7 +211,8 @@ def main(argv=None) -> int:
           flush=True)
     rows: list[dict] = []
     record = {"benchmark": "packed", **environment(args.device), "matmul_flops_per_s": peak,
-              "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "top_kernels": None,
+              "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "compact": args.compact,
+              "top_kernels": None,
               "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples}, "rows": rows}
 
     def save(_row=None) -> None:  # after every row: a benchmark stopped by a timeout keeps what it measured
@@ -225,7 +234,8 @@ def main(argv=None) -> int:
                                                 args.top_kernels)
             os.environ.pop("FEDLIB_CONV") if previous is None else os.environ.update(FEDLIB_CONV=previous)
             save()
-        measure(configs, sizes, args.device, peak, label, tuple(args.conv), on_row=lambda row: (rows.append(row), save()))
+        measure(configs, sizes, args.device, peak, label, tuple(args.conv), on_row=lambda row: (rows.append(row), save()),
+                compacts=tuple(args.compact))
     save()
     return 0
 

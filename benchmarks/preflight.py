@@ -52,8 +52,10 @@ def tiny(name: str, device: str, **changes):
         return make_config(TINY, method=method, device=device, **extra, **changes)
 
 
-def check_capture(device: str) -> str | None:
-    """None when the captured step gives the eager step's numbers, else why not."""
+def check_capture(device: str, compact: bool = False) -> str | None:
+    """None when the captured step gives the eager step's numbers, else why not. With ``compact``, the
+    replays of only the clients with samples (two clients of unequal size: the second trains alone at
+    the end of each epoch)."""
     from fedlib.population import LocalTraining, make_client_batches, train_clients
 
     torch.manual_seed(0)
@@ -68,7 +70,8 @@ def check_capture(device: str) -> str | None:
                                                                             compile="off", workers=1))
     mode = "auto" if torch.device(device).type == "cuda" else "off"
     captured, _ = train_clients(model, flat, {}, x, y, batches, LocalTraining(batch_size=8, lr=0.1, momentum=0.9,
-                                                                               compile=mode, workers=1))
+                                                                               compile=mode, workers=1,
+                                                                               balance=compact))
     diff = float((captured - eager).abs().max())
     return None if diff <= 1e-5 else f"captured and eager steps differ by {diff:.2e}"
 
@@ -160,6 +163,10 @@ def main(argv=None) -> int:
     step("captured steps", lambda: check_capture(args.device), "FEDLIB_COMPILE=off")
     if "FEDLIB_COMPILE=off" in env:
         os.environ["FEDLIB_COMPILE"] = "off"
+    else:
+        step("compacted replays", lambda: check_capture(args.device, compact=True), "FEDLIB_COMPACT=off")
+        if "FEDLIB_COMPACT=off" in env:
+            os.environ["FEDLIB_COMPACT"] = "off"
     step("convolution lowerings", lambda: check_conv(args.device), "FEDLIB_CONV=native")
     if "FEDLIB_CONV=native" in env:
         os.environ["FEDLIB_CONV"] = "native"

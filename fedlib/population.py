@@ -283,10 +283,12 @@ class LocalTraining:
     # (2x faster there, benchmarks/packed.py --conv), on CUDA the faster of the two, timed once
     # per shape. None reads FEDLIB_CONV (default "auto"). Numbers agree up to float summation order.
     conv: str | None = None
-    # CPU eager steps only: each step trains only the clients with samples left (a finished client
-    # is skipped, not computed on padding), and the worker threads get client groups balanced by
-    # their steps. None reads FEDLIB_CPU_BALANCE (default on); off is the plain plan (benchmarks).
-    # The numbers are the plain plan's: inactive clients never moved.
+    # Each step trains only the clients with samples left (a finished client is skipped, not computed
+    # on padding). CPU eager steps: the worker threads also get client groups balanced by their steps;
+    # None reads FEDLIB_CPU_BALANCE (default on). Captured steps (CUDA graphs): the clients with samples,
+    # padded up to a quarter of the chunk, replay a step captured for that size; None reads
+    # FEDLIB_COMPACT (default on). Off is the plain plan (benchmarks). The numbers are the plain plan's:
+    # inactive clients never moved.
     balance: bool | None = None
 
 
@@ -512,6 +514,35 @@ def balanced(cfg: LocalTraining, device: torch.device | str) -> bool:
     return value == "on"
 
 
+def compacted_replay(cfg: LocalTraining, device: torch.device | str) -> bool:
+    """Whether captured steps (CUDA graphs, inductor) replay only the clients with samples (see
+    ``LocalTraining.balance``)."""
+    if step_backend(cfg, device) == "eager":
+        return False
+    if cfg.balance is not None:
+        return bool(cfg.balance)
+    value = os.environ.get("FEDLIB_COMPACT", "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"FEDLIB_COMPACT: must be on or off (got {value!r})")
+    return value == "on"
+
+
+REPLAY_BUCKETS = 4  # captured sizes per chunk: a quarter, a half, three quarters of its clients, all
+
+
+def replay_rows(active: torch.Tensor, buckets: int = REPLAY_BUCKETS) -> torch.Tensor | None:
+    """The rows a compacted replay trains for a step whose clients with samples are ``active`` ([n] bool,
+    on the host): those clients, padded with clients without samples (which stay put) up to the next
+    multiple of ceil(n / buckets), ascending; None when that is every row."""
+    n = active.numel()
+    quarter = math.ceil(n / buckets)
+    size = min(n, math.ceil(max(1, int(active.sum())) / quarter) * quarter)
+    if size >= n:
+        return None
+    idle = (~active).nonzero().squeeze(1)
+    return torch.sort(torch.cat([active.nonzero().squeeze(1), idle[:size - int(active.sum())]])).values
+
+
 def balanced_groups(steps: torch.Tensor, groups: int) -> list[torch.Tensor]:
     """Clients (their live steps ``[n]``) dealt into at most ``groups`` groups of nearly equal total steps:
     longest first, in a snake (0, 1, .., g-1, g-1, .., 0, 0, ..); each group's clients in ascending order."""
@@ -602,7 +633,9 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
     live_steps = step_active.any(1).tolist()  # one host sync per round, not one per step
     live_counts = step_active.sum(1).tolist() if compact else None
     backend = step_backend(cfg, start.device)
-    replay = None
+    replay, replay_at = None, None  # the captured step in use and its rows (None: all)
+    compact_replay = backend != "eager" and compacted_replay(cfg, start.device)
+    active_host = step_active.bool().cpu() if compact_replay else None  # the same host sync, once per round
     row_lr = torch.is_tensor(cfg.lr)  # one learning rate per client: the step is on * lr_i (exact, on in {0, 1})
     lr_rows = cfg.lr.to(start.device, start.dtype) if row_lr else None
     fill = None if codes is None else torch.tensor(cfg.augment_fill, dtype=x.dtype, device=x.device)
@@ -612,11 +645,21 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
                 continue
             mb, active = mask[s], step_active[s]
             scale, value = (active * lr_rows, -1.0) if row_lr else (active, -cfg.lr)
-            if replay is None and backend != "eager" and flat is not None:
-                replay = _captured_step(backend, model, layout, cfg, n, index.shape[2], x, y, bufs)
-                replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr)
-            if replay is not None:
-                replay.step(index[s], mb, active, None if codes is None else codes[s])
+            if backend != "eager" and flat is not None:
+                rows = replay_rows(active_host[s]) if compact_replay else None
+                if replay is None or not _same_rows(rows, replay_at):
+                    if replay is not None:
+                        velocity = replay.store(flat, bufs, velocity, replay_at)
+                    replay_at = rows
+                    size = n if rows is None else len(rows)
+                    replay = _captured_step(backend, model, layout, cfg, size, index.shape[2], x, y,
+                                            {k: v[:size] for k, v in bufs.items()})
+                    replay.load(flat, bufs, velocity, anchor, start if anchor_dim is None else None, cfg.lr, rows)
+                    at = None if rows is None else rows.to(index.device)
+                if at is None:
+                    replay.step(index[s], mb, active, None if codes is None else codes[s])
+                else:
+                    replay.step(index[s][at], mb[at], active[at], None if codes is None else codes[s][at])
                 continue
             if compact and not shared and live_counts[s] < n:
                 velocity = _compacted_step(steppers, loss_fn, params, bufs, anchor, anchor_dim, velocity, context,
@@ -653,7 +696,7 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
             if shared:
                 params, shared = per_client, False
     if replay is not None:
-        flat, bufs = replay.result()
+        replay.store(flat, bufs, velocity, replay_at)
     if flat is None:  # no client had a sample
         flat = start.expand(n, -1).clone()
     # MaskedBatchNorm left the statistics of empty steps unchanged
@@ -775,18 +818,40 @@ class _StaticStep:
         self.graph = graph
         return graph.replay
 
-    def load(self, flat, bufs, velocity, anchor, shared_anchor, lr):
-        """Copy a chunk's state in (after its first, eager step)."""
-        self.flat.copy_(flat)
+    def load(self, flat, bufs, velocity, anchor, shared_anchor, lr, rows=None):
+        """Copy a chunk's state in: all its clients, or its ``rows`` (a compacted replay)."""
+        pick = (lambda t: t) if rows is None else (lambda t: t[rows.to(t.device)])  # noqa: E731
+        self.flat.copy_(pick(flat))
         for k, b in bufs.items():
-            self.bufs[k].copy_(b)
+            self.bufs[k].copy_(pick(b))
         if self.velocity is not None:
             for k, v in self.velocity.items():
-                v.copy_(velocity[k]) if velocity is not None and k in velocity else v.zero_()
+                v.copy_(pick(velocity[k])) if velocity is not None and k in velocity else v.zero_()
         if self.anchor_flat is not None:
-            self.anchor_flat.copy_(self.layout.flatten(anchor, (self.n,)) if shared_anchor is None
+            self.anchor_flat.copy_(pick(self.layout.flatten(anchor, (len(flat),))) if shared_anchor is None
                                    else shared_anchor.expand_as(self.anchor_flat))
-        self.lr.copy_(torch.as_tensor(lr, dtype=self.lr.dtype).to(self.lr.device).expand(self.n))
+        lr = torch.as_tensor(lr, dtype=self.lr.dtype).to(self.lr.device)
+        self.lr.copy_(pick(lr) if lr.dim() else lr.expand(self.n))
+
+    def store(self, flat, bufs, velocity, rows=None):
+        """Write the replayed state back into the chunk's tensors (all clients, or ``rows``); returns the
+        momentum buffers, made here (zero for clients never replayed) when the chunk had none yet."""
+        if self.velocity is not None and velocity is None:
+            velocity = {k: flat.new_zeros(len(flat), *v.shape[1:]) for k, v in self.velocity.items()}
+        if rows is None:
+            flat.copy_(self.flat)
+            for k, b in bufs.items():
+                b.copy_(self.bufs[k])
+            for k, v in (self.velocity or {}).items():
+                velocity[k].copy_(v)
+            return velocity
+        at = rows.to(flat.device)
+        flat.index_copy_(0, at, self.flat)
+        for k, b in bufs.items():
+            b.index_copy_(0, at, self.bufs[k])
+        for k, v in (self.velocity or {}).items():
+            velocity[k].index_copy_(0, at, v)
+        return velocity
 
     def step(self, index, mask, active, codes=None):
         if self.codes is not None:
@@ -796,13 +861,15 @@ class _StaticStep:
         self.active.copy_(active)
         self.run()
 
-    def result(self):
-        return self.flat.clone(), {k: v.clone() for k, v in self.bufs.items()}
+
+
+def _same_rows(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
 
 
 _CAPTURED: OrderedDict = OrderedDict()  # shape key -> _StaticStep, least recently used first
 _CAPTURED_LOCK = threading.Lock()
-CAPTURED_KEEP = 4
+CAPTURED_KEEP = 2 * REPLAY_BUCKETS  # every size of a compacted chunk, for two chunk shapes
 
 
 def _captured_step(backend, model, layout, cfg, n, batch, x, y, bufs) -> _StaticStep:

@@ -33,14 +33,15 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert done.returncode == 0, log[-2000:] + done.stderr[-2000:]
     assert "preflight: captured steps ok" in log and "preflight: packing ok" in log
     assert "preflight: fedscm pipeline ok" in log and "FAILED" not in log
-    assert "preflight: convolution lowerings ok" in log
+    assert "preflight: convolution lowerings ok" in log and "preflight: compacted replays ok" in log
     assert "packs: 1 pack(s) of 10 runs (at most 64 client rows per round)" in log
     assert "runs stored: 10 in" in log and "per minute" in log
     for name in ("packed_cpu.json", "packed_cpu_cudnn_benchmark.json"):  # the benchmark after the queue
         record = json.loads((out / name).read_text())
         assert record["rows"][0]["pack_size"] == 1
     assert json.loads((out / "packed_cpu.json").read_text())["top_kernels"]
-    assert [r["conv"] for r in json.loads((out / "packed_cpu.json").read_text())["rows"]] == ["native", "matmul"]
+    rows = json.loads((out / "packed_cpu.json").read_text())["rows"]
+    assert [(r["conv"], r["compact"]) for r in rows] == [("native", "on"), ("native", "off")]
     from fedlib.provenance import environment
 
     assert set(environment("cpu")) <= set(json.loads((out / "packed_cpu.json").read_text()))  # one provenance shape

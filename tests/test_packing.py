@@ -282,3 +282,25 @@ def test_a_pack_of_one_runs_as_the_run_alone(monkeypatch):
     assert "pack" not in packed["meta"] and packed["meta"]["config_key"] == alone["meta"]["config_key"]
     assert [h["accuracy"] for h in packed["history"]] == [h["accuracy"] for h in alone["history"]]
     assert packed["final"] == alone["final"]
+
+
+def test_packed_runs_on_compacted_captured_steps_equal_the_runs_alone(monkeypatch):
+    """The GPU plan rehearsed on a CPU: captured steps run eagerly on their static tensors ("static"),
+    replaying only the clients with samples. FedAvg and FedProx runs packed this way give each run its
+    numbers alone (eager steps)."""
+    import fedlib.population as population
+    from fedlib.packing import execute_packed
+
+    configs = _variants("fedavg") + _variants("fedprox")
+
+    def prepared():
+        return [setattr(p, "keep_model", True) or p for p in map(prepare, configs)]
+
+    alone = [execute(p, progress=False) for p in prepared()]
+    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+    population._CAPTURED.clear()
+    packed = execute_packed(prepared())
+    sizes = {key[2] for key in population._CAPTURED}
+    assert len(sizes) > 1  # the pack's chunk and smaller compacted sizes were replayed
+    for i, (a, b) in enumerate(zip(alone, packed)):
+        _assert_same_run(a, b, f"{configs[i].method.name} seed {configs[i].seed} {configs[i].split.name}")

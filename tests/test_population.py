@@ -173,9 +173,89 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
             assert torch.equal(replayed[0], ref[0]), name
             for k in ref[1]:
                 assert torch.equal(replayed[1][k], ref[1][k]), (name, k)
-        assert len(population._CAPTURED) == 1  # one shape, captured once, replayed for both calls
+        sizes = [key[2] for key in population._CAPTURED]  # each size captured once, replayed for both calls
+        assert len(sizes) == len(set(sizes)) and n_clients in sizes and len(sizes) <= population.REPLAY_BUCKETS
         monkeypatch.undo()
         assert (eager[0] - start).abs().max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LocalTraining(epochs=2, batch_size=8, lr=0.1),
+        LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4, prox_mu=0.1),
+        LocalTraining(epochs=1, batch_size=8, lr=torch.tensor([0.1, 0.05, 0.2, 0.1, 0.02, 0.1, 0.3, 0.1]),
+                      momentum=0.5),
+    ],
+    ids=["sgd", "momentum-wd-prox", "per-client-lr"],
+)
+def test_compacted_replay_equals_the_masked_replay_bitwise(cfg, monkeypatch, one_thread):
+    """Captured steps that replay only the clients with samples (padded to a quarter of the chunk) give
+    the masked replay's and the eager step's parameters, momentum and BatchNorm statistics bit for bit,
+    through the gaps a small client leaves between epochs, from a shared or a per-client start."""
+    import fedlib.population as population
+
+    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+    torch.manual_seed(0)
+    model = build_model("mlp", (1, 8, 8), 10)
+    x, y, indices = _federation(8, (1, 8, 8), 10, low=4, high=70)
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(1))
+    start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
+    for s in (start, start.expand(8, -1) + 0.01 * torch.randn(8, layout.size)):
+        population._CAPTURED.clear()
+        masked = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, workers=1, balance=False))
+        assert {key[2] for key in population._CAPTURED} == {8}
+        population._CAPTURED.clear()
+        compacted = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, workers=1, balance=True))
+        assert min(key[2] for key in population._CAPTURED) < 8  # smaller sizes were replayed
+        eager = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, compile="off", workers=1))
+        assert torch.equal(compacted[0], masked[0]) and torch.equal(compacted[0], eager[0])
+        assert (compacted[0] - s).abs().max() > 1e-2
+
+
+def test_compacted_replay_equals_the_masked_replay_with_batchnorm(monkeypatch, one_thread):
+    """ResNet-20 (BatchNorm): statistics of clients left out stay put; a convolution over fewer clients
+    may sum in another order, so parameters agree to float precision."""
+    import fedlib.population as population
+
+    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+    torch.manual_seed(0)
+    model = build_model("resnet20", (3, 8, 8), 10)
+    x, y, indices = _federation(4, (3, 8, 8), 10, low=6, high=40)
+    layout = ParamLayout(model)
+    batches = make_client_batches(indices, 8, 1, torch.Generator().manual_seed(1))
+    start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
+    cfg = LocalTraining(batch_size=8, lr=0.05, momentum=0.9, workers=1)
+    masked = train_clients(model, start, bufs, x, y, batches, replace(cfg, balance=False))
+    compacted = train_clients(model, start, bufs, x, y, batches, replace(cfg, balance=True))
+    torch.testing.assert_close(compacted[0], masked[0], rtol=0, atol=1e-6)
+    for k in masked[1]:
+        torch.testing.assert_close(compacted[1][k], masked[1][k], rtol=0, atol=1e-6)
+
+
+def test_replay_rows_pads_the_clients_with_samples_to_a_quarter():
+    from fedlib.population import replay_rows
+
+    active = torch.tensor([True, False, True, False, False, False, False, False])
+    assert replay_rows(active).tolist() == [0, 2]  # 2 of 8: a quarter
+    active[5] = True
+    assert replay_rows(active).tolist() == [0, 1, 2, 5]  # 3 of 8: padded with the first idle client
+    assert replay_rows(torch.ones(8, dtype=torch.bool)) is None  # all: the full replay
+    assert replay_rows(torch.tensor([True] * 7 + [False])) is None  # 7 of 8 rounds up to all
+    assert replay_rows(torch.tensor([False, True, False])).tolist() == [1]  # quarters of 3 are 1 client
+
+
+def test_compacted_replay_setting_is_checked(monkeypatch):
+    from fedlib.population import compacted_replay
+
+    cfg = LocalTraining(compile="on")
+    monkeypatch.setenv("FEDLIB_COMPACT", "off")
+    assert not compacted_replay(cfg, "cpu") and compacted_replay(replace(cfg, balance=True), "cpu")
+    assert not compacted_replay(LocalTraining(compile="off", balance=True), "cpu")  # eager: the CPU plan's
+    monkeypatch.setenv("FEDLIB_COMPACT", "yes")
+    with pytest.raises(ValueError, match="FEDLIB_COMPACT: must be on or off"):
+        compacted_replay(cfg, "cpu")
 
 
 def test_cpu_worker_groups_equal_one_vectorized_call(one_thread):

@@ -36,7 +36,7 @@ book: $(VENV)/.book-installed
 explore: $(VENV)/.book-installed
 	$(BIN)/python -m fedlib explore
 
-# Full-protocol runs kept in the repository (the results queue, fedlib/queue.py):
+# Full-protocol runs kept in the repository (the results queue, fedlib/app/queue.py):
 #   make results                         every chapter, most valuable run first
 #   make results CHAPTER=fedavg PROFILE=paper BUDGET=3600 WORKERS=2 QUEUE_ARGS=--cpu-only
 #   make results QUEUE_ARGS=--list       what is stored, what is pending, what each costs

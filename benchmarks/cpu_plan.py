@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from fedlib.book import load_profile  # noqa: E402
-from fedlib.chapters import celm  # noqa: E402
+from fedlib.app.book import load_profile  # noqa: E402
+from fedlib.app.chapters import celm  # noqa: E402
 from fedlib.provenance import device_name, environment  # noqa: E402
 from fedlib.engine import _execute  # noqa: E402
 from fedlib.federation import prepare  # noqa: E402

@@ -33,7 +33,7 @@
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
-# Order (fedlib/queue.py, --first): seed 0 of the CIFAR-10 readings screens (CELM, then FedMS: FedAvg under
+# Order (fedlib/app/queue.py, --first): seed 0 of the CIFAR-10 readings screens (CELM, then FedMS: FedAvg under
 # each candidate recipe, issue 30; the chosen reading decides whether earlier CIFAR-10 runs stay current),
 # then CELM Table 1 (CIFAR-10 rows), FedMS Table 1 (CIFAR-10), FLCE (its CIFAR-10 headline row first),
 # FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/test_gpu_script.py rehearses
@@ -88,7 +88,7 @@ run_on_device() {
 sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA device')" "$device"
         python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env
         set -a; . /tmp/preflight.env; set +a
-        # the queue stops runs at its budget x 1.1 + 5 s (fedlib.queue.run_queue's grace): what is left after
+        # the queue stops runs at its budget x 1.1 + 5 s (fedlib.app.queue.run_queue's grace): what is left after
         # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S
         local left=$(( (budget - bench - ($(date +%s) - t0) - 5) * 10 / 11 ))
         [ "$left" -gt 0 ] || left=1

@@ -1,7 +1,7 @@
 """Packed vs separate runs: runs per device-minute at pack sizes 1, 5, 25 and 75, in one invocation.
 
 The workload is CELM Table 1's CIFAR-10 rows at the paper profile (CNN, 5 clients, batch 128, 5 splits x
-5 methods x 3 seeds = 75 runs; ``fedlib.chapters.celm``), taken in queue order: a pack of R is its first R
+5 methods x 3 seeds = 75 runs; ``fedlib.app.chapters.celm``), taken in queue order: a pack of R is its first R
 runs. Each size runs them separately (one after another, ``fedlib.run``) and packed (``run_many(pack=True)``,
 one population), from a warm process, and reports runs per device-minute, the ratio packed/separate and the
 achieved FLOP/s: training sample passes x FLOPs of one sample's forward and backward pass
@@ -45,12 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from fedlib.book import load_profile  # noqa: E402
-from fedlib.chapters import celm  # noqa: E402
+from fedlib.app.book import load_profile  # noqa: E402
+from fedlib.app.chapters import celm  # noqa: E402
+from fedlib.app.queue import work  # noqa: E402
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
 from fedlib.population import CONV_CHOICES  # noqa: E402
-from fedlib.queue import work  # noqa: E402
 from fedlib.run import run, run_many  # noqa: E402
 
 
@@ -202,7 +202,8 @@ def main(argv=None) -> int:
     test_samples = args.test_samples or (200 if reduced else None)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     peak = matmul_peak(args.device)
-    from fedlib.provenance import device_name as name_of, environment
+    from fedlib.provenance import device_name as name_of
+    from fedlib.provenance import environment
 
     device_name = name_of(args.device)
     print(f"device: {device_name}; 4096^2 float32 matmul: {peak / 1e9:.1f} GFLOP/s; protocol: "

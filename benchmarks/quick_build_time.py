@@ -76,8 +76,8 @@ def estimate(chapter: str, profile: str) -> float:
     import torch
 
     torch.set_num_threads(1)
-    from fedlib.book import load_profile
-    from fedlib.chapters import record
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import record
     from fedlib.config import make_config
     from fedlib.run import run
 
@@ -110,7 +110,7 @@ def main() -> int:
     parser.add_argument("--estimate", nargs="*", metavar="CHAPTER", help="estimate these chapters' runs instead")
     args = parser.parse_args()
     if args.estimate is not None:
-        from fedlib.chapters import registry
+        from fedlib.app.chapters import registry
 
         chapters = args.estimate or list(registry())
         totals = {c: estimate(c, args.profile) for c in chapters}

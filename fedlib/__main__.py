@@ -11,8 +11,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from . import queue
-from .book import PROFILES, BookError, build, load_profile
+from .app import queue
+from .app.book import PROFILES, BookError, build, load_profile
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
 from .data import DataCorruptError, DataNotFoundError
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
                         help="chapters executing at a time (default: 2, or 1 on a 1-core machine)")
     p_res = sub.add_parser("results", help="the results queue: run and store every paper-profile run, most valuable "
-                           "first (see fedlib/queue.py)")
+                           "first (see fedlib/app/queue.py)")
     p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
     p_res.add_argument("--summary", action="store_true", help="with --list: only the per-table summary")
     p_res.add_argument("--budget", type=float, metavar="SECONDS", help="start no run that would not finish in time")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "explore":
-        from .explore import serve
+        from .app.explore import serve
 
         return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
@@ -129,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _migrate(args) -> int:
-    from .chapters import registry
-    from .migrate import adopt_unclipped, compress_results, format_report, migrate_results
+    from .app.chapters import registry
+    from .app.migrate import adopt_unclipped, compress_results, format_report, migrate_results
 
     try:
         compressed = compress_results(args.root, dry_run=args.dry_run)
@@ -152,7 +152,7 @@ def _migrate(args) -> int:
 
 def _check_queue_flags(args) -> None:
     """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
-    from .chapters import registry
+    from .app.chapters import registry
     from .data import DATASETS, IMAGEFOLDER_PREFIX
 
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):

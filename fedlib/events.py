@@ -1,6 +1,6 @@
 """Progress events of long computations (runs, batches of runs, named stages), appended as JSON lines
 to the file ``$FEDLIB_PROGRESS`` names, when it names one (core: the book build listens to it,
-``fedlib.progress``; without the variable nothing happens)."""
+``fedlib.app.progress``; without the variable nothing happens)."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fedlib import book
+from fedlib.app import book
+from fedlib.app.chapters import chapter_module
 from fedlib.cache import load_entry
-from fedlib.chapters import chapter_module
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
@@ -113,7 +113,7 @@ def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeyp
 
 
 def test_progress_events_reach_the_builder_and_timings_are_stored(tmp_path, monkeypatch):
-    cell = "from fedlib.progress import report\nreport('batch', total=3)\nfor _ in range(3): report('run', cached=True)"
+    cell = "from fedlib.app.progress import report\nreport('batch', total=3)\nfor _ in range(3): report('run', cached=True)"
     monkeypatch.setenv("FEDLIB_REPO", str(_mini_repo(tmp_path, cell)))
     monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
     lines = []
@@ -257,7 +257,7 @@ def test_the_evidence_profile_is_the_paper_profile_by_inheritance(tmp_path, monk
 def test_the_evidence_build_of_fedavg_trains_nothing_and_shows_the_stored_runs(tmp_path, monkeypatch):
     """The chapter's runs are the stored paper-protocol runs: no batch or run event on the progress channel,
     nothing written to an empty result cache, and every number of Table 1 a stored run's."""
-    from fedlib.chapters.fedavg import FedAvg
+    from fedlib.app.chapters.fedavg import FedAvg
 
     channel, cache = tmp_path / "progress.jsonl", tmp_path / "cache"
     monkeypatch.setenv("FEDLIB_PROGRESS", str(channel))
@@ -367,7 +367,7 @@ def test_the_plan_line_states_the_product():
 
 
 def test_chapters_without_timings_are_estimated_by_the_cost_model(tmp_path, monkeypatch):
-    from fedlib import queue
+    from fedlib.app import queue
 
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
     assert book.estimated_seconds("fedavg", book.EVIDENCE) == book.EVIDENCE_CHAPTER_SECONDS
@@ -418,7 +418,7 @@ def test_no_chapter_states_a_value_its_runs_do_not_use(chapter):
 
 
 def test_the_celm_baselines_are_rendered_from_the_runs():
-    from fedlib.chapters.celm import baselines_text
+    from fedlib.app.chapters.celm import baselines_text
 
     text = baselines_text(book.load_profile("celm", "paper"))
     assert "α = 5(1 + t/T) and fade = 0.8" in text and "μ = 0.9" in text and "rows' parameters" in text
@@ -436,7 +436,7 @@ def _bench(**extra):
 
 
 def test_the_live_verdict_reads_right_without_flower():
-    from fedlib.chapters.performance import live_text
+    from fedlib.app.chapters.performance import live_text
 
     assert live_text(_bench()) == (
         "On x86_64, 2 cores, Flower was not timed in this run, so there is no comparison with it; the vectorized round "
@@ -450,7 +450,7 @@ def test_the_live_verdict_reads_right_without_flower():
 
 
 def test_no_verdict_when_other_work_competed():
-    from fedlib.chapters.performance import competed, live_text, merge_runs
+    from fedlib.app.chapters.performance import competed, live_text, merge_runs
 
     quiet, busy = {"before": 0.3, "after": 2.1, "cores": 2}, {"before": 4.3, "after": 4.6, "cores": 2}
     assert not competed(quiet) and competed(busy) and not competed(None)
@@ -490,8 +490,8 @@ def test_every_profile_and_the_parameters_cell_fit_the_page_schema(page):
     """Issue 31 point 5: one typed schema per page (a chapter's in its Paper record); its smoke, quick
     and paper YAMLs (evidence: inherited), its notebook's parameters cell and papermill's values are
     checked against it, and it declares no key that none of them sets."""
-    from fedlib.chapters import profiles
-    from fedlib.chapters.base import notebook_defaults
+    from fedlib.app.chapters import profiles
+    from fedlib.app.chapters.base import notebook_defaults
 
     schema = profiles.schema_of(page)
     sources = {f"params/{page}/{p}.yaml": book.load_profile(page, p) for p in book.PROFILES}
@@ -522,7 +522,7 @@ BROKEN_PROFILES = [  # (a change to params/celm/quick.yaml, its one line)
 
 @pytest.mark.parametrize("change,line", BROKEN_PROFILES, ids=[f"broken-{i}" for i in range(len(BROKEN_PROFILES))])
 def test_a_broken_profile_is_one_line_naming_file_and_key(change, line):
-    from fedlib.chapters import profiles
+    from fedlib.app.chapters import profiles
 
     params = {**book.load_profile("celm", "quick"), **change}
     params = {k: v for k, v in params.items() if v is not DROP}

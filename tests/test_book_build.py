@@ -11,8 +11,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fedlib import book
-from fedlib.pagecheck import page_problems
+from fedlib.app import book
+from fedlib.app.pagecheck import page_problems
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

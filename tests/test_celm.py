@@ -195,7 +195,7 @@ def test_a_warmup_covering_the_whole_run_is_refused(fraction, rounds):
 
 
 def test_pls_search_finds_the_equal_size_splits_that_give_the_papers_uniform_pair():
-    from fedlib.chapters.celm import PLS_MATCHES, pls_class_count_search
+    from fedlib.app.chapters.celm import PLS_MATCHES, pls_class_count_search
 
     found = pls_class_count_search()
     assert tuple(found) == PLS_MATCHES and (1, 3, 6, 8, 10) not in found  # ours gives 0.470 / 0.542
@@ -205,7 +205,7 @@ def test_uniform_column_of_sls_by_hand():
     """SLS, N = 5, C = 10: client i holds (i + 1) u samples over k_i = 1, 3, 6, 8, 10 classes, so a
     held cell has mass (i + 1) / (15 k_i) and BC = Σ_i sqrt(k_i (i + 1) / 750)
     = (1 + √6 + √18 + √32 + √50) / √750 = 0.745634, H = sqrt(1 - BC) = 0.504347 (paper: 0.500)."""
-    from fedlib.chapters.celm import SPLITS, split_counts
+    from fedlib.app.chapters.celm import SPLITS, split_counts
     from fedlib.metrics import joint_distances
 
     counts = split_counts(SPLITS["SLS"][0], 5000)
@@ -218,7 +218,7 @@ def test_uniform_column_of_sls_by_hand():
 def test_fidelity_uses_the_table4_definitions():
     from types import SimpleNamespace
 
-    from fedlib.chapters.celm import fidelity
+    from fedlib.app.chapters.celm import fidelity
     from fedlib.metrics import joint_distances
 
     counts = np.array([[10, 0, 5], [0, 8, 2]])
@@ -235,7 +235,7 @@ def test_fidelity_uses_the_table4_definitions():
 
 def test_chapter_readers_match_their_loop_oracles():
     """removal_rounds, _even_counts and free_riders (vectorized) against per-client loops."""
-    from fedlib.chapters import celm as chapter
+    from fedlib.app.chapters import celm as chapter
     from fedlib.run import RunResult
 
     rng = np.random.default_rng(1)
@@ -268,7 +268,7 @@ def test_the_pls_split_uses_the_allocation_that_gives_the_papers_uniform_column(
     """PLS_ALLOCATION = (2, 3, 4, 5, 9) on Fashion-MNIST (6,000 per class, 5 clients, seeds 0-2): equal
     client sizes, k_i classes each, and Table 4's Uniform JSD 0.508 and Hellinger 0.586 once rounded
     as the paper prints them (the values do not depend on which classes a client holds)."""
-    from fedlib.chapters.celm import PLS_ALLOCATION, SPLITS, split_counts
+    from fedlib.app.chapters.celm import PLS_ALLOCATION, SPLITS, split_counts
     from fedlib.metrics import joint_distances
 
     assert PLS_ALLOCATION == (2, 3, 4, 5, 9) and SPLITS["PLS"][0]["classes_per_client"] == [2, 3, 4, 5, 9]
@@ -284,7 +284,7 @@ def test_the_pls_allocation_rule_by_hand():
     Without it, the nearest to (0.508, 0.586): (1, 3, 4, 8, 8) gives (0.508278, 0.585618), a gap of
     0.000278 + 0.000382 = 0.000660; (2, 2, 6, 6, 7) gives (0.508073, 0.586467), 0.000073 + 0.000467 =
     0.000540, the nearer."""
-    from fedlib.chapters.celm import PLS_ALLOCATION, PLS_MATCHES, choose_pls_allocation, pls_class_count_search
+    from fedlib.app.chapters.celm import PLS_ALLOCATION, PLS_MATCHES, choose_pls_allocation, pls_class_count_search
 
     chosen, rule = choose_pls_allocation(pls_class_count_search())
     assert chosen == PLS_ALLOCATION and rule.startswith("1 of 3 give every client a different number of classes")
@@ -295,8 +295,8 @@ def test_the_pls_allocation_rule_by_hand():
 
 
 def test_cffl_takes_the_label_imbalance_coefficient_on_pls_and_sls_only():
-    from fedlib.book import load_profile
-    from fedlib.chapters.celm import SPLITS, run_config
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters.celm import SPLITS, run_config
     from fedlib.methods import build_method
 
     params = load_profile("celm", "smoke")
@@ -321,7 +321,7 @@ def test_cffl_study_rows_and_conclusion_by_hand():
     rounds 3 and 4), 1/6 removes client 3 only, removal off ends at 30 %: 50 points below FedAvg with every
     client kept, more than 5, so the threshold is not what holds CFFL back. With removal off at 78 % (and
     1/3 at 40 %, 40 points below) it is; with 1/3 at 77 % there is no shortfall to explain."""
-    from fedlib.chapters.celm import CFFL_VARIANTS, cffl_study_frame
+    from fedlib.app.chapters.celm import CFFL_VARIANTS, cffl_study_frame
 
     labels = ["uniform FedAvg"] + [label for label, _ in CFFL_VARIANTS]
     runs = [_study_run(0.8, [[]] * 4), _study_run(0.4, [[], [], [3], [0, 1]]), _study_run(0.5, [[], [], [3], []]),
@@ -344,8 +344,8 @@ def test_cffl_study_rows_and_conclusion_by_hand():
 
 
 def test_cffl_study_configs_share_one_reduced_protocol():
-    from fedlib.book import load_profile
-    from fedlib.chapters.celm import cffl_study_configs, configs
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters.celm import cffl_study_configs, configs
 
     params = load_profile("celm", "quick")
     rows = cffl_study_configs(params)
@@ -357,11 +357,11 @@ def test_cffl_study_configs_share_one_reduced_protocol():
 
 def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(monkeypatch):
     """Issue 30 point 2 for CELM: uniform FedAvg on CIFAR-10 Dir(0.05) under the readings of
-    fedlib.chapters.readings; the paper's FedAvg there is 65.12. Stored: the protocol so far at 55 %
+    fedlib.app.chapters.readings; the paper's FedAvg there is 65.12. Stored: the protocol so far at 55 %
     (gap 10.12) and momentum 0.9 at 64 % (gap 1.12): momentum is chosen."""
-    from fedlib import book
-    from fedlib.book import load_profile
-    from fedlib.chapters import celm, readings
+    from fedlib.app import book
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm, readings
     from fedlib.run import RunResult
 
     params = load_profile("celm", "paper")

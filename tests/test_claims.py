@@ -6,8 +6,8 @@ import math
 import pandas as pd
 import pytest
 
-from fedlib import claims
-from fedlib.claims import Claim, Comparison, Side
+from fedlib.app import claims
+from fedlib.app.claims import Claim, Comparison, Side
 
 CLAIM = Claim("A beats B on both rows", "Table 1", "table-1", (
     Comparison("r1", Side(("Table 1", "r1", "A")), Side(("Table 1", "r1", "B"))),
@@ -114,7 +114,7 @@ def test_a_one_sided_claim_needs_a_positive_metric():
 
 
 def test_every_claim_names_cells_its_chapter_queue_produces():
-    from fedlib import queue
+    from fedlib.app import queue
 
     for chapter in claims.papers():
         cells = {(i.table, i.row, i.column) for i in queue.chapter_items(chapter, "paper")}
@@ -143,7 +143,7 @@ def test_table_and_scorecard_render_links():
 
 def test_numbers_prefer_stored_runs_and_count_seeds(monkeypatch):
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [CLAIM])
-    monkeypatch.setattr("fedlib.book.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr("fedlib.app.book.load_reference", lambda chapter: REFERENCE)
     stored = evidence({("r1", "A"): {0: 0.80, 1: 0.84}})
     build = evidence({("r1", "A"): {0: 0.10}, ("r1", "B"): {0: 0.20}})
     f = claims.numbers("celm", "smoke", stored=stored, build=build).set_index(["row", "column"])
@@ -254,7 +254,7 @@ def test_a_superseded_rule_or_another_protocol_is_never_counted(tmp_path):
 
 def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_path, monkeypatch):
     """Synthetic stored runs through the whole path (index, queue cells, judging): margins 2, 3, 4 points."""
-    from fedlib import queue
+    from fedlib.app import queue
 
     items = []
     for s, margin in enumerate((2.0, 3.0, 4.0)):
@@ -268,7 +268,7 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [claim])
     monkeypatch.setattr(queue, "chapter_items", lambda chapter, profile="paper": items)
     monkeypatch.setattr(queue, "repo_results", lambda: tmp_path)
-    monkeypatch.setattr("fedlib.book.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr("fedlib.app.book.load_reference", lambda chapter: REFERENCE)
     judged = {}
     for here, sha in (("absent", None), ("present", "d" * 64)):
         monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self, sha=sha: {"sha256": sha})
@@ -279,7 +279,7 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
 
 
 def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypatch):
-    from fedlib import queue
+    from fedlib.app import queue
 
     config = _synthetic_config(seed=0)
     _store(tmp_path / "runs", config, 0.8)
@@ -296,7 +296,7 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
 def test_a_chapter_reads_a_gpu_run_stored_under_its_cpu_key_without_the_data(tmp_path, monkeypatch):
     """The queue stores a GPU run under the chapter's (CPU) key; with the data absent here the chapter
     (``book.stored_results``) and the claims both find it by the fingerprint it recorded."""
-    from fedlib import book
+    from fedlib.app import book
 
     config = _synthetic_config(seed=0)
     _store(tmp_path, config, 0.8, resolved={**config.resolved(), "device": "cuda"}, config_key="gpu-own-key")
@@ -310,7 +310,7 @@ def test_a_chapter_reads_a_gpu_run_stored_under_its_cpu_key_without_the_data(tmp
 def test_fedms_table1_claim_reads_a_run_as_the_page_does():
     """One number per cell: the FedMS Table 1 claim reads MNIST runs with the paper profile's table1_score
     (the mean over all rounds) and CIFAR-10 runs by their final accuracy, as the chapter's table does."""
-    from fedlib import claims
+    from fedlib.app import claims
 
     history = [{"round": t, "accuracy": a} for t, a in enumerate((0.5, 0.7, 0.9))]
     mnist = {"config": {"dataset": "mnist"}, "history": history, "final": {"accuracy": 0.9}, "meta": {}}

@@ -10,8 +10,8 @@ import pytest
 
 import fedlib
 from fedlib import contributions, plots
-from fedlib.chapters import celm, flce
-from fedlib.chapters import leaderboard as lb
+from fedlib.app.chapters import celm, flce
+from fedlib.app.chapters import leaderboard as lb
 from fedlib.run import RunResult
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from fedlib import chapters, coverage, queue
+from fedlib.app import chapters, coverage, queue
 
 
 @dataclass(frozen=True)

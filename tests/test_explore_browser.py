@@ -18,7 +18,7 @@ from selenium.common.exceptions import StaleElementReferenceException  # noqa: E
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-from fedlib import explore  # noqa: E402
+from fedlib.app import explore  # noqa: E402
 
 
 @pytest.fixture(scope="module")

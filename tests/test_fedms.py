@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib import book
-from fedlib.chapters import fedms as chapter
+from fedlib.app import book
+from fedlib.app.chapters import fedms as chapter
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register

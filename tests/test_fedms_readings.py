@@ -4,8 +4,8 @@ queue-able configs and the calibration rule, on hand-made histories."""
 import numpy as np
 import pytest
 
-from fedlib.book import load_profile, load_reference
-from fedlib.chapters import fedms
+from fedlib.app.book import load_profile, load_reference
+from fedlib.app.chapters import fedms
 from fedlib.run import RunResult
 
 
@@ -132,8 +132,8 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     """Stored: the 1/N reading on all three splits at 80 % in every round (Maverick classes at 0 %).
     Gaps 0.87 / 1.00 / 5.45 -> mean 2.44, chosen (last round, the first of its ties); Dir(10) lands within
     3 points, but the paper profile does not name it, so the page says it does not use it yet."""
-    from fedlib import book
-    from fedlib.chapters.fedms import FedMS
+    from fedlib.app import book
+    from fedlib.app.chapters.fedms import FedMS
 
     reading = "Mavericks hold 1/N of their class, n_i weights"
     meta = {"client_roles": ["benign", "maverick"], "client_class_counts": [[5, 0], [1, 4]]}
@@ -166,8 +166,8 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
 def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkeypatch):
     """1/N at 80 % in every round (mean gap 2.44) and uniform weights at 79 % (gaps 0.13, 0, 4.45 -> 1.527):
     uniform is chosen, 1/N is the runner-up; Maverick classes 0 % (1/N) and 50 % (uniform)."""
-    from fedlib import book
-    from fedlib.chapters.fedms import FedMS
+    from fedlib.app import book
+    from fedlib.app.chapters.fedms import FedMS
 
     def run(accuracy, maverick_class):
         return RunResult(config={}, history=[{"round": t, "accuracy": accuracy} for t in range(10)],

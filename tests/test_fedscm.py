@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib import book
+from fedlib.app import book
 from fedlib.cache import ResultCache
-from fedlib.chapters import fedscm as chapter
+from fedlib.app.chapters import fedscm as chapter
 from fedlib.config import ConfigError, ScmConfig
 from fedlib.data import load_dataset
 from fedlib.methods import scm

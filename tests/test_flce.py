@@ -189,7 +189,7 @@ def test_a_flce_run_records_prototype_weights_and_contributions():
         assert sum(h["weights"]) == pytest.approx(1.0, abs=1e-6)
         assert len(h["diagnostics"]["x"]) == len(h["aggregated"]) and len(h["similarity"]) == 3
     assert sum(r.history[-1]["scores"]) == pytest.approx(1.0)
-    from fedlib.chapters.flce import contributions, flce_contributions, similarity_contributions
+    from fedlib.app.chapters.flce import contributions, flce_contributions, similarity_contributions
 
     # the chapter rebuilds X from the history and gets the method's own final contributions
     np.testing.assert_allclose(contributions(r), r.history[-1]["scores"], rtol=1e-6, atol=1e-9)
@@ -199,7 +199,7 @@ def test_a_flce_run_records_prototype_weights_and_contributions():
 
 
 def test_table4_communication_counts():
-    from fedlib.chapters.flce import communication_cost
+    from fedlib.app.chapters.flce import communication_cost
 
     rows = {row["Dataset"]: row for row in communication_cost()}
     assert rows["CIFAR-10"]["Model"] == 272474 and rows["CIFAR-10"]["Prototype"] == 640
@@ -210,8 +210,8 @@ def test_table4_communication_counts():
 
 
 def test_chapter_configs_are_valid_for_every_profile():
-    from fedlib.book import load_profile
-    from fedlib.chapters.flce import configs
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters.flce import configs
 
     for profile in ("smoke", "quick", "paper"):
         runs = configs(load_profile("flce", profile))
@@ -310,8 +310,8 @@ def test_flce_defaults_are_the_equations_as_printed_and_options_are_checked():
 
 
 def test_chapter_table3_runs_the_simplified_loss_and_reads_summed_completion_from_flce():
-    from fedlib.book import load_profile
-    from fedlib.chapters.flce import FROM_FLCE_RUN, experiment_configs, variant_run
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters.flce import FROM_FLCE_RUN, experiment_configs, variant_run
 
     params = load_profile("flce", "smoke")
     variants = [c.method.params for c in experiment_configs(params, "table3")]

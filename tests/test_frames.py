@@ -1,12 +1,12 @@
-"""Paper-vs-ours helpers shared by the chapters (fedlib.frames, the Chapter base), on hand-made runs."""
+"""Paper-vs-ours helpers shared by the chapters (fedlib.app.frames, the Chapter base), on hand-made runs."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from fedlib import book, frames
-from fedlib.chapters.fedms import FedMS
+from fedlib.app import book, frames
+from fedlib.app.chapters.fedms import FedMS
 from fedlib.run import RunResult
 
 

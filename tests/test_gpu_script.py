@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_path):
-    from fedlib.queue import data_missing
+    from fedlib.app.queue import data_missing
 
     if data_missing("fmnist"):
         pytest.skip("Fashion-MNIST is not on this machine")
@@ -61,7 +61,7 @@ def test_the_gpu_scripts_first_labels_name_tables_of_the_queue():
     import re
     import shlex
 
-    from fedlib import queue
+    from fedlib.app import queue
 
     script = (ROOT / "benchmarks" / "gpu_coverage.sh").read_text()
     words = shlex.split(re.search(r"first=\(--first (.*?)\)", script, re.S).group(1).replace("\\\n", " "))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import fedlib
-from fedlib.chapters import leaderboard as lb
+from fedlib.app.chapters import leaderboard as lb
 from fedlib.config import make_config
 from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
 from fedlib.methods import scm
@@ -177,7 +177,7 @@ def test_run_metrics_and_server_ratio_on_handmade_runs():
 
 
 def test_every_method_runs_on_the_same_federation():
-    from fedlib import book
+    from fedlib.app import book
 
     params = book.load_profile("leaderboard", "smoke")
     cfgs = lb.configs(params)
@@ -195,7 +195,7 @@ def test_every_method_runs_on_the_same_federation():
 
 
 def test_tiny_table_end_to_end():
-    from fedlib import book
+    from fedlib.app import book
 
     params = {**book.load_profile("leaderboard", "smoke"), "methods": ["fedavg", "fedscm", "gtg_shapley"],
               "splits": ["Maverick"], "rounds": 1, "fraction": 0.01}

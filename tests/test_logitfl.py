@@ -5,8 +5,8 @@ import pytest
 
 import fedlib
 
-from fedlib import book
-from fedlib.chapters import logitfl as chapter
+from fedlib.app import book
+from fedlib.app.chapters import logitfl as chapter
 from fedlib.config import RunConfig
 from fedlib.data import load_dataset
 from fedlib.models import build_model
@@ -158,7 +158,7 @@ def test_first_protocol_runs_stay_readable_after_calibration():
 def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_over_seeds():
     """Stored paper-profile rows: per k, the mean ± sample std (seeds) of the stored seeds' final accuracy
     (hand-derived: 60 and 70 -> 65.00 ± 7.07 (2)); a k without stored runs has no row."""
-    from fedlib.chapters.logitfl import LogitFL, row_configs
+    from fedlib.app.chapters.logitfl import LogitFL, row_configs
     from fedlib.run import RunResult
 
     chapter = LogitFL("smoke", book.load_profile("logitfl", "smoke"))
@@ -178,7 +178,7 @@ def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_ov
 
 
 def test_the_k_sweep_counts_compare_methods_on_the_seeds_they_share():
-    from fedlib.chapters.logitfl import _k_sweep_counts
+    from fedlib.app.chapters.logitfl import _k_sweep_counts
     from fedlib.stats import SeedSpread
 
     # the meta-model's mean (77) is the highest, but on seed 0, the one all four share, UWA leads (65)
@@ -193,8 +193,8 @@ def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by
     private training (mean 0.15 + 0.02 s) and the public labels at 0.5 on every seed."""
     import numpy as np
 
-    from fedlib.book import Stored, load_profile
-    from fedlib.chapters.logitfl import LogitFL, queue_items, row_configs
+    from fedlib.app.book import Stored, load_profile
+    from fedlib.app.chapters.logitfl import LogitFL, queue_items, row_configs
     from fedlib.run import RunResult
 
     params = load_profile("logitfl", "paper")

@@ -173,7 +173,7 @@ def test_convolutional_runs_pack_to_float_rounding(model, monkeypatch):
 
 
 def test_the_performance_page_reads_a_packed_benchmark_record():
-    from fedlib.chapters.performance import packed_table, packed_text
+    from fedlib.app.chapters.performance import packed_table, packed_text
 
     row = dict(separate_runs_per_min=10.0, training_flops=1.0, packed_flops_per_s=1.0)
     record = {"device": "cpu (x86_64, 2 cores, 2 threads)", "rows": [
@@ -251,7 +251,7 @@ def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_p
     import json
     from pathlib import Path
 
-    from fedlib.queue import data_missing
+    from fedlib.app.queue import data_missing
 
     if data_missing("cifar10"):
         pytest.skip("CIFAR-10 is not on this machine")

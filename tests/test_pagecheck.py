@@ -2,7 +2,7 @@
 
 import pytest
 
-from fedlib.pagecheck import page_problems
+from fedlib.app.pagecheck import page_problems
 
 GOOD = """<h1>FedAvg</h1><p>Accuracy is nan-free; the financial model is fine.</p>
 <table><thead><tr><th>split</th><th>FedAvg</th></tr></thead>

@@ -2,7 +2,7 @@
 
 import io
 
-from fedlib import progress
+from fedlib.app import progress
 
 
 def test_report_appends_events_that_the_reader_gets_once(tmp_path, monkeypatch):

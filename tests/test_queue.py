@@ -8,9 +8,9 @@ import pytest
 
 from fedlib.cache import load_entry
 
-from fedlib import queue
-from fedlib.book import load_profile
-from fedlib.chapters import CHAPTER_MODULES, chapter_module
+from fedlib.app import queue
+from fedlib.app.book import load_profile
+from fedlib.app.chapters import CHAPTER_MODULES, chapter_module
 
 SMOKE_CHAPTERS = [c for c in CHAPTER_MODULES]
 
@@ -60,7 +60,7 @@ class FakeConfig:
                 "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
                 "method": self.method or {"name": "fedavg"}, "seed": self.seed}
 
-    # what a stored run is matched on when its data is absent here (fedlib.claims.StoredIndex)
+    # what a stored run is matched on when its data is absent here (fedlib.app.claims.StoredIndex)
     def resolved(self):
         return self.to_dict()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedlib import book, chapters, claims, coverage, queue
-from fedlib.chapters import Paper, profiles
-from fedlib.claims import Claim, Comparison, Side
+from fedlib.app import book, chapters, claims, coverage, queue
+from fedlib.app.chapters import Paper, profiles
+from fedlib.app.claims import Claim, Comparison, Side
 
 ROOT = Path(__file__).resolve().parent.parent
 # the lists the records replace, as they were written before (chapters.CHAPTER_MODULES,
@@ -46,7 +46,7 @@ def _declarations(path: Path) -> int:
 
 
 def test_every_chapter_module_declares_exactly_one_paper():
-    declared = {p.stem: _declarations(p) for p in sorted((ROOT / "fedlib" / "chapters").glob("*.py"))}
+    declared = {p.stem: _declarations(p) for p in sorted((ROOT / "fedlib" / "app" / "chapters").glob("*.py"))}
     assert {name: n for name, n in declared.items() if n} == dict.fromkeys(chapters.CHAPTER_MODULES, 1)
     for name, paper in chapters.registry().items():
         assert paper.name == name and chapters.chapter_module(name).PAPER is paper
@@ -100,7 +100,7 @@ def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
 
     added = {}
     for name, ours in (("seventh", False), ("ourpage", True)):
-        module = types.ModuleType(f"fedlib.chapters.{name}")
+        module = types.ModuleType(f"fedlib.app.chapters.{name}")
         module.PAPER, added[name] = _fake_chapter(name, ours, FakeProfile)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(chapters, "CHAPTER_MODULES", CHAPTERS + ("ourpage", "seventh"))

@@ -152,7 +152,7 @@ import tarfile  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
-from fedlib import book  # noqa: E402
+from fedlib.app import book  # noqa: E402
 from fedlib.config import ConfigError, load_config  # noqa: E402
 from fedlib.data import DataCorruptError, load_dataset  # noqa: E402
 
@@ -585,8 +585,8 @@ def test_a_gpu_run_stored_under_the_chapters_key_is_shown_not_stale(tmp_path, mo
 def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
     from dataclasses import dataclass
 
+    from fedlib.app.migrate import migrate_results
     from fedlib.methods.fairness import QFedAvg
-    from fedlib.migrate import migrate_results
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     runs = tmp_path / "results" / "runs"
@@ -618,7 +618,7 @@ def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(t
 
 
 def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
-    from fedlib.migrate import migrate_results
+    from fedlib.app.migrate import migrate_results
 
     report = migrate_results(ROOT / "results", dry_run=True)
     assert not report["rekeyed"], "run: python -m fedlib migrate-results"
@@ -630,7 +630,7 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
     """Paper profiles run with clipping off; a stored clipped run whose history shows no clip is
     the same computation, so it is stored under the unclipped config (history byte-identical),
     while a run that did clip is not adopted."""
-    from fedlib.migrate import adopt_unclipped
+    from fedlib.app.migrate import adopt_unclipped
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     root = tmp_path / "results"
@@ -699,8 +699,8 @@ import errno  # noqa: E402
 import stat as stat_module  # noqa: E402
 import threading  # noqa: E402
 
-from fedlib import queue as fedlib_queue  # noqa: E402
 from fedlib.__main__ import main as cli  # noqa: E402
+from fedlib.app import queue as fedlib_queue  # noqa: E402
 
 
 def _one_line_err(capsys, prefix: str) -> str:
@@ -1046,7 +1046,7 @@ BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one 
 
 @pytest.mark.parametrize("values,text", BAD_PARAMETERS, ids=[f"param-{i}" for i in range(len(BAD_PARAMETERS))])
 def test_33_9_chapters_check_their_papermill_parameters(values, text):
-    from fedlib.chapters.base import ChapterParameterError, check_parameters
+    from fedlib.app.chapters.base import ChapterParameterError, check_parameters
 
     namespace = {**book.load_profile("celm", "quick"), "profile": "quick", **values}
     with pytest.raises(ChapterParameterError) as info:
@@ -1057,7 +1057,7 @@ def test_33_9_chapters_check_their_papermill_parameters(values, text):
 def test_33_9_imported_constants_are_not_parameters():
     """A chapter's own constants imported into the notebook (``from ... import TABLE4_FORMAT``) pass;
     the same value under a lower-case name is an unknown parameter."""
-    from fedlib.chapters.base import ChapterParameterError, check_parameters
+    from fedlib.app.chapters.base import ChapterParameterError, check_parameters
 
     namespace = {**book.load_profile("flce", "smoke"), "profile": "smoke", "TABLE4_FORMAT": {"a": "{:.2f}"}}
     check_parameters("flce", namespace)
@@ -1067,7 +1067,11 @@ def test_33_9_imported_constants_are_not_parameters():
 
 
 def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
-    from fedlib.chapters.base import check_parameters, notebook_defaults, profiles_of
+    from fedlib.app.chapters.base import (
+        check_parameters,
+        notebook_defaults,
+        profiles_of,
+    )
 
     chapters = sorted(p.name for p in (ROOT / "params").iterdir() if p.is_dir())
     for chapter in chapters:
@@ -1254,7 +1258,7 @@ def test_33_5_a_signal_stops_the_explorer_its_server_and_kernels(tmp_path, sig):
     has the port the server took and a token."""
     fake, pids = tmp_path / "fake_voila.py", tmp_path / "pids"
     fake.write_text(FAKE_VOILA)
-    code = (f"import sys; from fedlib import explore; "
+    code = (f"import sys; from fedlib.app import explore; "
             f"sys.exit(explore.serve(8866, command=[sys.executable, {str(fake)!r}, '8866', {str(pids)!r}]))")
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
@@ -1281,7 +1285,7 @@ def test_33_5_a_signal_stops_the_explorer_its_server_and_kernels(tmp_path, sig):
 def test_33_5_voila_is_configured_for_localhost_a_token_a_host_check_and_culling(tmp_path):
     """The command line and the private config file, read back by Voilà's own parser."""
     voila_app = pytest.importorskip("voila.app")
-    from fedlib import explore
+    from fedlib.app import explore
 
     token = explore.new_token()
     folder = explore.write_config(token)
@@ -1312,7 +1316,7 @@ def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
     import socket
     from urllib.parse import urlsplit
 
-    from fedlib import explore
+    from fedlib.app import explore
 
     try:
         explore.voila_command(0)
@@ -1344,8 +1348,8 @@ def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
 
 
 def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robust_rules():
-    from fedlib import book
-    from fedlib.chapters import leaderboard as lb
+    from fedlib.app import book
+    from fedlib.app.chapters import leaderboard as lb
     from fedlib.results import RunResult
 
     for profile in ("smoke", "quick", "paper"):

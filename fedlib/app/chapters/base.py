@@ -10,7 +10,7 @@ A notebook is its parameters cell and calls::
 
 A subclass names its chapter (``name``; its runs: its ``Paper`` record's ``configs``) and its method
 labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
-over seeds and the stored runs come from here (``fedlib.frames``, ``fedlib.book``).
+over seeds and the stored runs come from here (``fedlib.app.frames``, ``fedlib.app.book``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import inspect
 import json
 from typing import Any, Callable
 
-from .. import book, data, frames, queue
-from ..run import run_many
+from ... import data
+from ...run import run_many
+from .. import book, frames, queue
 from . import profiles
 
 OURS_STORED = "stored paper profile"
@@ -81,10 +82,10 @@ def _injected(namespace: dict[str, Any]) -> dict[str, Any]:
 
 def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
     """Check a chapter notebook's parameters (papermill's ``-p``/``-y`` values and the parameters
-    cell, i.e. the notebook's globals) against its profile schema (``fedlib.chapters.profiles``)
+    cell, i.e. the notebook's globals) against its profile schema (``fedlib.app.chapters.profiles``)
     before anything runs: an unknown profile (no ``params/<chapter>/<profile>.yaml``), an unknown
     or missing name or a value of the wrong type is one ``ChapterParameterError`` line."""
-    from ..config import shown
+    from ...config import shown
 
     known = profiles_of(chapter)
     profile = namespace.get("profile", "quick")
@@ -97,7 +98,7 @@ def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
 
 
 def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
-    """A ``fedlib.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
+    """A ``fedlib.app.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
     ``options``: the item's other fields, the runner ``run_round`` unless given)."""
     return queue.QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", queue.run_round),
                            first_seed=config.seed == params["seeds"][0], **options)

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import book, frames, models
+from .. import book, frames
+from ... import models
 from ..claims import Claim, Comparison, Side
-from ..config import RunConfig, make_config
-from ..contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
-from ..results import RunResult
+from ...config import RunConfig, make_config
+from ...contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
+from ...results import RunResult
 from . import Paper, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -119,7 +120,7 @@ def diversity_share(result) -> np.ndarray:
 
 def kl_to(result, share=data_share, contribute=contributions) -> float:
     """KL(contribute(result) ‖ share(result)) in nats (FLCE §4.1.3: P = contributions, Q = data quality)."""
-    from ..metrics import kl
+    from ...metrics import kl
 
     return float(kl(contribute(result), share(result)))
 
@@ -153,7 +154,7 @@ def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline row: the first dataset's Non-IID split."""
     seeds, datasets, experiments, items = params["seeds"], params["datasets"], params["experiments"], []
     d0 = dataset_label(datasets[0])
@@ -323,7 +324,7 @@ class FLCE(Chapter):
         """Fig. 4: distance and KL of each method's contributions to the exact Shapley value, per checkpoint round."""
         import matplotlib.pyplot as plt
 
-        from ..metrics import kl
+        from ...metrics import kl
 
         d0, methods = self.datasets_run[0], self.params["methods"]
         canonical = self.run_of(d0, "Non-IID", "fedsv", exact=True)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from .events import ENV, report  # noqa: F401 (the events are core; this module listens)
+from ..events import ENV, report  # noqa: F401 (the events are core; this module listens)
 
 
 class ProgressFile:

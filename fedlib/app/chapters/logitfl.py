@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from ...config import RunConfig, make_config
+from ...methods import METHODS
+from ...methods.logit import LogitFL as LogitMethod
 from .. import frames
 from ..book import load_profile, mean_std, pm, results_dir, stored_results
 from ..claims import Claim, cells_row
-from ..config import RunConfig, make_config
-from ..methods import METHODS
-from ..methods.logit import LogitFL as LogitMethod
 from . import Paper, unique_configs
 from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 from .profiles import Ints, Names, Profile, Seeds
@@ -157,7 +157,7 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): the paper's
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue): the paper's
     headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
     item = partial(queue_item, "logitfl", params)
     seeds, k0, data = params["seeds"], params["ks"][0], dataset_label(params["dataset"])
@@ -270,10 +270,10 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
 
     import torch
 
-    from ..cache import atomic_write_text
-    from ..federation import resolve_device
-    from ..provenance import environment
-    from ..run import run
+    from ...cache import atomic_write_text
+    from ...federation import resolve_device
+    from ...provenance import environment
+    from ...run import run
 
     params = load_profile("logitfl", profile)
     path = path or calibration_path()
@@ -379,7 +379,7 @@ class LogitFL(Chapter):
         record = load_calibration()
         points = record["points"]
         if not points:
-            return "No calibration recorded yet (run fedlib.chapters.logitfl.calibrate()).", None, None
+            return "No calibration recorded yet (run fedlib.app.chapters.logitfl.calibrate()).", None, None
         fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
         for stage, color in {"pilot": "gray", "structure": "C0", "tuning": "C1", "edge": "C2", "confirm": "C3"}.items():
             at = [i for i, r in enumerate(points) if r["stage"] == stage]
@@ -721,7 +721,7 @@ CLAIMS = (
 PAPER = Paper("logitfl", "Logit-based FL", LogitFLProfile, configs, queue_items, reference="logitfl", claims=CLAIMS)
 
 
-if __name__ == "__main__":  # python -m fedlib.chapters.logitfl [stage ...] [--shard i/n]
+if __name__ == "__main__":  # python -m fedlib.app.chapters.logitfl [stage ...] [--shard i/n]
     import sys
 
     args = sys.argv[1:]

@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from ...config import RunConfig, make_config
+from ...results import RunResult
 from .. import frames
 from ..book import load_profile
 from ..claims import Claim, Comparison, Side, cells_row, final
-from ..config import RunConfig, make_config
-from ..results import RunResult
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -234,7 +234,7 @@ def softmax_verdict(rows: list[tuple[str, dict, dict]], source: str) -> list[dic
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline row of Table 1: Dir(0.1), where Mavericks matter most."""
     item = partial(queue_item, "fedms", params)
     seeds, experiments, items = params["seeds"], params["experiments"], []
@@ -621,7 +621,7 @@ def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) ->
 
 
 def maverick_reading_items(params: dict[str, Any], seed: int | None = None) -> list:
-    """``fedlib.queue`` items for ``maverick_reading_configs`` (table "Maverick readings", rank 1)."""
+    """``fedlib.app.queue`` items for ``maverick_reading_configs`` (table "Maverick readings", rank 1)."""
     return [queue_item("fedms", params, "Maverick readings", f"MNIST {split}", reading, config, table_rank=1,
                        headline=split == "Dir(10)" and reading == next(iter(MAVERICK_RUN_READINGS)))
             for split, reading, config in maverick_reading_configs(params, seed)]
@@ -680,7 +680,7 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
 # ----------------------------------------------------------------------------- FedAvg under readings of the CIFAR-10 protocol (issue 30)
 
 # §5.1 names the CNN, 200 rounds, 1 local epoch, batch 64 and lr 0.05 for CIFAR-10, not the augmentation,
-# a weight decay or SGD's momentum: the readings of fedlib.chapters.readings, screened on FedAvg only.
+# a weight decay or SGD's momentum: the readings of fedlib.app.chapters.readings, screened on FedAvg only.
 CIFAR10_READINGS = readings.CIFAR10_READINGS
 
 

@@ -2,7 +2,7 @@
 
 A :class:`Claim` is a list of :class:`Comparison`\\ s that must all come out positive: each
 compares a metric of one run cell (``(table, row, column)`` as the chapter's queue items
-label it, see ``fedlib.queue``) with another's, seed by seed (paired on the seeds both
+label it, see ``fedlib.app.queue``) with another's, seed by seed (paired on the seeds both
 have), and states the margin as mean ± sample std (n) over those seeds with its 95 %
 t-interval (``fedlib.stats``). The same comparison is made on the paper's published numbers
 where the reference YAML has both cells.
@@ -31,10 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import chapters, queue, stats
-from .cache import ResultCache, key_of
-from .results import placement_free, read_stored, result_check, run_of, runs_dir
-from .stats import FAILS, HOLDS, INDICATIVE, NOISE
+from .. import stats
+from ..cache import ResultCache, key_of
+from ..results import placement_free, read_stored, result_check, run_of, runs_dir
+from ..stats import FAILS, HOLDS, INDICATIVE, NOISE
+from . import chapters, queue
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
 DATA_ABSENT = "data not on this machine (fingerprint recorded)"

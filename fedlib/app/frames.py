@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..stats import SeedSpread, mean_std
 from .book import book_dir, pm, reference_value
-from .stats import SeedSpread, mean_std
 
 SCALES = ("percent", "fraction", "nats", "count", "unitless")  # what a reference table's numbers are in
 

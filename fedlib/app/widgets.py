@@ -18,13 +18,13 @@ import ipywidgets as widgets
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from .cache import ResultCache
-from .config import ConfigError, RunConfig, make_config
-from .data import DATASETS, DataCorruptError, DataNotFoundError, Dataset, load_dataset
-from .methods import METHODS
-from .plots import accuracy_curves, bubble_plot, contribution_bars
-from .run import SPLITS, RunResult
-from .run import run as run_experiment
+from ..cache import ResultCache
+from ..config import ConfigError, RunConfig, make_config
+from ..data import DATASETS, DataCorruptError, DataNotFoundError, Dataset, load_dataset
+from ..methods import METHODS
+from ..plots import accuracy_curves, bubble_plot, contribution_bars
+from ..run import SPLITS, RunResult
+from ..run import run as run_experiment
 
 __all__ = ["SPLIT_PARAMETERS", "Explorer", "explore"]
 

@@ -34,8 +34,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import contributions
-from ..config import RunConfig, make_config
+from ... import contributions
+from ...config import RunConfig, make_config
 from . import Paper, run_options
 from . import celm as celm_chapter
 from .base import Chapter, queue_item
@@ -203,7 +203,7 @@ def as_distribution(values) -> np.ndarray:
 def fidelity(contribution, reference) -> tuple[float, float]:
     """(Spearman ρ, KL(reference || contribution) in nats) of two per-client vectors; NaN if
     the contribution is missing for a client."""
-    from ..metrics import kl, spearman
+    from ...metrics import kl, spearman
 
     c, r = np.asarray(contribution, dtype=float), np.asarray(reference, dtype=float)
     if not np.isfinite(c).all():
@@ -231,7 +231,7 @@ def maverick_rank(contribution, roles) -> float:
 
 def free_rider_auroc(history: np.ndarray, roles) -> float:
     """CELM §6.2: mean per-round AUROC of the z-score rule (rounds with a NaN left out)."""
-    from ..metrics import detection_summary
+    from ...metrics import detection_summary
 
     mask = np.isin(np.asarray(roles), FREE_RIDER_ROLES)
     rows = history[np.isfinite(history).all(1)] if len(history) else history
@@ -314,7 +314,7 @@ def reference_ranks(result) -> dict[str, float]:
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue); not a paper's
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue); not a paper's
     table, so it ranks after the papers' main tables; headline: the Maverick split."""
     item = partial(queue_item, "leaderboard", params, table_rank=2)
     items = [item("Leaderboard", f"{d} {s}", label(m), run_config(params, d, s, m, seed), headline=s == "Maverick")
@@ -428,7 +428,7 @@ class Leaderboard(Chapter):
         import matplotlib.pyplot as plt
         from IPython.display import Markdown, display
 
-        from ..plots import contribution_vs_truth
+        from ...plots import contribution_vs_truth
 
         p, dataset, seed = self.params, self.datasets[0], self.params["seeds"][0]
         for split in [s for s in ("Maverick", "Free-rider") if s in p["splits"]][:1 if self.profile == "smoke" else 2]:

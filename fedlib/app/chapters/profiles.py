@@ -61,7 +61,7 @@ class Part(Profile):
 def problem(schema: type[Profile], values: dict[str, Any]) -> str | None:
     """What is wrong with ``values`` for ``schema``, one line naming the parameter (None: they fit).
     An unknown parameter is named first (a misspelt key also leaves its right name missing)."""
-    from ..config import shown
+    from ...config import shown
 
     try:
         schema.model_validate(values)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import RunConfig, make_config
+from ...config import RunConfig, make_config
 
 # What neither paper states for CIFAR-10 (both name the CNN, rounds, local epochs, batch size and lr):
 # augmentation, weight decay, SGD's momentum. Every reading keeps the per-channel normalisation by the

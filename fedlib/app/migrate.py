@@ -4,7 +4,7 @@ A stored run is re-keyed (its file renamed to the current key, its history and n
 unchanged, its provenance completed and noted) only where it provably answers the current key:
 its recorded resolved config, rule versions and data fingerprint match today's. Everything else is
 left as it is and reported as stale; chapters list stale runs with what changed
-(``fedlib.book.stored_results``) and never show them as current. Run it after merging anything
+(``fedlib.app.book.stored_results``) and never show them as current. Run it after merging anything
 that changes the key's formula, a method's defaults, a rule version or the engine:
 ``python -m fedlib migrate-results [--dry-run]``.
 
@@ -20,9 +20,9 @@ import json
 import os
 from pathlib import Path
 
+from ..cache import ResultCache, key_of
+from ..results import _key_provenance, check_result, result_check, runs_dir
 from .book import _parse_config, what_changed
-from .cache import ResultCache, key_of
-from .results import _key_provenance, check_result, result_check, runs_dir
 
 
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,

@@ -1,6 +1,6 @@
 """The results queue: every run of every chapter's paper profile, most valuable first.
 
-Each chapter's ``Paper`` record (``fedlib.chapters``) names its ``queue_items(params) ->
+Each chapter's ``Paper`` record (``fedlib.app.chapters``) names its ``queue_items(params) ->
 list[QueueItem]``: one item per run of its profile, saying which paper table, row and column
 the run backs, its seed, its config and the function that runs it (:func:`run_round` for
 every engine run, :func:`run_scm`). The queue knows nothing else about chapters: it orders the
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from . import data
-from .cache import ResultCache, key_of
+from .. import data
+from ..cache import ResultCache, key_of
 from .book import check_only, repo_root
 from . import chapters
 from .chapters import profiles
-from .results import runs_dir, store_run
+from ..results import runs_dir, store_run
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
 TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
@@ -116,13 +116,13 @@ def items_of(chapter: str, table: str, configs: Iterable, row: Callable[[Any], s
 
 def run_round(config) -> dict:
     """Run a round-engine config; the result as a dict (``RunResult.to_dict()``)."""
-    from .run import run
+    from ..run import run
 
     return run(config, progress=False).to_dict()
 
 
 def run_scm(config) -> dict:
-    from .scm_pipeline import run_pipeline
+    from ..scm_pipeline import run_pipeline
 
     return run_pipeline(config, progress=False)
 
@@ -191,8 +191,8 @@ def answers(item: QueueItem, payload: dict) -> str | None:
     """None when a stored entry (checksum already verified) is a valid run of ``item``: the right
     schema, and it answers the item's key (its resolved config, rule versions and data, as the
     chapters judge it: ``fedlib.results.result_check``); else what is wrong."""
-    from .config import RunConfig, ScmConfig
-    from .results import check_result, placement_free, result_check, run_of
+    from ..config import RunConfig, ScmConfig
+    from ..results import check_result, placement_free, result_check, run_of
 
     if not isinstance(payload, dict):
         return "not a stored run"
@@ -223,7 +223,7 @@ def stored_state(item: QueueItem) -> tuple[bool, str | None]:
     """(stored, problem): whether a valid run of ``item`` is stored where the queue writes or in the
     repository, judged by content (checksum, schema, answering the key; regular files of bounded
     size only, read without moving anything); else the problem of a damaged file (None: no file)."""
-    from .cache import ResultCache
+    from ..cache import ResultCache
 
     found = None
     for root in dict.fromkeys((results_root(), repo_results())):
@@ -244,7 +244,7 @@ def stored_state(item: QueueItem) -> tuple[bool, str | None]:
 
 def is_stored(item: QueueItem) -> bool:
     """Whether a valid run of ``item`` is stored (:func:`stored_state`); when its data is not on this
-    machine, also by the fingerprint the run recorded (``fedlib.claims.StoredIndex``)."""
+    machine, also by the fingerprint the run recorded (``fedlib.app.claims.StoredIndex``)."""
     if stored_state(item)[0]:
         return True
     if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
@@ -285,7 +285,7 @@ def _alive(pid: int) -> bool:
 
 def claim_owner(key: str, root: Path | None = None) -> dict | None:
     """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none."""
-    from .cache import read_regular
+    from ..cache import read_regular
 
     path = _claim_path(key, root)
     try:
@@ -664,7 +664,7 @@ def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu")
 def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", log=print) -> list[Path]:
     """Run the items ``chapter:key`` as packs (``fedlib.run.run_pack``) on ``device``; each run is stored
     as it finishes, so a killed pack loses only the runs not yet finished."""
-    from .run import run_pack
+    from ..run import run_pack
 
     items = []
     for spec in specs:
@@ -745,7 +745,7 @@ def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, m
     (FedSCM's one-shot pipeline) stay single. Units are ordered by their best member's place (seed 0
     before seeds 1-2, then the ``first`` (chapter, table) in their order), then by value
     (:func:`item_value`) per estimated second."""
-    from .packing import pack_signature
+    from ..packing import pack_signature
 
     model = cost_model or CostModel.from_results()
     pending = [e for e in entries if not e.stored and not e.missing]
@@ -803,7 +803,7 @@ def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | Non
         try:
             held, owner = claim(entry.item.key)
         except OSError as err:  # a read-only or full store: nothing could be stored either
-            from .cache import write_failure
+            from ..cache import write_failure
 
             outcome.failed.append((entry.item, write_failure(err, _claim_path(entry.item.key))))
             log(f"[FAILED] {entry.describe()}: cannot claim it ({outcome.failed[-1][1]})")

@@ -1,7 +1,7 @@
 """The book's chapters: one module per chapter, each declaring one :class:`Paper` record.
 
-A chapter module (``fedlib/chapters/<name>.py``) holds its runs (``configs``, ``queue_items``),
-its profile schema (``fedlib.chapters.profiles``), the paper's claims and the tables and figures
+A chapter module (``fedlib/app/chapters/<name>.py``) holds its runs (``configs``, ``queue_items``),
+its profile schema (``fedlib.app.chapters.profiles``), the paper's claims and the tables and figures
 its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
 claims, the coverage and status pages and the command line use is derived from these records
 (:func:`registry`); ``CHAPTER_MODULES`` is the one place that names the modules.
@@ -27,11 +27,11 @@ class Paper:
     """One chapter's declaration: what the queue, the claims, the coverage and status pages and the
     profile checks know of it (a paper's chapter, or one of ours: the FedAvg baselines, the leaderboard)."""
 
-    name: str  # the chapter key: fedlib/chapters/<name>.py, book/<name>.ipynb, params/<name>/
+    name: str  # the chapter key: fedlib/app/chapters/<name>.py, book/<name>.ipynb, params/<name>/
     title: str  # as the book names it (the status page's headings)
     profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper}.yaml and the notebook's parameters cell
     configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once
-    queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.queue)
+    queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.app.queue)
     reference: str | None  # book/reference/<reference>.yaml: the published numbers the page compares with
     claims: tuple[Claim, ...] = ()  # the paper's main claims, in the order its scorecard shows them
     metrics: Mapping[str, Callable[..., float]] = field(default_factory=dict)  # its claims' readings of a run
@@ -58,7 +58,7 @@ def registry() -> dict[str, Paper]:
     for name in CHAPTER_MODULES:
         record = getattr(chapter_module(name), "PAPER", None)
         if not isinstance(record, Paper) or record.name != name:
-            raise TypeError(f"fedlib.chapters.{name}: declares no PAPER = Paper({name!r}, ...)")
+            raise TypeError(f"fedlib.app.chapters.{name}: declares no PAPER = Paper({name!r}, ...)")
         out[name] = record
     return out
 

@@ -29,13 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import frames, partition
+from ... import partition
+from ...config import RunConfig, make_config
+from ...contributions import contribution_history
+from ...results import RunResult
+from ...stats import mean_std, pm
+from .. import frames
 from ..book import reference_value
 from ..claims import Claim, Comparison, Side, cells_row
-from ..config import RunConfig, make_config
-from ..contributions import contribution_history
-from ..results import RunResult
-from ..stats import mean_std, pm
 from . import Paper, readings, run_options, unique_configs
 from .base import Chapter, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Part, Seeds
@@ -115,7 +116,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
 def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list:
     """(split, reading, config): uniform FedAvg's CIFAR-10 Table 1 run on the profile's
     ``cifar10_reading_splits`` (default the headline Dir(0.05)) under each reading of the CIFAR-10 recipe
-    the paper leaves open (``fedlib.chapters.readings``; issue 30), on one seed (default the first)."""
+    the paper leaves open (``fedlib.app.chapters.readings``; issue 30), on one seed (default the first)."""
     seed = params["seeds"][0] if seed is None else seed
     return readings.reading_configs(lambda s: run_config(params, SPLITS[s][0], "fedavg_uniform", seed, cifar10=True),
                                     params.get("cifar10_reading_splits", ["Dir(0.05)"]))
@@ -157,7 +158,7 @@ def fidelity(result) -> dict[str, float]:
     """Table 4 for one CELM run: ``metrics.joint_distances`` between the true client x class
     counts and (i) the uniform matrix, (ii) CELM's evidence Q of the last warm-up round.
     Keys "JSD Uniform", "EMD CELM", ... (NaN for CELM when the run has no evidence)."""
-    from ..metrics import joint_distances
+    from ...metrics import joint_distances
 
     true, q = np.asarray(result.meta["client_class_counts"], dtype=float), last_evidence(result)
     uniform = joint_distances(true, np.ones_like(true))
@@ -220,7 +221,7 @@ def choose_pls_allocation(matches, target: tuple[float, float] = (0.508, 0.586))
     different numbers of classes to different clients'), then the nearest to the printed values
     (|JSD - 0.508| + |Hellinger - 0.586| on the equal-size counts). The EMD column cannot decide: no
     EMD definition tried reproduces it (``CELM.definitions``). Returns (allocation, the rule applied)."""
-    from ..metrics import joint_distances
+    from ...metrics import joint_distances
 
     if not matches:
         raise ValueError("choose_pls_allocation: no allocation to choose from")
@@ -413,7 +414,7 @@ def cffl_study_frame(runs: list[tuple[str, Any]], gap_points: float = 5.0):
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue), labelled with
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline rows: Dir(0.05) (Tables 1, 6), PLS (Table 4)."""
     from ..queue import items_of, run_round
 
@@ -525,7 +526,7 @@ class CELM(Chapter):
 
     def cifar10_readings(self):
         """Uniform FedAvg's CIFAR-10 Table 1 cells under every reading of the CIFAR-10 recipe
-        (``fedlib.chapters.readings``; issue 30), from the stored paper-profile runs of seed 0, against the
+        (``fedlib.app.chapters.readings``; issue 30), from the stored paper-profile runs of seed 0, against the
         paper, and the reading the rule picks. (None, values) while no reading has a stored run."""
         from .. import book
 
@@ -571,7 +572,7 @@ class CELM(Chapter):
         import pandas as pd
         from IPython.display import Markdown
 
-        from ..metrics import detection_summary
+        from ...metrics import detection_summary
 
         detectors = [m for m in DETECTORS if m in self.params["methods"]]
         lines, curves = [], {}
@@ -643,7 +644,7 @@ class CELM(Chapter):
         import pandas as pd
         from scipy.stats import wasserstein_distance
 
-        from ..metrics import hellinger, joint_distances, jsd
+        from ...metrics import hellinger, joint_distances, jsd
 
         names = ("JSD", "EMD", "Hellinger")
 
@@ -696,7 +697,7 @@ class CELM(Chapter):
         import pandas as pd
         from scipy.stats import wasserstein_distance
 
-        from ..metrics import emd_1d, hellinger, js_distance, jsd, kl
+        from ...metrics import emd_1d, hellinger, js_distance, jsd, kl
 
         c = split_counts(SPLITS["PLS"][0], CLASS_SIZES["F.MNIST"]).astype(float)
         n, k = c.shape
@@ -817,11 +818,11 @@ class CELM(Chapter):
 
 def baselines_text(params: dict[str, Any]) -> str:
     """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs of Table 1
-    resolve (``fedlib.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
+    resolve (``fedlib.app.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
     from fractions import Fraction
 
+    from ...methods import build_method
     from .. import book
-    from ..methods import build_method
 
     runs = dict(book.resolved_methods("celm", "paper"))
     table1 = experiment_configs(params, "table1")

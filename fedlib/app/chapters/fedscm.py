@@ -20,17 +20,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...cache import ResultCache
+from ...config import ScmConfig
+from ...data import DataNotFoundError
+from ...methods import scm
+from ...results import store_run
+from ...scm_pipeline import method_labels, run_pipeline
 from .. import book, frames
 from ..book import load_profile, mean_std, pm, results_dir
-from ..cache import ResultCache
 from ..claims import Claim, Comparison, Side
-from ..config import ScmConfig
-from ..data import DataNotFoundError
-from ..methods import scm
 from ..progress import report
 from ..queue import run_scm
-from ..results import store_run
-from ..scm_pipeline import method_labels, run_pipeline
 from . import Paper, unique_configs
 from .base import Chapter, dataset_label, queue_item
 from .profiles import Names, Profile, Seeds
@@ -244,7 +244,7 @@ def constant_predictor_demo(trials: int, k: int = 50, n: int = 200, c: int = 10,
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every federation of the profile for ``python -m fedlib results`` (fedlib.queue): one
+    """Every federation of the profile for ``python -m fedlib results`` (fedlib.app.queue): one
     pipeline run backs a whole column of Table 2 (all methods); the seed-0 federation at
     ``stability_alpha`` also carries Table 1; headline: α = 0.1."""
     item = partial(queue_item, "fedscm", params, runner=run_scm)
@@ -593,7 +593,7 @@ class FedSCM(Chapter):
             display(diagnosis_rows(stored).style.format(precision=2).hide(axis="index"))
         else:
             print("No stored paper-profile variants yet (CIFAR-10 / VGG-11 / K = 500 needs a GPU: "
-                  "fedlib.chapters.fedscm.store_results('paper', diagnosis=True)).")
+                  "fedlib.app.chapters.fedscm.store_results('paper', diagnosis=True)).")
         demo = constant_predictor_demo(max(4, self.params["theory_trials"] // 2))
         print("Simulation: the same expertise levels, two noise models for the non-experts (K = 50, n = 200, γ = 2/3)")
         display(demo.style.format(precision=2).hide(axis="index"))

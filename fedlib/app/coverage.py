@@ -1,7 +1,7 @@
 """What backs each of our numbers: for every cell of every paper table, the best evidence we have.
 
 A cell is a (table, row, column) of ``book/reference/<paper>.yaml``, or of a chapter's own
-tables that the paper gives no numbers for. The chapter's queue items (``fedlib.queue``)
+tables that the paper gives no numbers for. The chapter's queue items (``fedlib.app.queue``)
 say which runs back which cells; a cell's level is:
 
   paper protocol, all seeds    every seed of the paper profile stored under results/

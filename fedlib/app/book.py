@@ -29,14 +29,14 @@ from typing import Any
 import torch
 import yaml
 
-from .cache import ResultCache, atomic_write_text, default_cache_root, key_of
-from .provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
-from .config import RunConfig, make_config
-from .methods import METHODS
+from ..cache import ResultCache, atomic_write_text, default_cache_root, key_of
+from ..provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
+from ..config import RunConfig, make_config
+from ..methods import METHODS
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
-from .results import RunResult, placement_free, read_stored, result_check, runs_dir, store_run
-from .stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
+from ..results import RunResult, placement_free, read_stored, result_check, runs_dir, store_run
+from ..stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
 
 PROFILES = ("smoke", "quick", "paper", "evidence")
 EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
@@ -162,7 +162,7 @@ def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
         protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
                     "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
                     f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
-    from . import __version__
+    from .. import __version__
     from .chapters import defenses
 
     defended, commit = defenses(chapter, params), git_commit()
@@ -373,7 +373,7 @@ def stored_results(chapter: str, configs) -> Stored:
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     """Run ``configs`` and keep each result under ``results/runs/<key>.json.gz`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
-    from .run import run
+    from ..run import run
 
     store = ResultCache(results_dir(), protect=True)
     written = []
@@ -516,7 +516,7 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
                     progress_file: Path | None = None, threads: int | None = None) -> tuple[Path, bool]:
     """Execute one chapter with papermill into the stage; skipped when nothing changed.
 
-    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.progress`);
+    ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.app.progress`);
     ``threads``, the kernel's compute threads (:func:`thread_env`). Returns (executed notebook, whether it ran)."""
     import papermill
 
@@ -751,7 +751,7 @@ UNMODELLED_CHAPTER_SECONDS = 60.0  # a chapter without queue items (explore, cov
 
 def estimated_seconds(chapter: str, profile: str, threads: int = 1, cost_model=None) -> float:
     """A chapter's time without a recorded timing: its runs not yet in the result cache, by the queue's
-    cost model (fedlib.queue.CostModel, one CPU thread per run), over ``threads``; a fixed guess for
+    cost model (fedlib.app.queue.CostModel, one CPU thread per run), over ``threads``; a fixed guess for
     chapters without runs."""
     if profile == EVIDENCE:
         return EVIDENCE_CHAPTER_SECONDS

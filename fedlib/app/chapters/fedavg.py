@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import frames, stats
-from ..config import RunConfig
+from ... import stats
+from ...config import RunConfig
+from .. import frames
 from . import ENGINE_DEFAULT_CLIP, Paper, celm
 from .base import Chapter, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -49,7 +50,7 @@ def configs(params: dict[str, Any]) -> list[RunConfig]:
 
 
 def queue_items(params: dict[str, Any]) -> list:
-    """Every run of the profile for ``python -m fedlib results`` (fedlib.queue): CELM Table 1's
+    """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue): CELM Table 1's
     FedAvg column and sample-count FedAvg beside it; headline row Dir(0.05)."""
     return [queue_item("fedavg", params, "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], config(params, s, m, seed),
                        headline=s == "Dir(0.05)")
@@ -85,7 +86,7 @@ class FedAvg(Chapter):
         """Bubble plots of each split's client x class counts (first seed), and each client's samples and classes."""
         import pandas as pd
 
-        from ..plots import bubble_plot
+        from ...plots import bubble_plot
 
         fig, axes = self._grid(4.6)
         rows = []
@@ -150,7 +151,7 @@ class FedAvg(Chapter):
 
     def curves(self):
         """Test accuracy after every round, one axis per split (first seed)."""
-        from ..plots import accuracy_curves
+        from ...plots import accuracy_curves
 
         fig, axes = self._grid(3.4, layout="constrained")
         for ax, split in axes:

@@ -30,7 +30,7 @@ def _state(global_flat, round_index=0, updates=None):
 
 
 def test_fedfv_server_step_reads_the_rounds_uploads_from_the_state():
-    """A FedFV that never saw ``aggregate`` steps from ``state.updates`` alone. By hand (α = 0, τ = 0):
+    """A FedFV that never saw ``weigh`` steps from ``state.updates`` alone. By hand (α = 0, τ = 0):
     g_1 = (1, 0), g_2 = (-1, 1), losses 0.1 < 0.2; g_2' = g_2 + g_1 = (0, 1) (projected on g_1),
     g_1' = g_1 + g_2 / 2 = (0.5, 0.5) (on g_2); mean (0.25, 0.75), rescaled to ||mean g|| = 0.5."""
     method = build_method("fedfv", {"alpha": 0.0, "tau": 0})
@@ -43,7 +43,7 @@ def test_fedfv_server_step_reads_the_rounds_uploads_from_the_state():
     new, _ = method.server_update(state, torch.full((2,), 0.5), flat.mean(0), {})
     direction = torch.tensor([0.25, 0.75], dtype=torch.float64) * 0.5 / np.sqrt(0.625)
     torch.testing.assert_close(new, -direction)
-    weights = method.aggregate(state, updates)  # uniform, and nothing of the round kept on the method
+    weights = method.weigh(state, updates)  # uniform, and nothing of the round kept on the method
     assert weights.tolist() == [0.5, 0.5]
     assert set(vars(method)) == {"alpha", "tau", "fed", "history"}  # history: FedFV's past directions (server state)
     torch.testing.assert_close(method.history[0], direction)
@@ -104,11 +104,11 @@ def test_simple_averaging_reads_the_present_clients_from_the_round_data():
 def test_uwa_evaluate_reuses_the_gmm_aggregate_put_in_the_round_data():
     method = _logit_method("logit_uwa", gmm_iters=3)
     state = _logit_round(method)
-    method.aggregate(state, state.updates)
+    method.weigh(state, state.updates)
     data = state.round_data
     assert data["present"].tolist() == [True, False, True]
     torch.testing.assert_close(data["validation"], _on_every_client(state.updates.extras["validation"]))
-    assert method.last["mean_entropy"] == data["weight_summary"]["mean_entropy"]  # the round's diagnostics
+    assert method.diagnostics(state)["mean_entropy"] == data["weight_summary"]["mean_entropy"]
     assert not ROUND_ATTRIBUTES & set(vars(method))
     test, logits = _test_set()
     full = _on_every_client(logits)
@@ -121,7 +121,7 @@ def test_uwa_evaluate_reuses_the_gmm_aggregate_put_in_the_round_data():
 def test_the_meta_model_is_trained_with_the_round_of_the_state_and_reused_by_evaluate():
     method = _logit_method("logit_meta", meta_labeled=10, meta_steps=5)
     state = _logit_round(method, round_index=2)
-    method.aggregate(state, state.updates)
+    method.weigh(state, state.updates)
     present, public = state.round_data["present"], _on_every_client(state.updates.extras["public"])
     reference = train_meta_model(public[:, :10], method.fed.y_val[:10], C, hidden=method.meta_hidden, steps=5,
                                  lr=method.meta_lr, drop=method.meta_drop, present=present, seed=3 * 1000 + 2)
@@ -182,7 +182,7 @@ def halves():
     class Halves(Method):
         name = "_halves_test"
 
-        def aggregate(self, state, updates):
+        def weigh(self, state, updates):
             return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
 
     yield Halves

@@ -93,7 +93,7 @@ def forward_flops_per_sample(model, input_shape, device) -> int:
 
 
 def _counted_server_flops(config) -> list[int]:
-    """FLOPs of each round's server step (the method's aggregate + server_update hooks)."""
+    """FLOPs of each round's server step (the method's weigh + server_update hooks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     import importlib
@@ -113,7 +113,7 @@ def _counted_server_flops(config) -> list[int]:
             return out
         return wrapper
 
-    method.aggregate = counted(method.aggregate, True)
+    method.weigh = counted(method.weigh, True)
     method.server_update = counted(method.server_update, False)
     engine._execute(prepared, False)
     return per_round

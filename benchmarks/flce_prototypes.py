@@ -59,7 +59,7 @@ def main() -> None:
         updates = ClientUpdates(clients=np.arange(n), flat=flats, buffers={}, sizes=np.full(n, 200),
                                 extras={"prototypes": protos, "prototype_counts": counts})
         state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=flats[0], global_buffers={}, lr=0.1)
-        server = median_time(lambda: method.aggregate(state, updates), args.repeat)
+        server = median_time(lambda: method.weigh(state, updates), args.repeat)
         print(f"N = {n:3d}: prototypes batched {batched:.3f} s, per-client loop {loop:.3f} s "
               f"(x{loop / batched:.2f}); server Eq. 6-10 {1000 * server:.2f} ms")
     x = torch.rand(1000, 2, dtype=torch.float64) @ torch.rand(2, 50, dtype=torch.float64)

@@ -206,7 +206,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             stopped = _stop_message(t, lr, screened, True, suspect_log)
             break
         state.updates = updates
-        weights = method.aggregate(state, updates).to(flat.device, flat.dtype)
+        weights = method.weigh(state, updates).to(flat.device, flat.dtype)
         keep_global = not bool(weights.any())  # all-zero weights: the round keeps the global model
         new_flat, new_buffers = aggregate(updates.flat, weights, updates.buffers)
         global_flat, global_buffers = method.server_update(state, weights, new_flat, new_buffers)
@@ -233,7 +233,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         if screened.notes:
             record["screening"] = screened.notes
         if not torch.isfinite(global_flat).all():
-            _set_diagnostics(record, method.diagnostics())
+            _set_diagnostics(record, method.diagnostics(state))
             history.append(_strict(record))
             stopped = _stop_message(t, lr, screened, False, suspect_log)
             break
@@ -251,7 +251,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
                           time_eval=time.perf_counter() - t0)
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
-        _set_diagnostics(record, method.diagnostics())
+        _set_diagnostics(record, method.diagnostics(state))
         for phase in method.round_end_phases(state, updates.clients, local):  # e.g. logit-FL refinement
             t0 = time.perf_counter()
             phase_flat, phase_bufs = yield run_phase(phase, None)

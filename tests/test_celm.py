@@ -89,7 +89,7 @@ def three_specialists(data):
     state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1,
                        client_state=method.init_client_state(method.fed, global_flat, {}))
     state.updates = ClientUpdates(np.arange(3), flat, bufs, np.full(3, 200))
-    weights = method.aggregate(state, state.updates)
+    weights = method.weigh(state, state.updates)
     state.client_state = method.update_client_state(state, weights, global_flat, {})  # the engine's order
     return method, held, state, flat, weights
 

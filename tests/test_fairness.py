@@ -86,12 +86,13 @@ def test_a_random_upload_gets_a_lower_reputation_and_is_removed():
     method.setup(fed)
     for t in range(2):
         clients = method.select_clients(_state(t, teacher))
-        w = method.aggregate(_state(t, teacher), _updates(clients, flat[clients]))
+        state = _state(t, teacher)
+        w = method.weigh(state, _updates(clients, flat[clients]))
         assert torch.isfinite(w).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
         r = method.scores()
         assert r[3] == 0 and r[:3] == pytest.approx([1 / 3] * 3)  # chance accuracy: removed at once
         assert w.tolist() == pytest.approx([1 / 3] * 3 + [0.0] * (len(clients) - 3))
-        assert method.diagnostics()["removed"] == ([3] if t == 0 else [])
+        assert method.diagnostics(state)["removed"] == ([3] if t == 0 else [])
     assert not method.reputable[3] and clients.tolist() == [0, 1, 2]
     assert method.removed_round.tolist() == [-1, -1, -1, 0]
 
@@ -120,7 +121,7 @@ def test_weights_stay_on_the_simplex_for_degenerate_updates(case):
     method = build_method("cffl")
     method.setup(fed)
     for t in range(2):
-        w = method.aggregate(_state(t, global_flat), _updates(np.arange(N), flat))
+        w = method.weigh(_state(t, global_flat), _updates(np.arange(N), flat))
         assert torch.isfinite(w).all() and (w >= 0).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
         assert np.isfinite(method.scores()).all()
     if case == "all_zero":
@@ -202,7 +203,7 @@ def test_cffl_sum_step_and_downloads_by_hand():
     state = _state(0, global_flat)
     state.updates = updates
     state.client_state = method.init_client_state(fed, global_flat, {})
-    w = method.aggregate(state, updates)
+    w = method.weigh(state, updates)
     new, _ = method.server_update(state, w, w @ updates.flat, {})
     inside = method.reputable.double()
     expected = global_flat + (inside.float().unsqueeze(1) * method.uploads(state, updates)[1]).sum(0)
@@ -282,7 +283,7 @@ def test_qfedavg_step_matches_algorithm_2():
     state = _state(0, w)
     f = torch.tensor([0.8, 1.5])
     updates = ClientUpdates(clients=np.arange(2), flat=flat, buffers={}, sizes=np.array([15, 25]), extras={"loss": f})
-    weights = method.aggregate(state, updates)
+    weights = method.weigh(state, updates)
     new, _ = method.server_update(state, weights, weights @ flat, {})
     big_l, q = 1 / state.lr, 2.0
     dw = big_l * (w - flat)
@@ -299,7 +300,7 @@ def test_fedfa_weights_and_momentum_follow_the_formula():
     state = _state(0, w)
     updates = ClientUpdates(clients=np.array([0, 1]), flat=flat, buffers={}, sizes=np.array([15, 25]),
                             extras={"accuracy": acc})
-    p = method.aggregate(state, updates).double()
+    p = method.weigh(state, updates).double()
     a = -torch.log2(acc.double() / acc.sum() + 1e-6)
     f = -torch.log2(1 - torch.tensor([1.0, 1.0], dtype=torch.float64) / 2 + 1e-5)
     expected = 0.5 * a / a.sum() + 0.5 * f / f.sum()
@@ -401,7 +402,7 @@ def test_ditto_personal_models_are_a_local_phase_from_the_initial_model():
     assert torch.equal(personal[[0, 2]], v) and torch.equal(personal[[1, 3]], w.unsqueeze(0).repeat(2, 1))
     assert torch.equal(state.client_state.tensors["personal"], w.unsqueeze(0).repeat(N, 1))  # never in place
     updates = ClientUpdates(clients=clients, flat=v, buffers={}, sizes=np.array([15, 25]))
-    torch.testing.assert_close(method.aggregate(state, updates), torch.tensor([15 / 40, 25 / 40]))
+    torch.testing.assert_close(method.weigh(state, updates), torch.tensor([15 / 40, 25 / 40]))
 
 
 def test_ditto_scores_personal_models_as_their_test_routine_by_hand():
@@ -442,7 +443,7 @@ def test_fedsv_exact_values_are_efficient():
     w = layout.flat_of(fed.model)
     flat = w + 0.5 * torch.randn(3, layout.size, generator=g)
     updates = ClientUpdates(clients=np.array([0, 1, 3]), flat=flat, buffers={}, sizes=np.array([10, 20, 30]))
-    weights = method.aggregate(_state(0, w), updates)
+    weights = method.weigh(_state(0, w), updates)
     torch.testing.assert_close(weights, torch.tensor([1 / 6, 2 / 6, 3 / 6]))
     from fedlib.population import evaluate
 

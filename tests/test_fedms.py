@@ -50,22 +50,24 @@ def test_one_fedms_round_follows_the_equations(world):
     fed, updates, start = world
     m = build_method("fedms", {"estimator": "mr", "alpha": 0.6, "temperature": 0.05})
     m.setup(fed)
-    weights = m.aggregate(_state(start), updates)
+    state = _state(start)
+    weights = m.weigh(state, updates)
+    diagnostics = m.diagnostics(state)
     u = coalition_utility(fed.model, updates.flat, {}, torch.as_tensor(updates.sizes).float(), fed.x_val, fed.y_val,
                           4, start)
     values = u(all_coalitions(4)).double()
     best = int(torch.argmax(values[1:].sum(1))) + 1  # coreset: highest summed class accuracy
     members = all_coalitions(4)[best]
     beta = class_difficulty(values[best], 0.05)  # Eq. 10
-    torch.testing.assert_close(torch.tensor(m.last["beta"], dtype=torch.float64), beta)
+    torch.testing.assert_close(torch.tensor(diagnostics["beta"], dtype=torch.float64), beta)
     phi = m.S / (1 - 0.6)  # Eq. 8 from S = 0
     torch.testing.assert_close(m.S_hat, m.S @ beta)  # Eq. 9
-    torch.testing.assert_close(torch.tensor(m.last["rewards"], dtype=torch.float64), phi @ beta)  # Eq. 13
+    torch.testing.assert_close(torch.tensor(diagnostics["rewards"], dtype=torch.float64), phi @ beta)  # Eq. 13
     torch.testing.assert_close(phi.sum(0), values[-1] - values[0])  # exact values: efficiency
     expected = torch.as_tensor(updates.sizes).float() * members.float()
     torch.testing.assert_close(weights, expected / expected.sum())  # coreset aggregation
-    assert m.last["coreset"] == np.flatnonzero(members.numpy()).tolist()
-    assert 3 in m.last["coreset"]  # the Maverick is in the coreset
+    assert diagnostics["coreset"] == np.flatnonzero(members.numpy()).tolist()
+    assert 3 in diagnostics["coreset"]  # the Maverick is in the coreset
 
 
 def test_divergence_guard_discards_a_bad_coreset(world):
@@ -75,8 +77,10 @@ def test_divergence_guard_discards_a_bad_coreset(world):
     good = (torch.as_tensor(updates.sizes).float() / updates.sizes.sum()) @ updates.flat  # better than any client
     noise = ClientUpdates(clients=updates.clients, flat=good + 0.5 * torch.randn_like(updates.flat),
                           buffers={}, sizes=updates.sizes)
-    weights = m.aggregate(_state(good), noise)
-    assert m.last["d_hat"] < 0 and m.last["coreset"] == []
+    state = _state(good)
+    weights = m.weigh(state, noise)
+    diagnostics = m.diagnostics(state)
+    assert diagnostics["d_hat"] < 0 and diagnostics["coreset"] == []
     assert not bool(weights.any())
 
 
@@ -103,7 +107,7 @@ def test_selection_follows_the_scores(world):
 class _ZeroWeights(Method):
     name = "_zero_weights_test"
 
-    def aggregate(self, state, updates):
+    def weigh(self, state, updates):
         return torch.zeros(len(updates.clients))
 
 
@@ -135,8 +139,9 @@ def test_s_fedavg_and_greedyfed(world):
     fed, updates, start = world
     s = build_method("s_fedavg")
     s.setup(fed)
-    s.aggregate(_state(start), updates)
-    np.testing.assert_allclose(s.values, 0.3 * np.asarray(s.last["rewards"]))
+    state = _state(start)
+    s.weigh(state, updates)
+    np.testing.assert_allclose(s.values, 0.3 * np.asarray(s.diagnostics(state)["rewards"]))
     g = build_method("greedyfed")
     many = Federation(**{**fed.__dict__, "n_clients": 7, "clients_per_round": 3})
     g.setup(many)

@@ -249,8 +249,8 @@ def test_cohort_weights_are_lambda_renormalised_over_the_round():
 
     method = build_method("cohort", {"weights": [0.5, 0.25, 0.25]})
     updates = ClientUpdates(clients=np.array([1, 2]), flat=torch.zeros(2, 3), sizes=np.array([10, 90]), buffers={})
-    torch.testing.assert_close(method.aggregate(None, updates), torch.tensor([0.5, 0.5]))
-    sizes = build_method("cohort", {}).aggregate(None, updates)  # no λ: sample counts (FedAvg)
+    torch.testing.assert_close(method.weigh(None, updates), torch.tensor([0.5, 0.5]))
+    sizes = build_method("cohort", {}).weigh(None, updates)  # no λ: sample counts (FedAvg)
     torch.testing.assert_close(sizes, torch.tensor([0.1, 0.9]))
 
 

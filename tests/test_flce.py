@@ -161,7 +161,7 @@ def test_server_rounds_keep_weights_and_contributions_on_the_simplex(params):
         updates = ClientUpdates(clients=np.asarray(clients), flat=w.repeat(2, 1), buffers={}, sizes=np.full(2, 10),
                                 extras={"prototypes": protos, "prototype_counts": counts})
         state = RoundState(round=t, rng=np.random.default_rng(t), global_flat=w, global_buffers={}, lr=0.1)
-        weights = method.aggregate(state, updates)
+        weights = method.weigh(state, updates)
         assert weights.sum().item() == pytest.approx(1.0, abs=1e-6) and (weights >= 0).all()
         scores = method.scores()
         assert scores.sum() == pytest.approx(1.0) and (scores >= 0).all()

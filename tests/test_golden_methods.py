@@ -33,7 +33,7 @@ def test_method_output_changes_only_with_its_rule_version(name):
 def test_a_silent_rule_change_is_caught(monkeypatch):
     """The check can fail: FedAvg weights tilted by 1% (a rule change that keeps the hyper-parameters)."""
     fedavg = METHODS["fedavg"]
-    original = fedavg.aggregate
+    original = fedavg.weigh
 
     def tilted(self, state, updates):
         w = original(self, state, updates)
@@ -41,7 +41,7 @@ def test_a_silent_rule_change_is_caught(monkeypatch):
         w[0] *= 1.01
         return w / w.sum()
 
-    monkeypatch.setattr(fedavg, "aggregate", tilted)
+    monkeypatch.setattr(fedavg, "weigh", tilted)
     diff = golden.differences(STORED["fedavg"]["values"], golden.values_of("fedavg"))
     assert any("weights" in d for d in diff)
     assert golden.differences(STORED["fedavg"]["values"], STORED["fedavg"]["values"]) == []

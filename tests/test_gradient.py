@@ -43,7 +43,7 @@ def _play(method, fed, rounds):
         state = RoundState(round=t, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
         updates = ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.full(len(clients), 10))
         state.updates = updates
-        w = method.aggregate(state, updates)
+        w = method.weigh(state, updates)
         out.append((w.double(), torch.as_tensor(method.scores())))
     return out
 
@@ -172,7 +172,7 @@ def test_shapfed_values_weights_and_broadcast_by_hand():
         updates = ClientUpdates(clients=np.arange(3), flat=flat, buffers={}, sizes=np.ones(3))
         state = RoundState(round=t, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={},
                            lr=0.1, client_state=client_state, updates=updates)
-        w = method.aggregate(state, updates)
+        w = method.weigh(state, updates)
         assert method.scores().tolist() == pytest.approx(gamma_ref, abs=1e-6)
         if t == 0:
             assert w.tolist() == pytest.approx(w_ref, abs=1e-6)
@@ -203,14 +203,14 @@ def test_cgsv_server_step_reputation_and_reward_by_hand():
     updates = ClientUpdates(clients=np.arange(2), flat=flat, buffers={}, sizes=np.array([1, 3]))
     state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1,
                        client_state=method.init_client_state(fed, global_flat, {}), updates=updates)
-    w = method.aggregate(state, updates)
+    w = method.weigh(state, updates)
     assert w.tolist() == pytest.approx([0.25, 0.75])
     new, _ = method.server_update(state, w, w @ flat, {})
     assert new[:2].tolist() == pytest.approx([0.45, 0.1], abs=1e-6) and float(new[2:].abs().max()) == 0
     assert method.scores().tolist() == pytest.approx([0.4375, 0.5625], abs=1e-6)
     assert method.download_shares().tolist() == pytest.approx([0.8072692, 1.0], abs=1e-6)
     # round 1: the reputations are the weights (main.py 250)
-    assert method.aggregate(state, updates).tolist() == pytest.approx([0.4375, 0.5625], abs=1e-6)
+    assert method.weigh(state, updates).tolist() == pytest.approx([0.4375, 0.5625], abs=1e-6)
 
 
 def test_cgsv_layerwise_download_mask_by_hand():
@@ -242,7 +242,7 @@ def test_weights_stay_finite_and_sum_to_one_for_degenerate_updates(name, case):
     method.setup(fed)
     for t in range(2):
         state = RoundState(round=t, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1)
-        w = method.aggregate(state, ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.ones(len(clients))))
+        w = method.weigh(state, ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.ones(len(clients))))
         assert torch.isfinite(w).all() and float(w.sum()) == pytest.approx(1.0, abs=1e-6)
         assert np.isfinite(method.scores()).all() and method.scores().shape == (N,)
     if case != "one_huge":
@@ -261,7 +261,7 @@ class _Shift(fedlib.methods.Method):
         return ClientState.replicate(fed.n_clients, global_flat, global_buffers,
                                      offset=torch.arange(1.0, fed.n_clients + 1))
 
-    def aggregate(self, state, updates):
+    def weigh(self, state, updates):
         self.seen_starts = getattr(self, "seen_starts", []) + [(state.global_flat.clone(), updates.start.clone(),
                                                                 updates.clients.copy())]
         return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
@@ -368,8 +368,8 @@ def test_fedfv_steps_the_global_model_by_the_fair_direction():
     loss = torch.tensor([0.3, 0.1, 0.2])
     updates = ClientUpdates(clients=clients, flat=flat, buffers={}, sizes=np.full(3, 10), extras={"loss": loss})
     state = RoundState(round=0, rng=np.random.default_rng(0), global_flat=global_flat, global_buffers={}, lr=0.1,
-                       updates=updates)  # as the engine: the round's uploads, set before aggregate
-    w = method.aggregate(state, updates)
+                       updates=updates)  # as the engine: the round's uploads, set before weigh
+    w = method.weigh(state, updates)
     new, _ = method.server_update(state, w, w @ flat, {})
     expected = global_flat - _fedfv_loop(global_flat - flat, loss, 0.0, [], 0)
     torch.testing.assert_close(new, expected)

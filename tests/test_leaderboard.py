@@ -47,13 +47,13 @@ def test_engine_reference_values_are_exact_shapley_and_leave_one_out():
     p = prepare(cfg)
     layout = ParamLayout(p.model)
     captured = {}
-    original = p.method.aggregate
+    original = p.method.weigh
 
     def spy(state, updates):
         captured["state"], captured["updates"] = state, updates
         return original(state, updates)
 
-    p.method.aggregate = spy
+    p.method.weigh = spy
     from fedlib.run import _execute
 
     again = _execute(p, progress=False)
@@ -97,7 +97,7 @@ def test_fedscm_select_weights_are_scm_select_on_the_clients_predictions():
     fed, state, updates = _updates()
     method = build_method("fedscm_select", {"gamma": 0.6})
     method.setup(fed)
-    lam = method.aggregate(state, updates)
+    lam = method.weigh(state, updates)
     # oracle: one model at a time (a loop over clients, the test's reference only)
     layout = ParamLayout(fed.model)
     with torch.no_grad():
@@ -109,7 +109,7 @@ def test_fedscm_select_weights_are_scm_select_on_the_clients_predictions():
     expected = chosen.weights / chosen.weights.sum()  # the solver's weights, renormalised for the aggregation
     assert torch.allclose(lam.double(), expected, atol=1e-6)
     np.testing.assert_array_equal(np.flatnonzero(lam.numpy() > 0), chosen.selected)  # selected = non-zero weight
-    method.aggregate(state, updates)
+    method.weigh(state, updates)
     assert method.scores() == pytest.approx(expected.numpy(), abs=1e-6)  # mean λ over two equal rounds
 
 

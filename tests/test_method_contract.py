@@ -1,7 +1,9 @@
 """Issue 31 point 3, the method contract: a round's data travels in ``RoundState`` (FedFV, the logit
-protocol), CELM's retained heads are the engine's per-client state, and methods register
+protocol, every method's diagnostics), the server's hook is ``weigh`` (``population.aggregate`` is
+the matmul), CELM's retained heads are the engine's per-client state, and methods register
 themselves under their names."""
 
+import inspect
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -18,6 +20,8 @@ from fedlib.methods import (METHODS, ClientData, ClientUpdates, Federation, Meth
 from fedlib.methods.logit import gmm_log_likelihood, meta_aggregate, train_meta_model, uwa_aggregate
 from fedlib.run import run
 
+import golden_methods as golden
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
@@ -30,7 +34,7 @@ def _state(global_flat, round_index=0, updates=None):
 
 
 def test_fedfv_server_step_reads_the_rounds_uploads_from_the_state():
-    """A FedFV that never saw ``aggregate`` steps from ``state.updates`` alone. By hand (α = 0, τ = 0):
+    """A FedFV that never saw ``weigh`` steps from ``state.updates`` alone. By hand (α = 0, τ = 0):
     g_1 = (1, 0), g_2 = (-1, 1), losses 0.1 < 0.2; g_2' = g_2 + g_1 = (0, 1) (projected on g_1),
     g_1' = g_1 + g_2 / 2 = (0.5, 0.5) (on g_2); mean (0.25, 0.75), rescaled to ||mean g|| = 0.5."""
     method = build_method("fedfv", {"alpha": 0.0, "tau": 0})
@@ -43,7 +47,7 @@ def test_fedfv_server_step_reads_the_rounds_uploads_from_the_state():
     new, _ = method.server_update(state, torch.full((2,), 0.5), flat.mean(0), {})
     direction = torch.tensor([0.25, 0.75], dtype=torch.float64) * 0.5 / np.sqrt(0.625)
     torch.testing.assert_close(new, -direction)
-    weights = method.aggregate(state, updates)  # uniform, and nothing of the round kept on the method
+    weights = method.weigh(state, updates)  # uniform, and nothing of the round kept on the method
     assert weights.tolist() == [0.5, 0.5]
     assert set(vars(method)) == {"alpha", "tau", "fed", "history"}  # history: FedFV's past directions (server state)
     torch.testing.assert_close(method.history[0], direction)
@@ -104,11 +108,11 @@ def test_simple_averaging_reads_the_present_clients_from_the_round_data():
 def test_uwa_evaluate_reuses_the_gmm_aggregate_put_in_the_round_data():
     method = _logit_method("logit_uwa", gmm_iters=3)
     state = _logit_round(method)
-    method.aggregate(state, state.updates)
+    method.weigh(state, state.updates)
     data = state.round_data
     assert data["present"].tolist() == [True, False, True]
     torch.testing.assert_close(data["validation"], _on_every_client(state.updates.extras["validation"]))
-    assert method.last["mean_entropy"] == data["weight_summary"]["mean_entropy"]  # the round's diagnostics
+    assert method.diagnostics(state)["mean_entropy"] == data["weight_summary"]["mean_entropy"]
     assert not ROUND_ATTRIBUTES & set(vars(method))
     test, logits = _test_set()
     full = _on_every_client(logits)
@@ -121,7 +125,7 @@ def test_uwa_evaluate_reuses_the_gmm_aggregate_put_in_the_round_data():
 def test_the_meta_model_is_trained_with_the_round_of_the_state_and_reused_by_evaluate():
     method = _logit_method("logit_meta", meta_labeled=10, meta_steps=5)
     state = _logit_round(method, round_index=2)
-    method.aggregate(state, state.updates)
+    method.weigh(state, state.updates)
     present, public = state.round_data["present"], _on_every_client(state.updates.extras["public"])
     reference = train_meta_model(public[:, :10], method.fed.y_val[:10], C, hidden=method.meta_hidden, steps=5,
                                  lr=method.meta_lr, drop=method.meta_drop, present=present, seed=3 * 1000 + 2)
@@ -182,7 +186,7 @@ def halves():
     class Halves(Method):
         name = "_halves_test"
 
-        def aggregate(self, state, updates):
+        def weigh(self, state, updates):
             return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
 
     yield Halves
@@ -235,3 +239,73 @@ def test_a_method_without_a_name_is_refused_and_a_redefined_class_replaces_itsel
         assert first is not second and METHODS["_again_test"] is second
     finally:
         METHODS.pop("_again_test", None)
+
+
+# ----------------------------------------------------------------------------- the server hook, the round's diagnostics
+
+
+def test_the_server_hook_is_weigh_and_diagnostics_take_the_rounds_state():
+    """No method keeps the old name ``aggregate`` (nor an alias of it), and ``diagnostics`` takes the
+    round's state, in every registered method."""
+    for name, cls in {"Method": Method, **METHODS}.items():
+        assert not hasattr(cls, "aggregate"), f"{name}: defines aggregate (the hook is weigh)"
+        assert list(inspect.signature(cls.diagnostics).parameters) == ["self", "state"], name
+
+
+def _two_rounds(name):
+    """``name`` on its golden federation for 2 rounds, ``diagnostics`` spied on: (the method after
+    the run, the states ``diagnostics`` received, the history)."""
+    p = prepare(make_config(golden.config_of(name).to_dict(), rounds=2))
+    method, states = p.method, []
+    hook = method.diagnostics
+
+    def spy(state):
+        states.append(state)
+        return hook(state)
+
+    method.diagnostics = spy
+    result = execute(p, progress=False)
+    del method.diagnostics
+    return method, states, result.history
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_a_rounds_diagnostics_travel_in_its_state_not_on_the_method(name):
+    """After two rounds no method holds an attribute ``last`` (the old home of a round's diagnostics,
+    with ``_diagnostics`` and ``_round_diagnostics``);
+    the engine hands ``diagnostics`` each round's own state; what a round's hooks put in
+    ``state.round_data["diagnostics"]`` is that round's record (the same keys; all of them when the
+    method keeps the default hook)."""
+    method, states, history = _two_rounds(name)
+    assert not {"last", "_diagnostics", "_round_diagnostics"} & set(vars(method)), f"{name}: a round's data on self"
+    assert [type(s) for s in states] == [RoundState, RoundState] and [s.round for s in states] == [0, 1]
+    assert states[0] is not states[1]
+    for state, record in zip(states, history):
+        kept = set(state.round_data.get("diagnostics") or {})
+        recorded = set(record.get("diagnostics") or {})
+        assert kept <= recorded, (name, record["round"])
+        if type(method).diagnostics is Method.diagnostics:
+            assert recorded == kept, (name, record["round"])
+
+
+def test_a_method_keeping_its_diagnostics_on_itself_is_caught():
+    """The check above can fail: a method that writes ``self.last`` in ``weigh``."""
+
+    @dataclass
+    class OnSelf(Method):
+        name = "_on_self_test"
+
+        def weigh(self, state, updates):
+            self.last = {"n": len(updates.clients)}
+            return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
+
+        def diagnostics(self, state):
+            return self.last
+
+    register(OnSelf)
+    try:
+        method, states, history = _two_rounds("_on_self_test")
+    finally:
+        METHODS.pop("_on_self_test", None)
+    assert vars(method)["last"] == {"n": 4} and history[1]["diagnostics"] == {"n": 4}
+    assert all(not s.round_data for s in states)  # nothing of the round in its state

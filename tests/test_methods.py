@@ -31,9 +31,9 @@ def test_bad_methods_give_one_line_errors(name, params, message):
 def test_weights_are_on_the_simplex():
     sizes = np.array([10, 30, 60])
     updates = ClientUpdates(clients=np.arange(3), flat=torch.zeros(3, 4), buffers={}, sizes=sizes)
-    w = build_method("fedavg").aggregate(None, updates)
+    w = build_method("fedavg").weigh(None, updates)
     torch.testing.assert_close(w, torch.tensor([0.1, 0.3, 0.6]))
-    u = build_method("fedavg_uniform").aggregate(None, updates)
+    u = build_method("fedavg_uniform").weigh(None, updates)
     torch.testing.assert_close(u, torch.full((3,), 1 / 3))
     assert sample_count_weights([0, 0]).sum() == 0  # no samples: no NaN
 

@@ -70,7 +70,7 @@ def test_packed_run_equals_the_run_alone_for_every_method(name):
 
 def test_round_data_and_client_state_stay_each_runs_own_in_a_pack():
     """Issue 31 point 3: CELM's retained heads (client state, T_w = 2 of 4 rounds, 2 of 4 clients a
-    round) and the logit protocol's round data (UWA's GMMs from aggregate to evaluate, the
+    round) and the logit protocol's round data (UWA's GMMs from weigh to evaluate, the
     meta-model), two runs of each method with other seeds in one pack, equal the runs alone."""
     def variant(name, seed, rounds, clients_per_round=None, **params):
         base = golden.config_of(name)

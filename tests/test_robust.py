@@ -22,14 +22,15 @@ def _state(flat, sizes=None, buffers=None):
 
 
 def _server_step(method, flat, sizes=None, buffers=None):
-    """What the engine does: weights, the weighted average, then the method's server step."""
+    """What the engine does: weights, the weighted average, then the method's server step; with the
+    round's diagnostics."""
     from fedlib.population import aggregate
 
     state, updates = _state(flat, sizes, buffers)
-    weights = method.aggregate(state, updates)
+    weights = method.weigh(state, updates)
     avg, avg_buffers = aggregate(updates.flat, weights, updates.buffers)
     new_flat, new_buffers = method.server_update(state, weights, avg, avg_buffers)
-    return weights, new_flat, new_buffers
+    return weights, new_flat, new_buffers, method.diagnostics(state)
 
 
 # ----------------------------------------------------------------------------- median
@@ -56,7 +57,7 @@ def test_fedmedian_sets_the_global_model_to_the_median_and_its_weights_sum_to_on
     flat = torch.randn(7, 30)
     flat[5:] = 1e3  # two hostile rows far away
     bn = {"running_mean": torch.arange(7.0).unsqueeze(1).repeat(1, 3), "num_batches_tracked": torch.arange(7)}
-    weights, new_flat, new_buffers = _server_step(build_method("fedmedian"), flat, buffers=bn)
+    weights, new_flat, new_buffers, _ = _server_step(build_method("fedmedian"), flat, buffers=bn)
     np.testing.assert_allclose(new_flat.numpy(), np.median(flat.numpy(), axis=0), rtol=0, atol=0)
     assert new_flat.abs().max() < 10  # the hostile rows moved nothing beyond the benign range
     assert float(weights.sum()) == pytest.approx(1.0, abs=1e-6) and float(weights[5:].sum()) == 0.0
@@ -83,14 +84,14 @@ def test_trimmed_mean_cuts_floor_beta_n_from_each_end_of_every_coordinate():
 def test_fedtrimmedavg_beta_zero_is_the_uniform_mean_and_beta_cuts_as_flower():
     torch.manual_seed(1)
     flat = torch.randn(5, 12)
-    weights, new_flat, _ = _server_step(build_method("fedtrimmedavg", {"beta": 0.0}), flat, sizes=[1, 2, 3, 4, 5])
+    weights, new_flat, _, _ = _server_step(build_method("fedtrimmedavg", {"beta": 0.0}), flat, sizes=[1, 2, 3, 4, 5])
     torch.testing.assert_close(new_flat, flat.mean(0))  # sample counts ignored
     assert weights.tolist() == pytest.approx([0.2] * 5)
     method = build_method("fedtrimmedavg")  # beta = 0.2: floor(0.2 * 5) = 1 from each end
-    weights, new_flat, _ = _server_step(method, flat)
+    weights, new_flat, _, diagnostics = _server_step(method, flat)
     expected = flat.sort(0).values[1:4].mean(0)
     torch.testing.assert_close(new_flat, expected)
-    assert method.last == {"cut_each_end": 1} and float(weights.sum()) == pytest.approx(1.0, abs=1e-6)
+    assert diagnostics == {"cut_each_end": 1} and float(weights.sum()) == pytest.approx(1.0, abs=1e-6)
     assert build_method("fedtrimmedavg", {"beta": 0.49}).cut(2) == 0  # never cuts everything
 
 
@@ -110,18 +111,18 @@ def test_krum_scores_sum_the_n_minus_f_minus_2_nearest_squared_distances():
 
 def test_krum_picks_the_lowest_score_and_multi_krum_averages_the_k_lowest_by_sample_count():
     points = torch.tensor([[0.0, 0.0], [1.0, 0.0], [2.0, 0.0], [10.0, 0.0]])
-    weights, new_flat, _ = _server_step(build_method("krum"), points)
+    weights, new_flat, _, _ = _server_step(build_method("krum"), points)
     assert weights.tolist() == [0.0, 1.0, 0.0, 0.0] and new_flat.tolist() == [1.0, 0.0]
     # ties (scores 1, 1, 1 with f = 1) go to the lower client id
-    weights, _, _ = _server_step(build_method("krum", {"num_malicious_clients": 1}), points)
+    weights, _, _, _ = _server_step(build_method("krum", {"num_malicious_clients": 1}), points)
     assert weights.tolist() == [1.0, 0.0, 0.0, 0.0]
     multi = build_method("krum", {"num_clients_to_keep": 2})  # scores 5, 2, 5, 145: rows 1 and 0
-    weights, new_flat, _ = _server_step(multi, points, sizes=[30, 10, 5, 5])
+    weights, new_flat, _, diagnostics = _server_step(multi, points, sizes=[30, 10, 5, 5])
     assert weights.tolist() == pytest.approx([0.75, 0.25, 0.0, 0.0])
     assert new_flat.tolist() == pytest.approx([0.25, 0.0])
-    assert multi.last["kept"] == [0, 1] and multi.last["krum_scores"] == pytest.approx([5.0, 2.0, 5.0, 145.0])
+    assert diagnostics["kept"] == [0, 1] and diagnostics["krum_scores"] == pytest.approx([5.0, 2.0, 5.0, 145.0])
     # more to keep than uploads: all of them, by sample count
-    weights, _, _ = _server_step(build_method("krum", {"num_clients_to_keep": 9}), points[:2], sizes=[1, 3])
+    weights, _, _, _ = _server_step(build_method("krum", {"num_clients_to_keep": 9}), points[:2], sizes=[1, 3])
     assert weights.tolist() == pytest.approx([0.25, 0.75])
 
 

@@ -276,7 +276,7 @@ def test_greedyfed_value_update_by_hand(monkeypatch, average, expected):
     updates = ClientUpdates(clients=np.array([0]), flat=torch.zeros(1, 3), buffers={}, sizes=np.ones(1))
     values = []
     for t in range(3):
-        method.aggregate(RoundState(round=t, rng=np.random.default_rng(0), global_flat=torch.zeros(3),
+        method.weigh(RoundState(round=t, rng=np.random.default_rng(0), global_flat=torch.zeros(3),
                                     global_buffers={}, lr=0.1), updates)
         values.append(float(method.values[0]))
     assert values == pytest.approx(expected)

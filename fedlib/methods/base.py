@@ -12,10 +12,11 @@ the order the engine calls them, by side of the protocol:
 - (2) the clients train, all at once (the engine; no method calls the trainer);
 - (3) more local passes: ``local_phases``, each followed by ``phase_done``;
 - (4) the clients upload: ``client_uploads`` (what they send besides their models);
-- (5) the server weighs and updates: ``aggregate`` (the weights on the uploads; it may also move
-  the method's server state, e.g. CGSV's reputations), ``server_update`` (the new global model),
-  ``update_client_state``;
-- (6) the record: ``scores`` (contribution per client), ``diagnostics``;
+- (5) the server weighs and updates: ``weigh`` (the weights on the uploads, which the engine
+  averages with ``fedlib.population.aggregate``; it may also move the method's server state, e.g.
+  CGSV's reputations), ``server_update`` (the new global model), ``update_client_state``;
+- (6) the record: ``scores`` (contribution per client), ``diagnostics`` (the round's extras, which
+  its hooks put in ``state.round_data["diagnostics"]``; read after the evaluation);
 - (7) the evaluation: ``evaluate`` (default: the new global model on the test set);
 - (8) passes at the round's end: ``round_end_phases``, each followed by ``phase_done``;
 - after the run: ``final_extras``.
@@ -26,12 +27,14 @@ another class holds is an error).
 
 Round data (``RoundState``). The engine makes one ``RoundState`` per round and passes that same
 object to every hook of the round: the round's index, rng, incoming global model and lr, the
-per-client state, and from ``aggregate`` on the screened uploads (``updates``). What a hook
+per-client state, and from ``weigh`` on the screened uploads (``updates``). What a hook
 computes for a later hook of the same round goes in ``RoundState.round_data`` (a dict the
 method alone writes and reads), not on ``self``: FedFV's server step reads the uploads from
 ``state.updates``, the logit protocol's ``evaluate`` the present clients and the aggregator that
-``aggregate`` fitted from ``state.round_data``. State that outlives the round is either the
-server's (kept on the method, e.g. CGSV's reputations) or per-client (below).
+``weigh`` fitted from ``state.round_data``. The round's diagnostics too: a hook puts them in
+``state.round_data["diagnostics"]`` (a JSON-ready dict), which ``diagnostics(state)`` returns for
+the history. State that outlives the round is either the server's (kept on the method, e.g.
+CGSV's reputations) or per-client (below).
 
 Per-client state (engine-owned). A method whose clients keep their own models or tensors
 between rounds (ShapFed's personalised broadcast, the per-client downloads of CGSV and CFFL,
@@ -171,7 +174,8 @@ class RoundState:
     run its own (packed runs too). The engine writes the fields down to ``updates``; a method only
     reads them. ``round_data`` is the method's: what its hooks hand on to its later hooks of the
     same round (e.g. the logit protocol's present clients and fitted aggregator, from
-    ``aggregate`` to ``evaluate``), never kept on ``self``; the engine never reads it. What
+    ``weigh`` to ``evaluate``; the round's diagnostics under ``"diagnostics"``), never kept on
+    ``self``; the engine never reads it (``diagnostics(state)`` does, a hook). What
     outlives the round is server state (on the method: reputations, FedFV's past directions) or
     per-client state (``client_state``)."""
 
@@ -181,7 +185,7 @@ class RoundState:
     global_buffers: dict[str, torch.Tensor]
     lr: float
     client_state: ClientState | None = None  # the engine's per-client state (``init_client_state``)
-    updates: "ClientUpdates | None" = None  # the round's screened uploads, set before ``aggregate``
+    updates: "ClientUpdates | None" = None  # the round's screened uploads, set before ``weigh``
     round_data: dict[str, Any] = field(default_factory=dict)  # the method's, between its hooks of this round
 
 
@@ -294,10 +298,11 @@ class Method:
         return None
 
     # -- 5. the server weighs the uploads and updates --------------------------------------------
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        """The aggregation weights [n] on ``updates`` (``state.updates``, the same object); the
-        engine averages the uploads with them (``fedlib.population.aggregate``). It may move the
-        method's server state and put what later hooks of the round need in ``state.round_data``."""
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+        """The server's weights [n] on ``updates`` (``state.updates``, the same object); the
+        engine averages the uploads with them (``fedlib.population.aggregate``, the matmul). It may
+        move the method's server state and put what later hooks of the round need (its diagnostics
+        too) in ``state.round_data``."""
         raise NotImplementedError
 
     def server_update(self, state: RoundState, weights: torch.Tensor, flat: torch.Tensor,
@@ -317,10 +322,10 @@ class Method:
         """Current contribution score of every client, or None if the method has none."""
         return None
 
-    def diagnostics(self) -> dict[str, Any] | None:
-        """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix); by default
-        the dict ``last`` a method keeps of its round, if any."""
-        return getattr(self, "last", None) or None
+    def diagnostics(self, state: RoundState) -> dict[str, Any] | None:
+        """JSON-ready extras of this round for the history (e.g. CELM's evidence matrix), called
+        after ``evaluate``; by default what the round's hooks put in ``state.round_data["diagnostics"]``."""
+        return state.round_data.get("diagnostics") or None
 
     def evaluate(self, state: RoundState, global_flat: torch.Tensor, global_buffers: dict[str, torch.Tensor],
                  test: TestSet) -> Any:

@@ -85,7 +85,7 @@ class CELM(Method):
     After ``setup``: ``warmup_rounds`` (T_w), ``evidence`` (last Q, [N, K] numpy; NaN rows
     for clients never probed), ``probe_images`` (last images, [N+1, K, *shape] on CPU; row 0
     is the global model), ``score_history`` (c after every round) and ``scores()`` (c now);
-    ``diagnostics()`` puts each warm-up round's probed logits and evidence in the history.
+    ``diagnostics(state)`` puts each warm-up round's probed logits and evidence in the history.
     With ``head_retention`` the clients' heads are the engine's per-client state
     (``ClientState.tensors``: ``head`` [N, H], a client's head from its last warm-up upload, and
     ``has_head`` [N] bool, whether it has one yet).
@@ -135,7 +135,6 @@ class CELM(Method):
         self.evidence = np.full((fed.n_clients, fed.n_classes), np.nan)
         self.score_history: list[np.ndarray] = []
         self._images: torch.Tensor | None = None
-        self._round_diagnostics: dict | None = None
         self.input_shape: tuple[int, ...] | None = fed.input_shape
 
     @property
@@ -166,12 +165,11 @@ class CELM(Method):
         start[rows.unsqueeze(1), self._head_index] = heads["head"][torch.as_tensor(clients[own])]
         return start
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
-        self._round_diagnostics = None
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         if self._in_warmup(state):
             self._estimate(state, updates)
             if self.keep_probe_images and state.round == self.warmup_rounds - 1:
-                self._round_diagnostics["probe_images"] = self.probe_images.tolist()
+                state.round_data["diagnostics"]["probe_images"] = self.probe_images.tolist()
         # after warm-up c is never touched again: c^(t) = c^(T_w)  (Eq. 14)
         self.score_history.append(self.scores())
         w = self.contributions[torch.as_tensor(updates.clients)]
@@ -188,19 +186,19 @@ class CELM(Method):
     def scores(self) -> np.ndarray:
         return self.contributions.numpy().copy()
 
-    def diagnostics(self) -> dict | None:
+    def diagnostics(self, state: RoundState) -> dict | None:
         """Warm-up rounds: the probed logits of the global model (b is their mean) and, in the
         order of the aggregated clients, their probed logits q~ and evidence rows of Q; with
         ``keep_probe_images``, the last warm-up round adds ``probe_images`` [N+1, K, *shape]."""
-        return self._round_diagnostics
+        return super().diagnostics(state)  # what ``weigh`` put in ``state.round_data``
 
     def _estimate(self, state: RoundState, updates: ClientUpdates) -> None:
         """One warm-up round of Algorithm 1 (lines 23-34) for the clients present."""
         u_global, u = self._probe_round(state, updates)
         q = class_evidence(u_global, u)
         self.evidence[updates.clients] = q.numpy()
-        self._round_diagnostics = {"global_logits": u_global.tolist(), "probed_logits": u.tolist(),
-                                   "evidence": q.tolist()}
+        state.round_data["diagnostics"] = {"global_logits": u_global.tolist(), "probed_logits": u.tolist(),
+                                           "evidence": q.tolist()}
         index = torch.as_tensor(updates.clients)
         previous = self.contributions[index]
         mass = previous.sum()  # 1 with full participation

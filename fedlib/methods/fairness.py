@@ -148,7 +148,7 @@ class CFFL(Method):
         sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
         return inside * sizes[clients] / sizes.sum()
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         fed = self.fed
         clipped, upload = self.uploads(state, updates)
         if self.theta >= 1:  # their theta = 1 path: the participant's own model
@@ -163,8 +163,9 @@ class CFFL(Method):
         self.update_reputation(clients, vacc.double().cpu(), alpha)
         removed = torch.nonzero(before & ~self.reputable).squeeze(1).numpy()
         self.removed_round[removed] = state.round
-        self.last = {"removed": removed.tolist(), "reputable": torch.nonzero(self.reputable).squeeze(1).tolist(),
-                     "alpha": alpha, "threshold": self.coefficient / max(int(self.reputable.sum()), 1)}
+        state.round_data["diagnostics"] = {
+            "removed": removed.tolist(), "reputable": torch.nonzero(self.reputable).squeeze(1).tolist(),
+            "alpha": alpha, "threshold": self.coefficient / max(int(self.reputable.sum()), 1)}
         a = self.step_weights(clients)
         return (a / a.sum() if a.sum() > 0 else a).float()
 
@@ -260,7 +261,7 @@ class QFedAvg(Method):
         loss, _ = global_model_on_clients(self.fed, state, data)
         return {"loss": loss}
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         big_l = 1.0 / state.lr
         f = updates.extras["loss"].double().clamp(min=1e-10)
         delta_w = big_l * (state.global_flat - updates.flat).double()
@@ -312,7 +313,7 @@ class FedFa(Method):
         _, acc = global_model_on_clients(self.fed, state, data)
         return {"accuracy": acc}
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         self.frequency[clients] += 1
         acc = updates.extras["accuracy"].double().cpu()
@@ -404,7 +405,7 @@ class Ditto(Method):
         return state.client_state.with_rows(clients, **{PERSONAL: flat},
                                             **{PERSONAL_BUFFER + k: v for k, v in buffers.items()})
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
     def evaluate(self, state, global_flat, global_buffers, test):
@@ -494,7 +495,7 @@ class MOON(Method):
 
         return replace(base, extra_loss=model_contrastive, extra_loss_inputs=True, client_context=context)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
     def update_client_state(self, state, weights, global_flat, global_buffers):

@@ -22,7 +22,7 @@ class FedAvg(Method):
 
     name = "fedavg"
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
 
@@ -33,7 +33,7 @@ class FedAvgUniform(Method):
 
     name = "fedavg_uniform"
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         n = len(updates.clients)
         return torch.full((n,), 1.0 / n)
 
@@ -52,7 +52,7 @@ class FedProx(Method):
     def local_training(self, state, base, clients):
         return replace(base, prox_mu=self.mu)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
 
@@ -83,7 +83,7 @@ class Cohort(Method):
     def local_training(self, state, base, clients):
         return replace(base, prox_mu=self.mu, max_steps=self.max_steps)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         if self.weights is None:
             return sample_count_weights(updates.sizes)
         lam = torch.as_tensor(self.weights, dtype=torch.float64)[torch.as_tensor(updates.clients)]

@@ -271,7 +271,6 @@ class FLCE(Method):
         self.class_momentum_sum = torch.zeros(fed.n_clients, fed.n_classes, dtype=torch.float64)
         self.contributions = torch.full((fed.n_clients,), 1.0 / fed.n_clients, dtype=torch.float64)
         self._rounds_done = 0
-        self._diagnostics: dict | None = None
 
     # -- 2. local: L = L_CE + λ L_CL (Eq. 2-4), then prototypes (Eq. 5) ---------------------
     def local_training(self, state, base, clients):
@@ -298,7 +297,7 @@ class FLCE(Method):
         v = class_velocity(p, present, self.global_protos, self.known) if self.velocity else torch.ones_like(present)
         return class_momentum(m, v, present)  # Eq. 8
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         p = updates.extras["prototypes"].double().cpu()
         present = (updates.extras["prototype_counts"].cpu() > 0).double()
         q = self.round_momentum(p, present)
@@ -313,9 +312,9 @@ class FLCE(Method):
         self._rounds_done = state.round + 1
         last = state.round == self.fed.rounds - 1
         self.contributions = self.evaluate_contributions(complete=last and self.completion)
-        self._diagnostics = {"x": row.tolist(), "x_class": cells.tolist()}
+        diagnostics = state.round_data["diagnostics"] = {"x": row.tolist(), "x_class": cells.tolist()}
         if last:
-            self._diagnostics["class_momentum_sum"] = self.class_momentum_sum.tolist()
+            diagnostics["class_momentum_sum"] = self.class_momentum_sum.tolist()
         return aggregation_weights(q).float()  # Eq. 10
 
     def evaluate_contributions(self, complete: bool) -> torch.Tensor:
@@ -329,7 +328,7 @@ class FLCE(Method):
     def scores(self) -> np.ndarray:
         return self.contributions.numpy().copy()
 
-    def diagnostics(self) -> dict | None:
+    def diagnostics(self, state: RoundState) -> dict | None:
         """Every round: ``x`` (this round's row Σ_c X[t, k, c] for the aggregated clients) and
         ``x_class`` (X[t, k, c], [K, C]); the last round adds ``class_momentum_sum`` [N, C]."""
-        return self._diagnostics
+        return super().diagnostics(state)  # what ``weigh`` put in ``state.round_data``

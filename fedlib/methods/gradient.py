@@ -110,7 +110,7 @@ class CGSV(Method):
         delta = updates.deltas(state.global_flat)
         return self.gamma * delta / (delta.norm(dim=1, keepdim=True) + 1e-7)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         if not self.seen.any():  # first round: data-size (FedAvg) weights
             sizes = torch.as_tensor(np.asarray(updates.sizes, dtype=float))
@@ -137,7 +137,7 @@ class CGSV(Method):
 
     def update_client_state(self, state, weights, global_flat, global_buffers):
         q = self.download_shares()
-        self.last = {"download_share": q.tolist()}
+        state.round_data["diagnostics"] = {"download_share": q.tolist()}
         reward = layerwise_top_share(global_flat - state.global_flat, q, self.layout.numels)
         cs = state.client_state
         return ClientState(cs.flat + reward.to(cs.flat), cs.buffers, cs.tensors)
@@ -202,7 +202,7 @@ class ShapFed(Method):
         n, c = flat.shape[0], self.fed.n_classes
         return torch.cat([params[name].reshape(n, c, -1) for name in self.head], dim=-1)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         seen = self.seen[clients]
         omega = sum_normalised(_with_prior(self.gamma, self.seen)[clients]) if self.seen.any() else \
@@ -227,8 +227,8 @@ class ShapFed(Method):
     def scores(self) -> np.ndarray:
         return self.gamma.numpy().copy()
 
-    def diagnostics(self):
-        return {"class_values": self.class_values.tolist()}
+    def diagnostics(self, state):
+        return {"class_values": self.class_values.tolist()}  # server state: the μ-smoothed σ so far
 
 
 @register
@@ -265,7 +265,7 @@ class FedFV(Method):
         loss, _ = global_model_on_clients(self.fed, state, data)
         return {"loss": loss}
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         n = len(updates.clients)
         return torch.full((n,), 1.0 / n)
 

@@ -318,10 +318,11 @@ class LogitFL(Method):
 
     Server state (on the method): ``targets``, softmax of the last aggregate on the public set
     (the soft targets of this round's refinement, or of the next round's with ``after_refine``).
-    Round data (``state.round_data``, from ``aggregate`` to ``evaluate``): ``present`` [N] bool,
+    Round data (``state.round_data``, from ``weigh`` to ``evaluate``): ``present`` [N] bool,
     ``validation`` [N, m, C] the clients' logits on their validation splits, the aggregator fitted
-    on the public logits and reused on the test logits (UWA's ``gmm``, the ``meta_model``), and
-    ``weight_summary`` (UWA's entries for the round's diagnostics)."""
+    on the public logits and reused on the test logits (UWA's ``gmm``, the ``meta_model``),
+    ``weight_summary`` (UWA's entries for the round's diagnostics) and ``diagnostics`` (the
+    round's, ``evaluate`` adds the clients' test accuracies)."""
 
     needs_validation = True  # the public set
     parameter_uploads = False
@@ -351,7 +352,8 @@ class LogitFL(Method):
         self.val_table, self.val_valid = val_table.to(device), val_valid.to(device)
         self.x_upload = torch.cat([fed.x_val, data.x[self.val_table.flatten()]])  # public set, validation splits
         self.targets = None  # softmax of the last aggregate on the public set
-        self.last: dict = {}
+        # outlives its round: the last round's diagnostics, which the run's final block reports
+        self.final_round_diagnostics: dict = {}
 
     def training_indices(self, indices):
         return self.train
@@ -405,7 +407,7 @@ class LogitFL(Method):
         out[torch.as_tensor(clients, device=rows.device)] = rows
         return out
 
-    def aggregate(self, state, updates):
+    def weigh(self, state, updates):
         public = self._full(updates.extras["public"], updates.clients)
         present = torch.zeros(self.fed.n_clients, dtype=torch.bool, device=public.device)
         present[torch.as_tensor(updates.clients, device=public.device)] = True
@@ -414,10 +416,11 @@ class LogitFL(Method):
         aggregated = self.aggregate_logits(state, public, "public")
         self.targets = torch.softmax(aggregated, dim=-1).detach()
         n_present, n_pub, c = int(present.sum()), len(self.fed.y_val), self.fed.n_classes
-        self.last = {"public_accuracy": float((aggregated.argmax(-1) == self.fed.y_val).float().mean()),
-                     "present": present.cpu().tolist(), **state.round_data.get("weight_summary", {}),
-                     "floats_up": n_present * n_pub * c + (n_present * n_pub if self.name == "logit_uwa" else 0),
-                     "floats_down": n_present * n_pub * c, "fedavg_floats": 2 * n_present * updates.flat.shape[1]}
+        diagnostics = {"public_accuracy": float((aggregated.argmax(-1) == self.fed.y_val).float().mean()),
+                       "present": present.cpu().tolist(), **state.round_data.get("weight_summary", {}),
+                       "floats_up": n_present * n_pub * c + (n_present * n_pub if self.name == "logit_uwa" else 0),
+                       "floats_down": n_present * n_pub * c, "fedavg_floats": 2 * n_present * updates.flat.shape[1]}
+        state.round_data["diagnostics"] = self.final_round_diagnostics = diagnostics  # evaluate adds to it
         return torch.full((len(updates.clients),), 1.0 / len(updates.clients))
 
     def server_update(self, state, weights, flat, buffers):
@@ -442,12 +445,14 @@ class LogitFL(Method):
             0, test.y * c + aggregated.argmax(-1), torch.ones(len(test.y), device=aggregated.device))
         accuracy = torch.full((self.fed.n_clients,), float("nan"))
         accuracy[torch.as_tensor(u.clients)] = (logits.argmax(-1) == test.y).float().mean(1).cpu()
-        self.last["client_accuracy"] = [None if math.isnan(a) else a for a in accuracy.tolist()]  # absent: null
+        state.round_data["diagnostics"]["client_accuracy"] = [None if math.isnan(a) else a
+                                                              for a in accuracy.tolist()]  # absent: null
         return Evaluation(confusion.view(1, c, c), F.cross_entropy(aggregated, test.y).view(1))
 
     def final_extras(self):
-        accs = [a for a in self.last.get("client_accuracy", []) if a is not None]
-        return {"public_accuracy": self.last.get("public_accuracy"),
+        last = self.final_round_diagnostics
+        accs = [a for a in last.get("client_accuracy", []) if a is not None]
+        return {"public_accuracy": last.get("public_accuracy"),
                 "mean_client_accuracy": float(np.mean(accs)) if accs else None}
 
 

@@ -15,9 +15,9 @@ round (non-finite ones dropped, outsized ones clipped by ``fedlib.screening`` fi
     multi-Krum    w_g = sample-count average of the K uploads with the lowest s_i (K > 0)
 
 Median and trimmed mean are not a weighted average of the uploads, so they are the server's
-``server_update`` (as q-FedAvg and FedFV are); their ``aggregate`` weights say how much of the new
-model each client supplied: client i's share of the coordinates whose median (half a share each
-of the two middle values when n is even) or trimmed mean its value entered. Krum's weights are
+``server_update`` (as q-FedAvg and FedFV are); the weights their ``weigh`` returns say how much
+of the new model each client supplied: client i's share of the coordinates whose median (half a
+share each of the two middle values when n is even) or trimmed mean its value entered. Krum's weights are
 the one-hot choice, multi-Krum's the kept clients' sample-count shares. Floating buffers (BatchNorm
 statistics) take the same coordinate-wise rule; integer buffers the engine's (the maximum).
 Every rule ignores the clients' reported sample counts except multi-Krum's average (as Flower).
@@ -121,9 +121,9 @@ class FedMedian(Method):
 
     name = "fedmedian"
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         _, credit = coordinate_median(updates.flat)
-        self.last = {"rule": "coordinate-wise median"}
+        state.round_data["diagnostics"] = {"rule": "coordinate-wise median"}
         return credit.float()
 
     def server_update(self, state, weights, flat, buffers):
@@ -147,10 +147,10 @@ class FedTrimmedAvg(Method):
     def cut(self, n: int) -> int:
         return min(int(np.floor(self.beta * n)), (n - 1) // 2)  # floor(beta n) < n/2; the min guards rounding
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         k = self.cut(len(updates.clients))
         _, credit = trimmed_mean(updates.flat, k)
-        self.last = {"cut_each_end": k}
+        state.round_data["diagnostics"] = {"cut_each_end": k}
         return credit.float()
 
     def server_update(self, state, weights, flat, buffers):
@@ -187,7 +187,7 @@ class Krum(Method):
             raise ValueError(f"method 'krum': num_clients_to_keep must be <= n_clients = {n_clients} "
                              f"(got {self.num_clients_to_keep})")
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         n = len(updates.clients)
         scores = krum_scores(updates.flat, self.num_malicious_clients).cpu()
         keep = min(self.num_clients_to_keep, n) or 1
@@ -197,5 +197,6 @@ class Krum(Method):
             weights[chosen] = sample_count_weights(np.asarray(updates.sizes)[chosen])
         else:
             weights[chosen] = 1.0
-        self.last = {"krum_scores": scores.tolist(), "kept": np.asarray(updates.clients)[np.sort(chosen)].tolist()}
+        state.round_data["diagnostics"] = {"krum_scores": scores.tolist(),
+                                           "kept": np.asarray(updates.clients)[np.sort(chosen)].tolist()}
         return weights

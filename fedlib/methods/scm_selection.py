@@ -70,7 +70,7 @@ class FedSCMSelection(Method):
         self.total = np.zeros(fed.n_clients)
         self.rounds_seen = 0
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         probs = client_probabilities(self.fed, updates).cpu()  # h_k(X), [K, n, C]; the solver runs on the CPU
         k = probs.shape[0]
         if scm.vertex_counts(self.gamma)[2] > k:  # fewer trained clients than the vertex needs: plain average
@@ -85,7 +85,7 @@ class FedSCMSelection(Method):
             lam, objective = lam / lam.sum(), chosen.objective
         self.rounds_seen += 1
         self.total[updates.clients] += lam.cpu().numpy()  # s_k: mean λ_k over the rounds so far
-        self.last = {"lambda": lam.tolist(), "objective": objective}
+        state.round_data["diagnostics"] = {"lambda": lam.tolist(), "objective": objective}
         return lam.float()
 
     def scores(self) -> np.ndarray:

@@ -76,10 +76,10 @@ class PowerOfChoice(Method):
         loss = local_losses(self.fed.model, state.global_flat, state.global_buffers,
                             self.fed.client_data(pool)).numpy()
         chosen = pool[np.argsort(-loss, kind="stable")[:k]]  # highest local loss
-        self.last = {"candidates": int(d)}
+        state.round_data["diagnostics"] = {"candidates": int(d)}
         return np.sort(chosen)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
 
@@ -120,7 +120,7 @@ class FedEMD(Method):
         p = (p / p.sum() + 1e-12)
         return np.sort(state.rng.choice(n, size=k, replace=False, p=p / p.sum()))
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         return sample_count_weights(updates.sizes)
 
     def scores(self) -> np.ndarray:

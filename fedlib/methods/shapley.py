@@ -611,7 +611,7 @@ class FedMS(_ShapleyMethod):
             return np.arange(n)
         return _softmax_sample(state.rng, self.score_scale * self.S_hat.numpy(), k)  # Eq. 12
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         clients = torch.as_tensor(updates.clients, dtype=torch.long)
         n = len(clients)
         u = self.round_utility(state, updates)
@@ -623,7 +623,7 @@ class FedMS(_ShapleyMethod):
             self.S[clients] = values[:n]
             self.beta = class_difficulty(values[n], self.temperature)
             self.S_hat = self.S @ self.beta
-            self.last = {"beta": self.beta.tolist(), "coreset": updates.clients.tolist()}
+            state.round_data["diagnostics"] = {"beta": self.beta.tolist(), "coreset": updates.clients.tolist()}
             return sizes / sizes.sum()
         phi, among = _estimate(self.estimator, u, n, state.rng, self.eps_between, self.eps_within, self.beta)
         members, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
@@ -637,9 +637,10 @@ class FedMS(_ShapleyMethod):
         if not self.coreset:
             members = torch.ones(n, dtype=torch.bool)
         weights = sizes * members.float() * (not discarded)
-        self.last = {"rewards": rewards.tolist(), "beta": self.beta.tolist(),
-                     "coreset": updates.clients[members.numpy()].tolist() if not discarded else [],
-                     "d_hat": d_hat, "eps_d": self.eps_d(state.round), "evaluations": u.evaluations}
+        state.round_data["diagnostics"] = {
+            "rewards": rewards.tolist(), "beta": self.beta.tolist(),
+            "coreset": updates.clients[members.numpy()].tolist() if not discarded else [],
+            "d_hat": d_hat, "eps_d": self.eps_d(state.round), "evaluations": u.evaluations}
         return weights / weights.sum() if weights.sum() > 0 else weights
 
     def scores(self) -> np.ndarray:
@@ -681,7 +682,7 @@ class ShapleyRewards(_ShapleyMethod):
         k = min(self.fed.clients_per_round, len(pool))
         return pool if k >= len(pool) else np.sort(state.rng.choice(pool, size=k, replace=False))
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         n = len(updates.clients)
         u = self.round_utility(state, updates)
         plain, _ = _estimate(self.estimator, self.uniform_view(u), n, state.rng, self.eps_between,
@@ -689,8 +690,9 @@ class ShapleyRewards(_ShapleyMethod):
         phi, among = _estimate(self.estimator, u, n, state.rng, self.eps_between, self.eps_within, self.beta)
         _, v_hat = best_coalition(u, n, u.evaluated()[0] if among == "evaluated" else None)
         self.beta = class_difficulty(v_hat, self.temperature)  # Eq. 10
-        self.last = {"rewards_gtg": plain.tolist(), "rewards_ms": (phi @ self.beta).tolist(),  # Eq. 13
-                     "class_values": phi.tolist(), "beta": self.beta.tolist()}
+        state.round_data["diagnostics"] = {
+            "rewards_gtg": plain.tolist(), "rewards_ms": (phi @ self.beta).tolist(),  # Eq. 13
+            "class_values": phi.tolist(), "beta": self.beta.tolist()}
         return self.fedavg_weights(updates)
 
 
@@ -729,12 +731,12 @@ class SFedAvg(_ShapleyMethod):
             return np.arange(n)
         return _softmax_sample(state.rng, self.score_scale * self.values, k)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         u = self.round_utility(state, updates)
         phi = mr_shapley(self.uniform_view(u), len(updates.clients)).numpy()
         c = updates.clients
         self.values[c] = self.alpha * self.values[c] + (1 - self.alpha) * phi
-        self.last = {"rewards": phi.tolist()}
+        state.round_data["diagnostics"] = {"rewards": phi.tolist()}
         return self.fedavg_weights(updates)
 
     def scores(self) -> np.ndarray:
@@ -799,7 +801,7 @@ class GreedyFed(_ShapleyMethod):
         bonus = self.ucb * np.sqrt(np.log(max(state.round, 1)) / np.maximum(self.taken, 1))  # ucb_run: log(t)
         return np.sort(np.argsort(-(self.values + bonus), kind="stable")[:k])
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         u = self.round_utility(state, updates)
         phi = gtg_shapley(self.uniform_view(u), len(updates.clients), state.rng, eps_between=self.eps_between,
                           eps_within=self.eps_within, stopping="original" if self.gtg == "original" else "eq11",
@@ -812,7 +814,7 @@ class GreedyFed(_ShapleyMethod):
             self.values[c] = self.values[c] + (phi - self.values[c]) / self.taken[c]
         else:
             self.values[c] = np.where(first, phi, self.alpha * self.values[c] + (1 - self.alpha) * phi)
-        self.last = {"rewards": phi.tolist()}
+        state.round_data["diagnostics"] = {"rewards": phi.tolist()}
         return self.fedavg_weights(updates)
 
     def scores(self) -> np.ndarray:
@@ -849,7 +851,7 @@ class FedSV(Method):
         self.total = torch.zeros(fed.n_clients, dtype=torch.float64)
         self.rng = np.random.default_rng(self.seed)
 
-    def aggregate(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
+    def weigh(self, state: RoundState, updates: ClientUpdates) -> torch.Tensor:
         from .fedavg import sample_count_weights
 
         fed, n = self.fed, len(updates.clients)

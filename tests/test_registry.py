@@ -130,3 +130,38 @@ def test_an_unknown_chapter_is_one_line_naming_the_chapters():
         chapters.record("nosuch")
     with pytest.raises(ValueError, match="--only: unknown chapter 'nosuch'"):
         queue.all_items("smoke", only=["nosuch"])
+
+
+def test_the_chapter_modules_are_found_from_their_declarations(tmp_path):
+    """CHAPTER_MODULES is read from the sources: a module with ``PAPER = Paper(..., rank=r)`` is a chapter, in
+    rank order (no rank: after, by name); a module without a PAPER, or with one inside a function, is not."""
+    assert chapters.CHAPTER_MODULES == CHAPTERS == chapters.declared_chapters()
+    (tmp_path / "zeta.py").write_text("PAPER = Paper('zeta', 'Zeta', None, None, None, reference=None, rank=2)\n")
+    (tmp_path / "alpha.py").write_text("X = 1\nPAPER = Paper('alpha', 'Alpha', None, None, None, None)\n")
+    (tmp_path / "beta.py").write_text("PAPER = Paper('beta', 'Beta', None, None, None, None, rank=-1)\n")
+    (tmp_path / "helpers.py").write_text("def f():\n    PAPER = Paper('no', 'No', None, None, None, None)\n")
+    (tmp_path / "gamma.py").write_text("PAPER = Paper('gamma', 'Gamma', None, None, None, None)\n")
+    assert chapters.declared_chapters(tmp_path) == ("beta", "zeta", "alpha", "gamma")
+
+
+def test_a_chapter_the_toc_does_not_name_is_listed_with_the_papers(tmp_path, monkeypatch):
+    """A seventh chapter needs no line in book/_toc.yml: the book's table of contents (and the stage the
+    build writes) lists it at the end of "The papers"; the contents as written are kept otherwise."""
+    import shutil
+
+    import yaml
+
+    shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("_executed", "_build"))
+    monkeypatch.setattr(book, "book_dir", lambda: tmp_path / "book")
+    assert book.toc() == yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())  # every chapter is named
+    before = book.toc_chapters()
+    (tmp_path / "book" / "seventh.ipynb").write_text((ROOT / "book" / "fedavg.ipynb").read_text())
+    registry = chapters.registry
+    monkeypatch.setattr(chapters, "registry", lambda: {**registry(), "seventh": None})
+    papers_part = next(p for p in book.toc()["parts"] if p["caption"] == book.PAPERS_PART)
+    assert papers_part["chapters"][-1] == {"file": "seventh"}
+    after_papers = before.index("fedscm") + 1  # the last page of "The papers"
+    assert book.toc_chapters() == before[:after_papers] + ["seventh"] + before[after_papers:]
+    stage = tmp_path / "stage"
+    book._stage_sources(stage)
+    assert yaml.safe_load((stage / "_toc.yml").read_text()) == book.toc()

@@ -421,16 +421,36 @@ def headlines_table():
 # ----------------------------------------------------------------------------- the build
 
 
-def toc_chapters() -> list[str]:
-    """Notebook chapters in _toc.yml order, the status page last."""
-    def files(node):
-        if isinstance(node, dict):
-            yield from [node["file"]] if "file" in node else []
-            node = list(node.values())
-        for item in node if isinstance(node, list) else []:
-            yield from files(item)
+PAPERS_PART = "The papers"  # the _toc.yml part a chapter it does not name is listed in
 
-    names = [f.removesuffix(".ipynb") for f in files(yaml.safe_load((book_dir() / "_toc.yml").read_text()))]
+
+def _toc_files(node):
+    if isinstance(node, dict):
+        yield from [node["file"]] if "file" in node else []
+        node = list(node.values())
+    for item in node if isinstance(node, list) else []:
+        yield from _toc_files(item)
+
+
+def toc() -> dict:
+    """The book's table of contents: ``book/_toc.yml``, with every registered chapter it does not name
+    that has a notebook added at the end of the part captioned "The papers" (or of the last part), so a
+    new chapter needs no line there. The build writes this into its stage."""
+    from .chapters import registry
+
+    contents = yaml.safe_load((book_dir() / "_toc.yml").read_text())
+    listed = {f.removesuffix(".ipynb") for f in _toc_files(contents)}
+    missing = [name for name in registry() if name not in listed and (book_dir() / f"{name}.ipynb").is_file()]
+    if missing:
+        parts = contents.setdefault("parts", [{"caption": PAPERS_PART, "chapters": []}])
+        part = next((p for p in parts if p.get("caption") == PAPERS_PART), parts[-1])
+        part.setdefault("chapters", []).extend({"file": name} for name in missing)
+    return contents
+
+
+def toc_chapters() -> list[str]:
+    """Notebook chapters in the table of contents' order (:func:`toc`), the status page last."""
+    names = [f.removesuffix(".ipynb") for f in _toc_files(toc())]
     names = [n for n in names if (book_dir() / f"{n}.ipynb").is_file()]
     return [n for n in names if n != STATUS_PAGE] + ([STATUS_PAGE] if STATUS_PAGE in names else [])
 
@@ -454,6 +474,9 @@ def _stage_sources(stage: Path) -> None:
             shutil.copytree(item, target, dirs_exist_ok=True)
         else:
             shutil.copy2(item, target)
+    contents = toc()
+    if contents != yaml.safe_load((src / "_toc.yml").read_text()):  # chapters _toc.yml does not name
+        atomic_write_text(stage / "_toc.yml", yaml.safe_dump(contents, sort_keys=False))
 
 
 API_TABLES = ("api_config.md", "api_methods.md")  # generated into the stage, included by api.md

@@ -4,22 +4,43 @@ A chapter module (``fedlib/app/chapters/<name>.py``) holds its runs (``configs``
 its profile schema (``fedlib.app.chapters.profiles``), the paper's claims and the tables and figures
 its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
 claims, the coverage and status pages and the command line use is derived from these records
-(:func:`registry`); ``CHAPTER_MODULES`` is the one place that names the modules.
+(:func:`registry`). ``CHAPTER_MODULES`` is found, not written: the modules of this package that
+declare ``PAPER = Paper(...)`` at top level, in the order of their ``rank``; the book lists a
+chapter its ``_toc.yml`` does not name at the end of "The papers" (``fedlib.app.book.toc``).
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     from ..claims import Claim
     from .profiles import Profile
 
-# every chapter module, in queue order: a run several chapters share is labelled by the first of equal rank
-CHAPTER_MODULES = ("fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard")
 ENGINE_DEFAULT_CLIP = 10.0  # RunConfig.update_clip's default
+DEFAULT_RANK = 100  # a chapter that states no rank comes after those that do, by name
+
+
+def declared_chapters(folder: Path = Path(__file__).parent) -> tuple[str, ...]:
+    """The modules in ``folder`` with a top-level ``PAPER = Paper(...)``, by their ``rank=`` (then name).
+
+    Read from the sources (no import), so the list exists before any chapter module is loaded."""
+    found = []
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["PAPER"]
+                    and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Paper"):
+                rank = next((ast.literal_eval(k.value) for k in node.value.keywords if k.arg == "rank"), DEFAULT_RANK)
+                found.append((rank, path.stem))
+    return tuple(name for _, name in sorted(found))
+
+
+# every chapter module, in queue order: a run several chapters share is labelled by the first of equal rank
+CHAPTER_MODULES = declared_chapters()
 
 
 @dataclass(frozen=True)
@@ -36,6 +57,7 @@ class Paper:
     claims: tuple[Claim, ...] = ()  # the paper's main claims, in the order its scorecard shows them
     metrics: Mapping[str, Callable[..., float]] = field(default_factory=dict)  # its claims' readings of a run
     ours: bool = False  # a chapter of ours, not a paper's: a run it shares with a paper is labelled by the paper
+    rank: int = DEFAULT_RANK  # its place in the queue's order (CHAPTER_MODULES); a literal, read from the source
 
     @property
     def engine(self) -> bool:

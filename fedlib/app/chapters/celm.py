@@ -915,4 +915,4 @@ CLAIMS = (
 )
 
 PAPER = Paper("celm", "CELM", CelmProfile, configs, queue_items, reference="celm", claims=CLAIMS,
-              metrics={"rare_class_accuracy": rare_class_accuracy_of})
+              metrics={"rare_class_accuracy": rare_class_accuracy_of}, rank=1)

@@ -172,4 +172,4 @@ class FedAvgProfile(FederationProfile):
 
 
 # the page compares with CELM Table 1's FedAvg column
-PAPER = Paper("fedavg", "FedAvg", FedAvgProfile, configs, queue_items, reference="celm", ours=True)
+PAPER = Paper("fedavg", "FedAvg", FedAvgProfile, configs, queue_items, reference="celm", ours=True, rank=0)

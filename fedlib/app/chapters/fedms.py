@@ -770,4 +770,4 @@ CLAIMS = (
 
 PAPER = Paper("fedms", "FedMS", FedMSProfile, configs, queue_items, reference="fedms", claims=CLAIMS,
               metrics={"maverick_reward_gap": maverick_reward_gap, "maverick_participation": maverick_participation,
-                       "fedms_table1": table1_claim_score})
+                       "fedms_table1": table1_claim_score}, rank=5)

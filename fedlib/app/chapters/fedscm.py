@@ -741,4 +741,4 @@ CLAIMS = (
 )
 
 PAPER = Paper("fedscm", "FedSCM", FedSCMProfile, configs, queue_items, reference="fedscm", claims=CLAIMS,
-              metrics={"scm_accuracy": scm_accuracy, "selected_minus_unselected": selected_minus_unselected})
+              metrics={"scm_accuracy": scm_accuracy, "selected_minus_unselected": selected_minus_unselected}, rank=3)

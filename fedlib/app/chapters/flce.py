@@ -513,4 +513,4 @@ CLAIMS = (
 )
 
 PAPER = Paper("flce", "FLCE", FLCEProfile, configs, queue_items, reference="flce", claims=CLAIMS,
-              metrics={"last_100_accuracy": last_100_accuracy})
+              metrics={"last_100_accuracy": last_100_accuracy}, rank=2)

@@ -718,7 +718,7 @@ CLAIMS = (
           cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
 )
 
-PAPER = Paper("logitfl", "Logit-based FL", LogitFLProfile, configs, queue_items, reference="logitfl", claims=CLAIMS)
+PAPER = Paper("logitfl", "Logit-based FL", LogitFLProfile, configs, queue_items, reference="logitfl", claims=CLAIMS, rank=4)
 
 
 if __name__ == "__main__":  # python -m fedlib.app.chapters.logitfl [stage ...] [--shard i/n]

@@ -381,3 +381,36 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     assert frame.loc["crop + flip", "Dir(0.05) ours (paper 65.12)"] == "no stored run yet"
     items = [i for i in celm.queue_items(params) if i.table == "CIFAR-10 readings"]
     assert len(items) == 5 and items[0].row == "CIFAR-10 Dir. (0.05)"
+
+
+def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_table_2_readings():
+    """Issue 30: uniform FedAvg under each reading of §6.1's Maverick; the rule picks the smallest mean
+    |ours − paper| over balanced and rare-class accuracy (values set by hand), a reading without a run
+    shows as missing, and the first reading is Table 2's own FedAvg run."""
+    from types import SimpleNamespace
+
+    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.profiles import load
+
+    params = load("celm", "paper")
+    rows = chapter.maverick_reading_configs(params)
+    assert [r for r, _ in rows] == list(chapter.MAVERICK_READINGS)
+    table2_fedavg = chapter.run_config(params, chapter.MAVERICK, "fedavg_uniform", params["seeds"][0])
+    assert rows[0][1].key() == table2_fedavg.key()
+    assert [c.split.params.get("rare_fraction") for _, c in rows[1:]] == [0.25, 0.5, 1.0]
+
+    def run(balanced, rare_per_class):  # classes 8 and 9 are the Maverick's
+        counts = [[10] * 8 + [0, 0]] * 4 + [[0] * 8 + [5, 5]]
+        return SimpleNamespace(final={"balanced_accuracy": balanced / 100,
+                                      "per_class_accuracy": [0.9] * 8 + rare_per_class},
+                               meta={"client_class_counts": counts, "client_roles": ["benign"] * 4 + ["maverick"]})
+
+    paper = {"Balanced Acc.": 84.79, "Rare Class Acc.": 81.76}
+    results = {rows[0][1].key(): run(80.0, [0.2, 0.3]), rows[1][1].key(): run(84.0, [0.7, 0.8]),
+               rows[3][1].key(): run(86.0, [0.9, 0.95])}
+    frame, chosen = chapter.calibrate_maverick_readings(rows, results, paper)
+    # gaps: 10 % (4.79 + 56.76) / 2 = 30.775; 25 % (0.79 + 6.76) / 2 = 3.775; whole (1.21 + 10.74) / 2 = 5.975
+    assert frame["mean |ours − paper|"].round(3).tolist()[:2] == [30.775, 3.775]
+    assert round(frame["mean |ours − paper|"].iloc[3], 3) == 5.975 and np.isnan(frame["mean |ours − paper|"].iloc[2])
+    assert chosen == "25 % of each rare class"
+    assert chapter.calibrate_maverick_readings(rows, {}, paper)[1] is None

@@ -15,6 +15,9 @@ decayed x0.1 at half the rounds):
   fig7    the final probe images                                    (Fig. 7)
   cffl_study  CFFL's removals at coefficient 1/3 and 1/6 and with removal off, beside uniform
               FedAvg, on one reduced run (``cffl_study``: split, fraction, rounds, lr milestones, seed)
+  cifar10_readings   uniform FedAvg under readings of the CIFAR-10 recipe the paper leaves open
+  maverick_readings  uniform FedAvg under readings of §6.1's Maverick split (how much of its rare
+                     classes a Maverick holds), seed 0: the Table 2 reading the paper's FedAvg supports
 
 PLS holds the class allocation ``PLS_ALLOCATION`` (k_i classes for client i), the one chosen by
 ``choose_pls_allocation`` among those that reproduce Table 4's Uniform column; CFFL runs with
@@ -110,7 +113,53 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [config for _, config in cffl_study_configs(params)]
     if experiment == "cifar10_readings":
         return [config for *_, config in cifar10_reading_configs(params)]
+    if experiment == "maverick_readings":
+        return [config for _, config in maverick_reading_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
+
+
+# §6.1 says a Maverick holds classes "absent globally", "rare but informative", but not how many of their
+# samples it holds (Fig. 3a's bubbles give no count). Each reading is the share of each rare class the
+# Maverick keeps (``celm_maverick``'s ``rare_fraction``); the first is the chapter's protocol so far.
+MAVERICK_READINGS: dict[str, float | None] = {
+    "a Maverick keeps 10 % of each rare class": None,  # the split's default (rare_fraction 0.1): Table 2's run
+    "25 % of each rare class": 0.25,
+    "50 % of each rare class": 0.5,
+    "the whole of each rare class": 1.0,
+}
+
+
+def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, RunConfig]]:
+    """(reading, config): uniform FedAvg's Table 2 run under each of ``MAVERICK_READINGS``, on one seed
+    (default the profile's first); the first reading is Table 2's own FedAvg run."""
+    seed = params["seeds"][0] if seed is None else seed
+    return [(reading, run_config(params, MAVERICK if share is None else {**MAVERICK, "rare_fraction": share},
+                                 "fedavg_uniform", seed)) for reading, share in MAVERICK_READINGS.items()]
+
+
+def calibrate_maverick_readings(rows: list[tuple[str, Any]], results: dict[str, Any], paper: dict[str, float]):
+    """Every reading of ``rows`` (``maverick_reading_configs``) against the paper's uniform FedAvg in Table 2.
+
+    Rule (FedAvg only, never CELM): the reading with the smallest mean |ours − paper| over the two
+    readings Table 2 prints, balanced accuracy and rare-class accuracy (``paper``: those two values);
+    a tie goes to the earlier reading. Returns (frame: ours and the gaps per reading; the chosen reading
+    or None while no reading has a run)."""
+    import pandas as pd
+
+    lines = []
+    for reading, config in rows:
+        run = results.get(config.key())
+        ours = {"Balanced Acc.": 100 * run.final["balanced_accuracy"] if run is not None else float("nan"),
+                "Rare Class Acc.": rare_class_accuracy(run) if run is not None else float("nan")}
+        line: dict[str, Any] = {"reading": reading}
+        for metric, value in ours.items():
+            line[f"{metric} ours"], line[f"{metric} paper"] = value, paper[metric]
+        gaps = [abs(ours[m] - paper[m]) for m in ours if np.isfinite(ours[m])]
+        line["mean |ours − paper|"] = float(np.mean(gaps)) if len(gaps) == len(ours) else float("nan")
+        lines.append(line)
+    frame = pd.DataFrame(lines).set_index("reading")
+    measured = frame["mean |ours − paper|"].dropna()
+    return frame, (None if measured.empty else measured.index[int(np.argmin(measured.to_numpy()))])
 
 
 def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list:
@@ -441,6 +490,10 @@ def queue_items(params: dict[str, Any]) -> list:
         items.extend(queue_item("celm", params, "CIFAR-10 readings", f"CIFAR-10 {SPLITS[s][1]}", reading, config,
                                 table_rank=1, headline=s == "Dir(0.05)")
                      for s, reading, config in cifar10_reading_configs(params))
+    if "maverick_readings" in params["experiments"]:  # FedAvg under readings of §6.1's Maverick (issue 30)
+        items.extend(queue_item("celm", params, "Maverick readings", f"{prefix} Maverick", reading, config,
+                                table_rank=1, headline=reading == next(iter(MAVERICK_READINGS)))
+                     for reading, config in maverick_reading_configs(params))
     add("table2", "Table 2", lambda c: f"{prefix} Maverick", method, rank=1,
         backs=lambda c: [("Table 2", f"{prefix} Balanced Acc.", method(c)),
                          ("Table 2", f"{prefix} Rare Class Acc.", method(c))])
@@ -540,6 +593,20 @@ class CELM(Chapter):
 
         frame, chosen = readings.calibrate(rows, stored, paper_of)
         return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows))
+
+    def maverick_readings(self):
+        """Uniform FedAvg's Table 2 cells (balanced and rare-class accuracy) under every reading of §6.1's
+        Maverick split, from the stored paper-profile runs of seed 0, against the paper, and the reading the
+        rule picks (``calibrate_maverick_readings``). (None, values) while no reading has a stored run."""
+        from .. import book
+
+        rows = maverick_reading_configs(self.paper_params)
+        stored = book.stored_results(self.name, [c for _, c in rows]).results
+        paper = {metric: frames.paper_values(self.reference, "Table 2", f"F.MNIST {metric}", ["fedavg_uniform"],
+                                             METHOD_LABELS.get)["fedavg_uniform"][0]
+                 for metric in ("Balanced Acc.", "Rare Class Acc.")}
+        frame, chosen = calibrate_maverick_readings(rows, stored, paper)
+        return readings.page(frame, chosen, sum(c.key() in stored for _, c in rows), len(rows), prefix="mr")
 
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):

@@ -196,6 +196,10 @@ def test_the_performance_page_reads_a_packed_benchmark_record():
                                    "w [conv matmul]: packed / separate 1.20x to 3.00x over pack sizes 1, 5; most runs "
                                    "per device-minute packed: 60.0 at pack size 5")
     assert packed_table(record).loc[("w [conv matmul]", 5), "packed (runs/min)"] == 60.0
+    # with and without compacted replays (benchmarks/packed.py --compact on off)
+    record["rows"] = [{**r, "conv": "native", "compact": c} for r in record["rows"][:2] for c in ("on", "off")]
+    assert list(packed_table(record).index.get_level_values(0).unique()) == ["w [conv native, compact on]",
+                                                                            "w [conv native, compact off]"]
 
 
 def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):

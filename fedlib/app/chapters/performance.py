@@ -82,8 +82,10 @@ def live_text(run: dict, stored: str = "") -> str:
 
 
 def _workload(row: dict) -> str:
-    """A row's workload, with its convolution lowering when the record measured several."""
-    return row["workload"] + (f" [conv {row['conv']}]" if "conv" in row else "")
+    """A row's workload, with its convolution lowering and its compacted replays (CUDA) where recorded."""
+    settings = [f"conv {row['conv']}"] if "conv" in row else []
+    settings += [f"compact {row['compact']}"] if "compact" in row else []
+    return row["workload"] + (f" [{', '.join(settings)}]" if settings else "")
 
 
 def packed_table(record: dict) -> pd.DataFrame:

@@ -63,15 +63,16 @@ class MLP(FedModel):
 
 
 class _TwoConvNet(FedModel):
-    """Two conv + max-pool blocks, then FC-ReLU-FC-ReLU features (the CNN and LeNet-5):
-    ``flat`` inputs to FC 120, FC 120-84, head 84-C; feature_dim 84."""
+    """Two conv + max-pool blocks, then FC-ReLU-FC-ReLU features (the CNNs and LeNet-5):
+    ``flat`` inputs to FC ``hidden[0]``, FC ``hidden[0]``-``hidden[1]``, head; feature_dim ``hidden[1]``."""
 
-    def __init__(self, conv1: nn.Conv2d, conv2: nn.Conv2d, flat: int, num_classes: int):
+    def __init__(self, conv1: nn.Conv2d, conv2: nn.Conv2d, flat: int, num_classes: int,
+                 hidden: tuple[int, int] = (120, 84)):
         super().__init__()
         self.conv1, self.conv2 = conv1, conv2
-        self.fc1 = nn.Linear(flat, 120)
-        self.fc2 = nn.Linear(120, 84)
-        self.feature_dim = 84
+        self.fc1 = nn.Linear(flat, hidden[0])
+        self.fc2 = nn.Linear(hidden[0], hidden[1])
+        self.feature_dim = hidden[1]
         self.head = nn.Linear(self.feature_dim, num_classes)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
@@ -96,6 +97,24 @@ class CNN(_TwoConvNet):
             raise ValueError(f"cnn needs inputs of at least 14x14, got {height}x{width}")
         super().__init__(Conv2d(channels, 16, kernel_size=5), Conv2d(16, 32, kernel_size=5),
                          32 * flat_height * flat_width, num_classes)
+
+
+class CNNWide(_TwoConvNet):
+    """The 5-weight-layer CNN at wider widths, a reading of the papers' "5-layer CNN" (issue 30): the
+    convolutions and first FC layer of McMahan et al. (2017)'s CIFAR-10 CNN (5x5 convs of 32 and 64
+    channels, FC 512), and a second FC layer of 128 so it keeps five weight layers; feature_dim 128.
+
+    conv in->32 k5, ReLU, maxpool 2, conv 32->64 k5, ReLU, maxpool 2, flatten (64*5*5 = 1600 for 32x32
+    input), FC 1600-512, ReLU, FC 512-128, ReLU, head 128-C. Needs inputs of at least 14x14.
+    """
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
+        channels, height, width = input_shape
+        flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+        if flat_height < 1 or flat_width < 1:
+            raise ValueError(f"cnn_wide needs inputs of at least 14x14, got {height}x{width}")
+        super().__init__(Conv2d(channels, 32, kernel_size=5), Conv2d(32, 64, kernel_size=5),
+                         64 * flat_height * flat_width, num_classes, hidden=(512, 128))
 
 
 class LeNet5(_TwoConvNet):
@@ -257,6 +276,7 @@ _REGISTRY: dict[str, type[FedModel]] = {
     "mlp": MLP,
     "cnn": CNN,
     "lenet5": LeNet5,
+    "cnn_wide": CNNWide,
     "resnet20": ResNet20,
     "vgg11": VGG11,
     "resnet18": ResNet18,

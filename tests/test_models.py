@@ -13,6 +13,7 @@ TYPICAL_SHAPES = [
     ("cnn", (3, 32, 32), 84),
     ("lenet5", (1, 28, 28), 84),
     ("lenet5", (3, 32, 32), 84),
+    ("cnn_wide", (3, 32, 32), 128),
     ("resnet20", (3, 32, 32), 64),
     ("vgg11", (3, 32, 32), 512),
     ("resnet18", (3, 32, 32), 512),
@@ -40,7 +41,7 @@ def build_copies(name, shape, count, train):
 
 
 def test_models_tuple():
-    assert MODELS == ("mlp", "cnn", "lenet5", "resnet20", "vgg11", "resnet18")
+    assert MODELS == ("mlp", "cnn", "lenet5", "cnn_wide", "resnet20", "vgg11", "resnet18")
 
 
 @pytest.mark.parametrize("num_classes, expected", [(10, 272_474), (100, 278_324)])
@@ -222,3 +223,15 @@ def test_bad_shortcut_and_num_classes():
         lambda: build_model("resnet20", (3, 32, 32), 10, shortcut="B"), "shortcut"
     )
     assert_one_line_value_error(lambda: build_model("mlp", (1, 28, 28), 0), "num_classes")
+
+
+def test_the_wide_cnn_has_the_widths_it_states():
+    """cnn_wide (a reading of the papers' "5-layer CNN", issue 30): five weight layers of the stated widths;
+    its parameter count derived by hand: conv 3*32*25 + 32, 32*64*25 + 64; FC 1600*512 + 512,
+    512*128 + 128, head 128*10 + 10."""
+    model = build_model("cnn_wide", (3, 32, 32), 10)
+    expected = (3 * 32 * 25 + 32) + (32 * 64 * 25 + 64) + (1600 * 512 + 512) + (512 * 128 + 128) + (128 * 10 + 10)
+    assert sum(p.numel() for p in model.parameters()) == expected == 940_362
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10) and model.feature_dim == 128
+    with pytest.raises(ValueError, match="cnn_wide needs inputs of at least 14x14"):
+        build_model("cnn_wide", (3, 12, 12), 10)

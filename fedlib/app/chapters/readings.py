@@ -11,14 +11,17 @@ import numpy as np
 from ...config import RunConfig, make_config
 
 # What neither paper states for CIFAR-10 (both name the CNN, rounds, local epochs, batch size and lr):
-# augmentation, weight decay, SGD's momentum. Every reading keeps the per-channel normalisation by the
-# training set's statistics (fedlib.data). The first is each chapter's protocol so far.
+# augmentation, weight decay, SGD's momentum, the CNN's layer widths. Every reading keeps the per-channel
+# normalisation by the training set's statistics (fedlib.data). The first is each chapter's protocol so far.
 CIFAR10_READINGS: dict[str, dict[str, Any]] = {
     "no augmentation, no weight decay": {},
     "crop + flip": {"augment": "crop_flip"},  # random crop (zero padding 4) and horizontal flip
     "weight decay 5e-4": {"weight_decay": 5e-4},
     "crop + flip, weight decay 5e-4": {"augment": "crop_flip", "weight_decay": 5e-4},
     "SGD momentum 0.9": {"momentum": 0.9},  # the local optimiser most CIFAR-10 FL code uses
+    # the "5-layer CNN" at McMahan et al. (2017)'s widths: 32 and 64 channels, FC 512 (then 128); ours so
+    # far is 16 and 32 channels, FC 120 and 84 (fedlib.models.CNN, CNNWide)
+    "wider CNN (32, 64 channels; FC 512, 128)": {"model": "cnn_wide"},
 }
 
 

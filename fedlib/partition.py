@@ -432,14 +432,14 @@ def maverick_iid(
 # ------------------------------------------------------------- CELM Maverick / free-rider
 
 
-def _celm_counts(class_sizes, n_clients, rng, rare_per_maverick, rare_fraction, weak):
+def _celm_counts(class_sizes, n_clients, rng, rare_per_maverick, rare_fraction, weak, mavericks_share_common=False):
     """Client x class counts for CELM's Maverick / free-rider splits.
 
     Clients: benign, then one Maverick per entry of ``rare_per_maverick`` (that many
     rare classes, floor(rare_fraction * n_c) samples each, absent elsewhere), then an
     optional weak free-rider (``weak`` = (n_classes, fraction): that fraction of the most
-    abundant common classes). Benign clients split the rest of each common class evenly;
-    leftover rare-class samples are unused.
+    abundant common classes). Benign clients (and the Mavericks, with ``mavericks_share_common``)
+    split the rest of each common class evenly; leftover rare-class samples are unused.
     """
     n_classes = len(class_sizes)
     n_rare = sum(rare_per_maverick)
@@ -471,8 +471,9 @@ def _celm_counts(class_sizes, n_clients, rng, rare_per_maverick, rare_fraction, 
         abundant = common[np.argsort(-class_sizes[common], kind="stable")[:n_weak_classes]]
         counts[-1, abundant] = _fraction_of(class_sizes[abundant], weak_fraction)
     left = class_sizes[common] - counts[:, common].sum(axis=0)  # each common class over the benign clients
-    every = np.ones((len(common), n_benign), dtype=bool)
-    counts[:n_benign, common] = _even_split_rows(every, left, np.full(len(common), n_benign)).T
+    sharers = n_benign + (len(rare_per_maverick) if mavericks_share_common else 0)
+    every = np.ones((len(common), sharers), dtype=bool)
+    counts[:sharers, common] = _even_split_rows(every, left, np.full(len(common), sharers)).T
     return counts
 
 
@@ -509,6 +510,35 @@ def celm_maverick(
     )
     rare = [rare_classes_per_maverick] * n_mavericks
     counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None)
+    roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
+    return _partition(labels, counts, roles, rng)
+
+
+def celm_maverick_shared(
+    labels,
+    n_clients: int = 5,
+    *,
+    seed: int,
+    n_mavericks: int = 1,
+    rare_classes_per_maverick: int = 2,
+    rare_fraction: float = 1.0,
+    n_classes: int | None = None,
+) -> Partition:
+    """A reading of CELM §6.1's Maverick (issue 30): as :func:`celm_maverick`, but the Mavericks also
+    take an even share of every common class with the benign clients, so a Maverick is an ordinary
+    client that alone holds its rare classes (``rare_fraction`` of each; default the whole class).
+
+    Fashion-MNIST (N=5, defaults): every client holds 1,200 of each of the 8 common classes, and the
+    Maverick also all 6,000 + 6,000 samples of its 2 rare classes.
+    """
+    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
+    _require(n_mavericks >= 1, f"n_mavericks must be >= 1, got {n_mavericks}")
+    _require(
+        rare_classes_per_maverick >= 1,
+        f"rare_classes_per_maverick must be >= 1, got {rare_classes_per_maverick}",
+    )
+    rare = [rare_classes_per_maverick] * n_mavericks
+    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None, mavericks_share_common=True)
     roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
     return _partition(labels, counts, roles, rng)
 
@@ -779,7 +809,8 @@ class SplitKind:
 
 
 SPLIT_KINDS: dict[str, SplitKind] = {fn.__name__: SplitKind(fn.__name__, fn) for fn in (
-    iid, dirichlet, k_classes, pls, sls, maverick, maverick_iid, celm_maverick, celm_free_rider, adversarial)}
+    iid, dirichlet, k_classes, pls, sls, maverick, maverick_iid, celm_maverick, celm_maverick_shared, celm_free_rider,
+    adversarial)}
 SPLITS = tuple(SPLIT_KINDS)
 
 

@@ -397,7 +397,9 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     assert [r for r, _ in rows] == list(chapter.MAVERICK_READINGS)
     table2_fedavg = chapter.run_config(params, chapter.MAVERICK, "fedavg_uniform", params["seeds"][0])
     assert rows[0][1].key() == table2_fedavg.key()
-    assert [c.split.params.get("rare_fraction") for _, c in rows[1:]] == [0.25, 0.5, 1.0]
+    assert [(c.split.name, c.split.params.get("rare_fraction")) for _, c in rows[1:]] == [
+        ("celm_maverick", 0.25), ("celm_maverick", 0.5), ("celm_maverick", 1.0), ("celm_maverick_shared", 0.1),
+        ("celm_maverick_shared", None)]
 
     def run(balanced, rare_per_class):  # classes 8 and 9 are the Maverick's
         counts = [[10] * 8 + [0, 0]] * 4 + [[0] * 8 + [5, 5]]

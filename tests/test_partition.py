@@ -208,6 +208,21 @@ def test_celm_maverick_documented_counts(fmnist_labels):
     assert p.roles == ["benign"] * 4 + ["maverick"]
 
 
+def test_celm_maverick_shared_documented_counts(fmnist_labels):
+    """The reading where the Maverick also shares the common classes (issue 30): every client holds
+    6000 / 5 = 1200 of each of the 8 common classes; the Maverick also all 6000 of each of its 2 rare
+    classes, which no other client holds; the rare classes are the same draw as celm_maverick's."""
+    p = P.celm_maverick_shared(fmnist_labels, seed=0)
+    rare = np.flatnonzero(p.counts[:-1].sum(0) == 0)
+    common = np.setdiff1d(np.arange(10), rare)
+    assert rare.tolist() == np.flatnonzero(P.celm_maverick(fmnist_labels, seed=0).counts[-1]).tolist()
+    assert np.all(p.counts[:, common] == 1200) and np.all(p.counts[-1, rare] == 6000)
+    np.testing.assert_array_equal(p.sizes, [9600] * 4 + [9600 + 12000])
+    assert p.roles == ["benign"] * 4 + ["maverick"]
+    half = P.celm_maverick_shared(fmnist_labels, seed=0, rare_fraction=0.1)
+    assert np.all(half.counts[-1, rare] == 600)
+
+
 def test_celm_free_rider_documented_counts(fmnist_labels):
     fr = P.celm_free_rider(fmnist_labels, seed=0)
     frm = P.celm_free_rider(fmnist_labels, seed=0, with_maverick=True)

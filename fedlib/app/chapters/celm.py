@@ -119,13 +119,18 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
 
 
 # §6.1 says a Maverick holds classes "absent globally", "rare but informative", but not how many of their
-# samples it holds (Fig. 3a's bubbles give no count). Each reading is the share of each rare class the
-# Maverick keeps (``celm_maverick``'s ``rare_fraction``); the first is the chapter's protocol so far.
-MAVERICK_READINGS: dict[str, float | None] = {
-    "a Maverick keeps 10 % of each rare class": None,  # the split's default (rare_fraction 0.1): Table 2's run
-    "25 % of each rare class": 0.25,
-    "50 % of each rare class": 0.5,
-    "the whole of each rare class": 1.0,
+# samples it holds (Fig. 3a's bubbles give no count), nor whether it also holds common classes. Each
+# reading is a split: the share of each rare class the Maverick keeps (``celm_maverick``'s
+# ``rare_fraction``), or a Maverick that also shares the common classes (``celm_maverick_shared``).
+# The first is the chapter's protocol so far (Table 2's own run).
+MAVERICK_READINGS: dict[str, dict[str, Any]] = {
+    "a Maverick keeps 10 % of each rare class": MAVERICK,
+    "25 % of each rare class": {**MAVERICK, "rare_fraction": 0.25},
+    "50 % of each rare class": {**MAVERICK, "rare_fraction": 0.5},
+    "the whole of each rare class": {**MAVERICK, "rare_fraction": 1.0},
+    "the Maverick also shares the common classes, 10 % of each rare class":
+        {"name": "celm_maverick_shared", "rare_fraction": 0.1},
+    "the Maverick also shares the common classes, the whole of each rare class": {"name": "celm_maverick_shared"},
 }
 
 
@@ -133,8 +138,7 @@ def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) ->
     """(reading, config): uniform FedAvg's Table 2 run under each of ``MAVERICK_READINGS``, on one seed
     (default the profile's first); the first reading is Table 2's own FedAvg run."""
     seed = params["seeds"][0] if seed is None else seed
-    return [(reading, run_config(params, MAVERICK if share is None else {**MAVERICK, "rare_fraction": share},
-                                 "fedavg_uniform", seed)) for reading, share in MAVERICK_READINGS.items()]
+    return [(reading, run_config(params, split, "fedavg_uniform", seed)) for reading, split in MAVERICK_READINGS.items()]
 
 
 def calibrate_maverick_readings(rows: list[tuple[str, Any]], results: dict[str, Any], paper: dict[str, float]):

@@ -416,3 +416,16 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     assert round(frame["mean |ours − paper|"].iloc[3], 3) == 5.975 and np.isnan(frame["mean |ours − paper|"].iloc[2])
     assert chosen == "25 % of each rare class"
     assert chapter.calibrate_maverick_readings(rows, {}, paper)[1] is None
+
+
+def test_table_2_takes_the_profiles_maverick_reading():
+    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.profiles import load
+
+    params = load("celm", "paper")
+    default = chapter.experiment_configs(params, "table2")
+    assert {c.split.name for c in default} == {"celm_maverick"} and not default[0].split.params.get("rare_fraction")
+    shared = chapter.experiment_configs({**params, "table2_reading": list(chapter.MAVERICK_READINGS)[-1]}, "table2")
+    assert {c.split.name for c in shared} == {"celm_maverick_shared"} and len(shared) == len(default)
+    with pytest.raises(ValueError, match="table2_reading: must be one of"):
+        chapter.experiment_configs({**params, "table2_reading": "half"}, "table2")

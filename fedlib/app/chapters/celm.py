@@ -90,7 +90,7 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [run_config(params, SPLITS[s][0], m, seed, cifar10=experiment == "table1_cifar10")
                 for s in params["splits"] for m in methods for seed in seeds]
     if experiment == "table2":
-        return [run_config(params, MAVERICK, m, seed) for m in methods for seed in seeds]
+        return [run_config(params, table2_split(params), m, seed) for m in methods for seed in seeds]
     if experiment == "table3":
         return [run_config(params, spec, m, seed) for spec in DETECTION_SPLITS.values()
                 for m in methods if m in DETECTORS for seed in seeds]
@@ -132,6 +132,19 @@ MAVERICK_READINGS: dict[str, dict[str, Any]] = {
         {"name": "celm_maverick_shared", "rare_fraction": 0.1},
     "the Maverick also shares the common classes, the whole of each rare class": {"name": "celm_maverick_shared"},
 }
+
+
+def table2_reading(params: dict[str, Any]) -> str:
+    """The profile's ``table2_reading`` (absent: the first reading, the chapter's split so far)."""
+    name = params.get("table2_reading", next(iter(MAVERICK_READINGS)))
+    if name not in MAVERICK_READINGS:
+        raise ValueError(f"table2_reading: must be one of {', '.join(map(repr, MAVERICK_READINGS))} (got {name!r})")
+    return name
+
+
+def table2_split(params: dict[str, Any]) -> dict[str, Any]:
+    """Table 2's Maverick split under the profile's ``table2_reading``."""
+    return MAVERICK_READINGS[table2_reading(params)]
 
 
 def maverick_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, RunConfig]]:
@@ -524,12 +537,13 @@ def queue_items(params: dict[str, Any]) -> list:
 # ----------------------------------------------------------------------------- the page
 
 
-def method_configs(spec: dict, methods, **options):
+def method_configs(spec, methods, **options):
     """``make_configs`` for ``Chapter.sources``: each method's seeds' runs of one split (``options``
-    go to ``run_config``; a callable option is read from the profile's parameters)."""
+    go to ``run_config``; ``spec`` or an option that is callable is read from the profile's parameters)."""
     def make(p):
         kw = {k: v(p) if callable(v) else v for k, v in options.items()}
-        return {m: [run_config(p, spec, m, s, **kw) for s in p["seeds"]] for m in methods}
+        split = spec(p) if callable(spec) else spec
+        return {m: [run_config(p, split, m, s, **kw) for s in p["seeds"]] for m in methods}
 
     return make
 
@@ -628,7 +642,7 @@ class CELM(Chapter):
     def table2(self):
         """Table 2, balanced and rare-class accuracy: the styled frame, the Maverick's classes, the numbers."""
         methods = self.params["methods"]
-        make = method_configs(MAVERICK, methods)
+        make = method_configs(table2_split, methods)
         rows = [(row, self.paper_values("Table 2", f"{self.prefix} {row}", methods), self.sources(make, value))
                 for row, value in (("Balanced Acc.", lambda r: 100 * r.final["balanced_accuracy"]),
                                    ("Rare Class Acc.", rare_class_accuracy))]
@@ -961,6 +975,7 @@ class CelmProfile(FederationProfile):
     cifar10_lr_milestones: list[int]
     cifar10_reading_splits: list[str]
     cffl_study: CfflStudy
+    table2_reading: str = next(iter(MAVERICK_READINGS))  # a name of MAVERICK_READINGS: Table 2's Maverick split
 
 
 def rare_class_accuracy_of(result: dict) -> float:

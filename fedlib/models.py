@@ -82,6 +82,15 @@ class _TwoConvNet(FedModel):
         return F.relu(self.fc2(x))
 
 
+def _two_conv_cells(input_shape: tuple[int, int, int], name: str) -> int:
+    """Spatial cells left after two unpadded 5x5 convolutions, each followed by a 2x2 max-pool."""
+    _, height, width = input_shape
+    flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
+    if flat_height < 1 or flat_width < 1:
+        raise ValueError(f"{name} needs inputs of at least 14x14, got {height}x{width}")
+    return flat_height * flat_width
+
+
 class CNN(_TwoConvNet):
     """5-weight-layer CNN for CIFAR-10; feature_dim 84.
 
@@ -91,12 +100,8 @@ class CNN(_TwoConvNet):
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
-        channels, height, width = input_shape
-        flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
-        if flat_height < 1 or flat_width < 1:
-            raise ValueError(f"cnn needs inputs of at least 14x14, got {height}x{width}")
-        super().__init__(Conv2d(channels, 16, kernel_size=5), Conv2d(16, 32, kernel_size=5),
-                         32 * flat_height * flat_width, num_classes)
+        channels, cells = input_shape[0], _two_conv_cells(input_shape, "cnn")
+        super().__init__(Conv2d(channels, 16, kernel_size=5), Conv2d(16, 32, kernel_size=5), 32 * cells, num_classes)
 
 
 class CNNWide(_TwoConvNet):
@@ -109,12 +114,9 @@ class CNNWide(_TwoConvNet):
     """
 
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int):
-        channels, height, width = input_shape
-        flat_height, flat_width = ((height - 4) // 2 - 4) // 2, ((width - 4) // 2 - 4) // 2
-        if flat_height < 1 or flat_width < 1:
-            raise ValueError(f"cnn_wide needs inputs of at least 14x14, got {height}x{width}")
-        super().__init__(Conv2d(channels, 32, kernel_size=5), Conv2d(32, 64, kernel_size=5),
-                         64 * flat_height * flat_width, num_classes, hidden=(512, 128))
+        channels, cells = input_shape[0], _two_conv_cells(input_shape, "cnn_wide")
+        super().__init__(Conv2d(channels, 32, kernel_size=5), Conv2d(32, 64, kernel_size=5), 64 * cells, num_classes,
+                         hidden=(512, 128))
 
 
 class LeNet5(_TwoConvNet):

@@ -502,16 +502,8 @@ def celm_maverick(
     Fashion-MNIST (N=5): 4 benign clients x 12,000 (1,500 of each of 8 classes) and one
     Maverick with 600 + 600 = 1,200 samples of its 2 rare classes.
     """
-    labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
-    _require(n_mavericks >= 1, f"n_mavericks must be >= 1, got {n_mavericks}")
-    _require(
-        rare_classes_per_maverick >= 1,
-        f"rare_classes_per_maverick must be >= 1, got {rare_classes_per_maverick}",
-    )
-    rare = [rare_classes_per_maverick] * n_mavericks
-    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None)
-    roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
-    return _partition(labels, counts, roles, rng)
+    return _celm_mavericks(labels, n_clients, seed, n_mavericks, rare_classes_per_maverick, rare_fraction, n_classes,
+                           share_common=False)
 
 
 def celm_maverick_shared(
@@ -531,6 +523,13 @@ def celm_maverick_shared(
     Fashion-MNIST (N=5, defaults): every client holds 1,200 of each of the 8 common classes, and the
     Maverick also all 6,000 + 6,000 samples of its 2 rare classes.
     """
+    return _celm_mavericks(labels, n_clients, seed, n_mavericks, rare_classes_per_maverick, rare_fraction, n_classes,
+                           share_common=True)
+
+
+def _celm_mavericks(labels, n_clients, seed, n_mavericks, rare_classes_per_maverick, rare_fraction, n_classes,
+                    share_common):
+    """The Maverick splits of CELM §6.1 (:func:`celm_maverick`, :func:`celm_maverick_shared`)."""
     labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)
     _require(n_mavericks >= 1, f"n_mavericks must be >= 1, got {n_mavericks}")
     _require(
@@ -538,7 +537,8 @@ def celm_maverick_shared(
         f"rare_classes_per_maverick must be >= 1, got {rare_classes_per_maverick}",
     )
     rare = [rare_classes_per_maverick] * n_mavericks
-    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None, mavericks_share_common=True)
+    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak=None,
+                          mavericks_share_common=share_common)
     roles = ["benign"] * (n_clients - n_mavericks) + ["maverick"] * n_mavericks
     return _partition(labels, counts, roles, rng)
 

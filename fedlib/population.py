@@ -502,29 +502,27 @@ def train_clients(
     return flat, out
 
 
+def _switch(setting: bool | None, variable: str) -> bool:
+    """``setting`` when set, else the environment ``variable`` (on or off, default on)."""
+    if setting is not None:
+        return bool(setting)
+    value = os.environ.get(variable, "on")
+    if value not in ("on", "off"):
+        raise ValueError(f"{variable}: must be on or off (got {value!r})")
+    return value == "on"
+
+
 def balanced(cfg: LocalTraining, device: torch.device | str) -> bool:
     """Whether this CPU round skips finished clients and balances its worker threads (see ``LocalTraining.balance``)."""
     if torch.device(device).type != "cpu" or step_backend(cfg, device) != "eager":
         return False
-    if cfg.balance is not None:
-        return bool(cfg.balance)
-    value = os.environ.get("FEDLIB_CPU_BALANCE", "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"FEDLIB_CPU_BALANCE: must be on or off (got {value!r})")
-    return value == "on"
+    return _switch(cfg.balance, "FEDLIB_CPU_BALANCE")
 
 
 def compacted_replay(cfg: LocalTraining, device: torch.device | str) -> bool:
     """Whether captured steps (CUDA graphs, inductor) replay only the clients with samples (see
     ``LocalTraining.balance``)."""
-    if step_backend(cfg, device) == "eager":
-        return False
-    if cfg.balance is not None:
-        return bool(cfg.balance)
-    value = os.environ.get("FEDLIB_COMPACT", "on")
-    if value not in ("on", "off"):
-        raise ValueError(f"FEDLIB_COMPACT: must be on or off (got {value!r})")
-    return value == "on"
+    return step_backend(cfg, device) != "eager" and _switch(cfg.balance, "FEDLIB_COMPACT")
 
 
 REPLAY_BUCKETS = 4  # captured sizes per chunk: a quarter, a half, three quarters of its clients, all

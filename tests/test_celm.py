@@ -422,7 +422,9 @@ def test_table_2_takes_the_profiles_maverick_reading():
     from fedlib.app.chapters import celm as chapter
     from fedlib.app.chapters.profiles import load
 
-    params = load("celm", "paper")
+    params = load("celm", "paper")  # the reading the screen picked: the whole of each rare class
+    assert {c.split.params.get("rare_fraction") for c in chapter.experiment_configs(params, "table2")} == {1.0}
+    params = {**params, "table2_reading": next(iter(chapter.MAVERICK_READINGS))}  # the split so far
     default = chapter.experiment_configs(params, "table2")
     assert {c.split.name for c in default} == {"celm_maverick"} and not default[0].split.params.get("rare_fraction")
     shared = chapter.experiment_configs({**params, "table2_reading": list(chapter.MAVERICK_READINGS)[-1]}, "table2")

@@ -624,7 +624,11 @@ class CELM(Chapter):
                                              METHOD_LABELS.get)["fedavg_uniform"][0]
                  for metric in ("Balanced Acc.", "Rare Class Acc.")}
         frame, chosen = calibrate_maverick_readings(rows, stored, paper)
-        return readings.page(frame, chosen, sum(c.key() in stored for _, c in rows), len(rows), prefix="mr")
+        shown, values = readings.page(frame, chosen, sum(c.key() in stored for _, c in rows), len(rows), prefix="mr")
+        used = table2_reading(self.paper_params)
+        values["mr_protocol"] = (f"the paper profile's Table 2 uses it (`table2_reading` in params/celm/paper.yaml)"
+                                 if used == chosen else f"the paper profile's Table 2 still uses “{used}”")
+        return shown, values
 
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):

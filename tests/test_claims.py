@@ -143,7 +143,7 @@ def test_table_and_scorecard_render_links():
 
 def test_numbers_prefer_stored_runs_and_count_seeds(monkeypatch):
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [CLAIM])
-    monkeypatch.setattr("fedlib.app.book.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr("fedlib.app.sources.load_reference", lambda chapter: REFERENCE)
     stored = evidence({("r1", "A"): {0: 0.80, 1: 0.84}})
     build = evidence({("r1", "A"): {0: 0.10}, ("r1", "B"): {0: 0.20}})
     f = claims.numbers("celm", "smoke", stored=stored, build=build).set_index(["row", "column"])
@@ -268,7 +268,7 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [claim])
     monkeypatch.setattr(queue, "chapter_items", lambda chapter, profile="paper": items)
     monkeypatch.setattr(queue, "repo_results", lambda: tmp_path)
-    monkeypatch.setattr("fedlib.app.book.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr("fedlib.app.sources.load_reference", lambda chapter: REFERENCE)
     judged = {}
     for here, sha in (("absent", None), ("present", "d" * 64)):
         monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self, sha=sha: {"sha256": sha})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedlib.app import book, chapters, claims, coverage, queue
+from fedlib.app import book, chapters, claims, coverage, queue, sources
 from fedlib.app.chapters import Paper, profiles
 from fedlib.app.claims import Claim, Comparison, Side
 
@@ -104,8 +104,8 @@ def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
         module.PAPER, added[name] = _fake_chapter(name, ours, FakeProfile)
         monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setattr(chapters, "CHAPTER_MODULES", CHAPTERS + ("ourpage", "seventh"))
-    load = book.load_profile
-    monkeypatch.setattr(book, "load_profile", lambda page, profile: {"rounds": 2} if page in added
+    load = sources.load_profile
+    monkeypatch.setattr(sources, "load_profile", lambda page, profile: {"rounds": 2} if page in added
                         else load(page, profile))
 
     assert tuple(chapters.registry()) == CHAPTERS + ("ourpage", "seventh")
@@ -121,7 +121,7 @@ def test_a_new_chapter_is_one_record_and_every_list_follows(monkeypatch):
     assert chapters.defenses("seventh", {"rounds": 2}).startswith("**Defenses on:**")
     assert profiles.schema_of("seventh") is FakeProfile
     with pytest.raises(profiles.ProfileError, match=r"^params/seventh/quick.yaml: parameter rounds: "):
-        monkeypatch.setattr(book, "load_profile", lambda page, profile: {"rounds": "2"})
+        monkeypatch.setattr(sources, "load_profile", lambda page, profile: {"rounds": "2"})
         queue.chapter_items("seventh", "quick")
 
 
@@ -152,7 +152,8 @@ def test_a_chapter_the_toc_does_not_name_is_listed_with_the_papers(tmp_path, mon
     import yaml
 
     shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("_executed", "_build"))
-    monkeypatch.setattr(book, "book_dir", lambda: tmp_path / "book")
+    for module in (book, sources):  # the contents read it from sources, the stage from the build
+        monkeypatch.setattr(module, "book_dir", lambda: tmp_path / "book")
     assert book.toc() == yaml.safe_load((ROOT / "book" / "_toc.yml").read_text())  # every chapter is named
     before = book.toc_chapters()
     (tmp_path / "book" / "seventh.ipynb").write_text((ROOT / "book" / "fedavg.ipynb").read_text())

@@ -30,21 +30,31 @@ import torch
 import yaml
 
 from ..cache import ResultCache, atomic_write_text, default_cache_root, key_of
-from ..provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
 from ..config import RunConfig, make_config
 from ..methods import METHODS
+from ..provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
+from ..results import (
+    RunResult,
+    placement_free,
+    read_stored,
+    result_check,
+    runs_dir,
+    store_run,
+)
+from ..stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
+from .chapters import PAPERS_PART, toc, toc_chapters  # noqa: F401 - the book's contents
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
-from ..results import RunResult, placement_free, read_stored, result_check, runs_dir, store_run
-from ..stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
-
-PROFILES = ("smoke", "quick", "paper", "evidence")
-EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
-STATUS_PAGE = "status"
-
-
-def book_dir() -> Path:
-    return repo_root() / "book"
+from .sources import (  # noqa: F401
+    EVIDENCE,
+    PROFILES,
+    STATUS_PAGE,
+    _check_profile,
+    book_dir,
+    check_only,
+    load_profile,
+    load_reference,
+)
 
 
 class BookError(RuntimeError):
@@ -76,28 +86,6 @@ def evidence_summary(chapter: str, wanted: int, missing: int) -> str:
 
 
 # ----------------------------------------------------------------------------- profiles
-
-
-def _check_profile(profile: str) -> None:
-    if profile not in PROFILES:
-        raise ValueError(f"profile: must be one of {', '.join(PROFILES)} (got {profile!r})")
-
-
-def load_profile(chapter: str, profile: str) -> dict[str, Any]:
-    """The papermill parameters of one chapter and profile (YAML, safe loading)."""
-    _check_profile(profile)
-    path = repo_root() / "params" / chapter / f"{profile}.yaml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{chapter}: no parameter file {path}")
-    data = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of parameters")
-    if "inherit" in data:  # e.g. the evidence profile: the paper profile's parameters
-        base = data.pop("inherit")
-        if base not in PROFILES or base == profile:
-            raise ValueError(f"{path}: inherit must name another profile (got {base!r})")
-        data = {**load_profile(chapter, base), **data}
-    return data
 
 
 def protocol_differences(chapter: str, params: dict[str, Any]) -> list[str]:
@@ -206,18 +194,6 @@ def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
 
 
 # ----------------------------------------------------------------------------- paper numbers
-
-
-def load_reference(paper: str):
-    """The paper's published numbers as a DataFrame (table, row, column, value, std)."""
-    import pandas as pd
-
-    path = book_dir() / "reference" / f"{paper}.yaml"
-    data = yaml.safe_load(path.read_text())
-    frame = pd.DataFrame(data["entries"])
-    if "std" not in frame:
-        frame["std"] = float("nan")
-    return frame
 
 
 def reference_value(ref, table: str, row: str, column: str) -> tuple[float, float]:
@@ -419,47 +395,6 @@ def headlines_table():
 
 
 # ----------------------------------------------------------------------------- the build
-
-
-PAPERS_PART = "The papers"  # the _toc.yml part a chapter it does not name is listed in
-
-
-def _toc_files(node):
-    if isinstance(node, dict):
-        yield from [node["file"]] if "file" in node else []
-        node = list(node.values())
-    for item in node if isinstance(node, list) else []:
-        yield from _toc_files(item)
-
-
-def toc() -> dict:
-    """The book's table of contents: ``book/_toc.yml``, with every registered chapter it does not name
-    that has a notebook added at the end of the part captioned "The papers" (or of the last part), so a
-    new chapter needs no line there. The build writes this into its stage."""
-    from .chapters import registry
-
-    contents = yaml.safe_load((book_dir() / "_toc.yml").read_text())
-    listed = {f.removesuffix(".ipynb") for f in _toc_files(contents)}
-    missing = [name for name in registry() if name not in listed and (book_dir() / f"{name}.ipynb").is_file()]
-    if missing:
-        parts = contents.setdefault("parts", [{"caption": PAPERS_PART, "chapters": []}])
-        part = next((p for p in parts if p.get("caption") == PAPERS_PART), parts[-1])
-        part.setdefault("chapters", []).extend({"file": name} for name in missing)
-    return contents
-
-
-def toc_chapters() -> list[str]:
-    """Notebook chapters in the table of contents' order (:func:`toc`), the status page last."""
-    names = [f.removesuffix(".ipynb") for f in _toc_files(toc())]
-    names = [n for n in names if (book_dir() / f"{n}.ipynb").is_file()]
-    return [n for n in names if n != STATUS_PAGE] + ([STATUS_PAGE] if STATUS_PAGE in names else [])
-
-
-def check_only(only: list[str] | None, chapters) -> None:
-    """``--only`` names chapters: a ValueError names the first that is not one of ``chapters``."""
-    unknown = sorted(set(only or []) - set(chapters))
-    if unknown:
-        raise ValueError(f"--only: unknown chapter {unknown[0]!r}; chapters: {', '.join(chapters)}")
 
 
 def _stage_sources(stage: Path) -> None:

@@ -25,17 +25,16 @@ data need not be on this machine; where it is, it must have that fingerprint.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .. import stats
-from ..cache import ResultCache, key_of
-from ..results import placement_free, read_stored, result_check, run_of, runs_dir
+from ..cache import ResultCache
+from ..results import run_of
 from ..stats import FAILS, HOLDS, INDICATIVE, NOISE
 from . import chapters, queue
+from .queue import StoredIndex  # noqa: F401 - read here, defined with the queue's store
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
 DATA_ABSENT = "data not on this machine (fingerprint recorded)"
@@ -202,64 +201,6 @@ def evidence_in(store: ResultCache, chapter: str, profile: str) -> Evidence:
     return out
 
 
-def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
-    return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
-
-
-_INDEXES: dict[Path, tuple[tuple, "StoredIndex"]] = {}  # root -> (its listing, its index)
-
-
-@dataclass
-class StoredIndex:
-    """The stored runs of a folder, by what made them (resolved config without placement, rule
-    versions): reading them never moves one; unreadable or invalid files are listed."""
-
-    root: Path
-    by_signature: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)  # -> [(key, result)]
-    skipped: list[str] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, root: Path | None = None) -> "StoredIndex":
-        """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
-        file there changed (name, size or modification time)."""
-        store = ResultCache(runs_dir(queue.repo_results()) if root is None else root, protect=True)
-        paths = store.entry_paths()
-        listing = tuple((p.name, *((s := p.stat()).st_size, s.st_mtime_ns)) for p in paths)
-        cached = _INDEXES.get(store.root)
-        if cached is not None and cached[0] == listing:
-            return cached[1]
-        index = cls(store.root)
-        _INDEXES[store.root] = (listing, index)
-        for path, _, result, problem in read_stored(store, paths):
-            if problem:
-                index.skipped.append(f"{path.name} ({problem})")
-                continue
-            meta = result["meta"]
-            sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
-            index.by_signature.setdefault(sig, []).append((key_of(path), result))
-        return index
-
-    def run_of(self, config, local: dict | None = None) -> tuple[dict, bool] | None:
-        """The stored run ``config`` made, judged by the data fingerprint the run recorded, and
-        whether that data is on this machine; None when there is none. ``local``: this machine's
-        fingerprint of the config's data (default: computed); where present it must match."""
-        candidates = self.by_signature.get(_signature(config.resolved(), config.rule_versions()), [])
-        if not candidates:
-            return None
-        local = config.data_fingerprint() if local is None else local
-        for key, result in candidates:
-            recorded = result["meta"].get("data") or {}
-            if not recorded.get("sha256") or config.key(recorded) != key:
-                continue
-            if result_check(config, recorded)(result) is not None:
-                continue
-            if local.get("sha256") is None:
-                return result, False
-            if local["sha256"] == recorded["sha256"]:
-                return result, True
-        return None
-
-
 def stored_evidence(chapter: str, index: StoredIndex | None = None, absent: set | None = None) -> Evidence:
     """Stored paper-profile runs of the chapter's queue items (``results/runs/``), whether or not
     their data is on this machine; ``absent`` (when given) collects the cells whose runs used
@@ -364,7 +305,7 @@ def judge(claim: Claim, stored: Evidence, build: Evidence | None = None, profile
 def _inputs(chapter: str, profile: str | None, stored: Evidence | None, build: Evidence | None,
             absent: set | None = None):
     """The paper's reference values, the stored evidence and the build profile's cached evidence."""
-    from .book import load_reference
+    from .sources import load_reference
 
     name = chapters.record(chapter).reference
     try:

@@ -39,10 +39,11 @@ from typing import Any, Callable, Iterable
 
 from .. import data
 from ..cache import ResultCache, key_of
-from .book import check_only, repo_root
+from ..provenance import repo_root
+from ..results import placement_free, read_stored, result_check, runs_dir, store_run
 from . import chapters
 from .chapters import profiles
-from ..results import runs_dir, store_run
+from .sources import check_only
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
 TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
@@ -187,6 +188,67 @@ def results_root() -> Path:
     return Path(env) if env else repo_results()
 
 
+# ----------------------------------------------------------------------------- the stored runs, by what made them
+
+
+def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
+    return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
+
+
+_INDEXES: dict[Path, tuple[tuple, "StoredIndex"]] = {}  # root -> (its listing, its index)
+
+
+@dataclass
+class StoredIndex:
+    """The stored runs of a folder, by what made them (resolved config without placement, rule
+    versions): reading them never moves one; unreadable or invalid files are listed."""
+
+    root: Path
+    by_signature: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)  # -> [(key, result)]
+    skipped: list[str] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, root: Path | None = None) -> "StoredIndex":
+        """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
+        file there changed (name, size or modification time)."""
+        store = ResultCache(runs_dir(repo_results()) if root is None else root, protect=True)
+        paths = store.entry_paths()
+        listing = tuple((p.name, *((s := p.stat()).st_size, s.st_mtime_ns)) for p in paths)
+        cached = _INDEXES.get(store.root)
+        if cached is not None and cached[0] == listing:
+            return cached[1]
+        index = cls(store.root)
+        _INDEXES[store.root] = (listing, index)
+        for path, _, result, problem in read_stored(store, paths):
+            if problem:
+                index.skipped.append(f"{path.name} ({problem})")
+                continue
+            meta = result["meta"]
+            sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
+            index.by_signature.setdefault(sig, []).append((key_of(path), result))
+        return index
+
+    def run_of(self, config, local: dict | None = None) -> tuple[dict, bool] | None:
+        """The stored run ``config`` made, judged by the data fingerprint the run recorded, and
+        whether that data is on this machine; None when there is none. ``local``: this machine's
+        fingerprint of the config's data (default: computed); where present it must match."""
+        candidates = self.by_signature.get(_signature(config.resolved(), config.rule_versions()), [])
+        if not candidates:
+            return None
+        local = config.data_fingerprint() if local is None else local
+        for key, result in candidates:
+            recorded = result["meta"].get("data") or {}
+            if not recorded.get("sha256") or config.key(recorded) != key:
+                continue
+            if result_check(config, recorded)(result) is not None:
+                continue
+            if local.get("sha256") is None:
+                return result, False
+            if local["sha256"] == recorded["sha256"]:
+                return result, True
+        return None
+
+
 def answers(item: QueueItem, payload: dict) -> str | None:
     """None when a stored entry (checksum already verified) is a valid run of ``item``: the right
     schema, and it answers the item's key (its resolved config, rule versions and data, as the
@@ -249,8 +311,6 @@ def is_stored(item: QueueItem) -> bool:
         return True
     if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
         return False
-    from .claims import StoredIndex
-
     return StoredIndex.read().run_of(item.config) is not None
 
 

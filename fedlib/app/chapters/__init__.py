@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
+import yaml
+
+from .. import sources
+
 if TYPE_CHECKING:
     from ..claims import Claim
     from .profiles import Profile
@@ -63,9 +67,7 @@ class Paper:
     def engine(self) -> bool:
         """Whether its runs go through ``fedlib.run`` and take the profile's ``update_clip`` (its
         schema is an ``EngineProfile``)."""
-        from .profiles import EngineProfile
-
-        return issubclass(self.profile_schema, EngineProfile)
+        return bool(getattr(self.profile_schema, "runs_through_engine", False))
 
 
 def chapter_module(name: str):
@@ -97,8 +99,6 @@ def papers() -> list[str]:
 
 def book_order(names: list[str]) -> list[str]:
     """``names`` in the order of the book's pages (``_toc.yml``); those it does not list after them."""
-    from ..book import toc_chapters
-
     pages = [page for page in toc_chapters() if page in names]
     return pages + [name for name in names if name not in pages]
 
@@ -129,3 +129,39 @@ def unique_configs(experiment_configs, params: dict) -> list:
                 seen.add(config.key())
                 out.append(config)
     return out
+
+
+# ----------------------------------------------------------------------------- the book's contents
+
+
+PAPERS_PART = "The papers"  # the _toc.yml part a chapter it does not name is listed in
+
+
+def _toc_files(node):
+    if isinstance(node, dict):
+        yield from [node["file"]] if "file" in node else []
+        node = list(node.values())
+    for item in node if isinstance(node, list) else []:
+        yield from _toc_files(item)
+
+
+def toc() -> dict:
+    """The book's table of contents: ``book/_toc.yml``, with every registered chapter it does not name
+    that has a notebook added at the end of the part captioned "The papers" (or of the last part), so a
+    new chapter needs no line there. The build writes this into its stage."""
+    book_dir = sources.book_dir
+    contents = yaml.safe_load((book_dir() / "_toc.yml").read_text())
+    listed = {f.removesuffix(".ipynb") for f in _toc_files(contents)}
+    missing = [name for name in registry() if name not in listed and (book_dir() / f"{name}.ipynb").is_file()]
+    if missing:
+        parts = contents.setdefault("parts", [{"caption": PAPERS_PART, "chapters": []}])
+        part = next((p for p in parts if p.get("caption") == PAPERS_PART), parts[-1])
+        part.setdefault("chapters", []).extend({"file": name} for name in missing)
+    return contents
+
+
+def toc_chapters() -> list[str]:
+    """Notebook chapters in the table of contents' order (:func:`toc`), the status page last."""
+    names = [f.removesuffix(".ipynb") for f in _toc_files(toc())]
+    names = [n for n in names if (sources.book_dir() / f"{n}.ipynb").is_file()]
+    return [n for n in names if n != sources.STATUS_PAGE] + ([sources.STATUS_PAGE] if sources.STATUS_PAGE in names else [])

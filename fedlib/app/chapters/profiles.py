@@ -13,7 +13,7 @@ chapters (coverage, explore, performance) declare theirs here.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -38,6 +38,7 @@ class Profile(BaseModel):
 class EngineProfile(Profile):
     """A chapter whose runs go through ``fedlib.run``: its profiles may set the engine's update clipping."""
 
+    runs_through_engine: ClassVar[bool] = True  # what ``Paper.engine`` reads (no import of this module there)
     update_clip: float | None = ENGINE_DEFAULT_CLIP  # left out: the engine default; null: clipping off
 
 
@@ -97,9 +98,9 @@ def check(schema: type[Profile], values: dict[str, Any], source: str) -> None:
 def load(page: str, profile: str) -> dict[str, Any]:
     """``params/<page>/<profile>.yaml`` (``book.load_profile``: with what it inherits), checked against
     the page's schema."""
-    from .. import book
+    from .. import sources
 
-    params = book.load_profile(page, profile)
+    params = sources.load_profile(page, profile)
     check(schema_of(page), params, f"params/{page}/{profile}.yaml")
     return params
 

@@ -4,10 +4,10 @@ pyproject.toml), and every module of fedlib is placed on one side of that line."
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT = Path(sys.executable).parent / "lint-imports"

@@ -304,3 +304,9 @@ def test_a_packed_rate_is_split_by_the_methods_server_work():
     entries = [queue.Entry(i, 1.0, "test", False, None) for i in (fedavg, fedms)]
     cost, how = queue.pack_cost(entries, "cuda", model)
     assert how == "measured pack" and cost == pytest.approx(queue.STARTUP_SECONDS + wall)
+
+
+def test_a_key_the_profile_has_no_run_for_is_a_one_line_error_naming_the_data_root():
+    with pytest.raises(ValueError, match=r"celm: no run with key 'nope' in the smoke profile \(a key includes the "
+                                         r"data's fingerprint: was it made with this FEDLIB_DATA\?"):
+        queue.run_one("celm", "nope", "smoke")

@@ -711,11 +711,18 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
 # ----------------------------------------------------------------------------- running
 
 
+def no_run_with_key(chapter: str, key: str, profile: str) -> str:
+    """The one-line error for a key the chapter's profile has no run for (a key includes the fingerprint of
+    the data it reads, so a key made under another data root is not found)."""
+    return (f"{chapter}: no run with key {key!r} in the {profile} profile (a key includes the data's fingerprint: "
+            f"was it made with this FEDLIB_DATA?)")
+
+
 def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu") -> Path:
     """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it once."""
     matches = [i for i in chapter_items(chapter, profile) if i.key == key]
     if not matches:
-        raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
+        raise ValueError(no_run_with_key(chapter, key, profile))
     item = matches[0]
     config = item.config if device == "cpu" else item.config.model_copy(update={"device": device})
     return store_payload(item, item.runner(config), profile)
@@ -733,7 +740,7 @@ def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", lo
             raise ValueError(f"--run-pack: expected CHAPTER:KEY (got {spec!r})")
         by_key = {i.key: i for i in chapter_items(chapter, profile)}
         if key not in by_key:
-            raise ValueError(f"{chapter}: no run with key {key!r} in the {profile} profile")
+            raise ValueError(no_run_with_key(chapter, key, profile))
         if by_key[key].runner is not run_round:
             raise ValueError(f"{chapter}: {key} is not an engine run; it cannot be packed")
         items.append(by_key[key])

@@ -105,30 +105,7 @@ def test_the_core_has_no_import_cycle():
     graph = grimp.build_graph("fedlib", cache_dir=None)
     core = set(_contract()["source_modules"])
 
-    def top(module: str) -> str:
-        return ".".join(module.split(".")[:2])
-
-    edges = {m: set() for m in core}
-    for module in graph.modules:
-        if top(module) in core:
-            edges[top(module)] |= {top(i) for i in graph.find_modules_directly_imported_by(module)
-                                   if top(i) in core and top(i) != top(module)}
-    seen, stack, cycles = {}, [], []
-
-    def visit(m):  # depth-first; a grey module met again closes a cycle
-        seen[m] = "grey"
-        stack.append(m)
-        for n in sorted(edges[m]):
-            if seen.get(n) == "grey":
-                cycles.append(stack[stack.index(n):] + [n])
-            elif n not in seen:
-                visit(n)
-        stack.pop()
-        seen[m] = "black"
-
-    for m in sorted(core):
-        if m not in seen:
-            visit(m)
+    cycles = _cycles(graph, core, lambda module: ".".join(module.split(".")[:2]))  # packages as one node
     assert not cycles, cycles
 
 

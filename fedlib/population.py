@@ -632,6 +632,7 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
     live_counts = step_active.sum(1).tolist() if compact else None
     backend = step_backend(cfg, start.device)
     replay, replay_at = None, None  # the captured step in use and its rows (None: all)
+    last = 0  # the last live step a replay ran
     compact_replay = backend != "eager" and compacted_replay(cfg, start.device)
     active_host = step_active.bool().cpu() if compact_replay else None  # the same host sync, once per round
     row_lr = torch.is_tensor(cfg.lr)  # one learning rate per client: the step is on * lr_i (exact, on in {0, 1})
@@ -644,7 +645,9 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
             mb, active = mask[s], step_active[s]
             scale, value = (active * lr_rows, -1.0) if row_lr else (active, -cfg.lr)
             if backend != "eager" and flat is not None:
-                rows = replay_rows(active_host[s]) if compact_replay else None
+                same = compact_replay and replay is not None and torch.equal(active_host[s], active_host[last])
+                rows = replay_at if same else (replay_rows(active_host[s]) if compact_replay else None)
+                last = s  # the previous live step (its clients decide whether the rows change)
                 if replay is None or not _same_rows(rows, replay_at):
                     if replay is not None:
                         velocity = replay.store(flat, bufs, velocity, replay_at)

@@ -26,10 +26,10 @@
 #    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
-#    Every run is stored straight under $OUT/results/runs as it finishes, so a call cut off by its
-#    timeout still brings back each finished run (the 2026-11-27 call lost 6 to an archive made last).
+#    Every run finished goes into $OUT/runs.tar within 10 s (one file: the device tool brings back at most 8),
+#    so a call cut off by its timeout still brings back each finished run.
 # 3. Copy what came back into the repository (files_at: the folder the tool names), commit:
-#        cp -n <files_at>/results/runs/*.json.gz results/runs/
+#        tar -xf <files_at>/runs.tar -C results/runs --skip-old-files
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
@@ -68,7 +68,8 @@ prepare() {
 
 run_on_device() {
     local t0 out="${OUT:?run this through the device tool: \$OUT is where results go back}"
-    local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" bench="${BENCH_S:-0}" results="$out/results" sampler=""
+    local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" bench="${BENCH_S:-0}" results="${WORK:-/tmp/gpu}/results"
+    local sampler="" snapshots=""
     t0=$(date +%s)
     if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! python3 -c "import pydantic" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -76,7 +77,16 @@ run_on_device() {
     fi
     export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}" FEDLIB_DATA="${FEDLIB_DATA:-$PWD/$CARRY/data}" \
         FEDLIB_CACHE="${FEDLIB_CACHE:-/tmp/fedlib-cache}" FEDLIB_DOWNLOAD=0 FEDLIB_RESULTS="$results" PYTHONUNBUFFERED=1
-    mkdir -p "$FEDLIB_RESULTS"
+    mkdir -p "$FEDLIB_RESULTS/runs"
+    # at most 8 files come back from $OUT (the 2026-11-27 second call lost 5 of 9 runs stored one file each):
+    # the runs go back as one archive, rewritten whole every 10 s and renamed into place, so a call cut off
+    # by its timeout still brings back every run finished 10 s before
+    snapshot() {  # finished runs only: a run being written is a hidden .tmp file until it is renamed
+        (cd "$FEDLIB_RESULTS/runs" && find . -maxdepth 1 -name '*.json*' ! -name '.*' -print0 \
+            | tar --null -T - -cf "$out/runs.tar.part") && mv -f "$out/runs.tar.part" "$out/runs.tar"
+    }
+    ( while sleep 10; do snapshot || true; done ) &
+    snapshots=$!
     if [ "$device" != cpu ] && command -v nvidia-smi >/dev/null; then
         nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -lms 2000 \
             > "$out/gpu_utilisation.csv" 2>/dev/null &
@@ -106,6 +116,7 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \
             "$stored" "$seconds"
+        snapshot || true
         if [ "$bench" -gt 0 ]; then  # each writes its JSON after every row, so a timeout keeps rows
             local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
             timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native \
@@ -123,6 +134,8 @@ print(f'GPU utilisation: mean {sum(u) / max(1, len(u)):.0f} %, max {max(u, defau
       f'memory used up to {max(m, default=0):.0f} MiB')" "$out/gpu_utilisation.csv" || true
         fi
     } 2>&1 | tee "$out/gpu_coverage.log"
+    kill "$snapshots" 2>/dev/null || true
+    snapshot || true
 }
 
 case "${1:-}" in

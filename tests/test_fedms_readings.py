@@ -224,3 +224,54 @@ def test_cifar10_calibration_by_hand(params):
     assert frame.loc["weight decay 5e-4", "mean |ours − paper|"] == pytest.approx((3.36 + 1.52) / 2)
     assert chosen == "weight decay 5e-4"
     assert fedms.calibrate_cifar10_readings(params, {}, load_reference("fedms"))[1] is None
+
+
+def test_an_adopted_cifar10_reading_sets_every_cifar10_run_and_the_screen_keeps_its_keys(params):
+    """Issue 30 point 2: ``cifar10_reading`` puts the chosen recipe in every CIFAR-10 Table 1 run, the
+    screen's runs keep their keys (each reading still changes the original recipe), so the screen's
+    wider-CNN FedAvg run is Table 1's FedAvg run once that reading is adopted; MNIST runs are untouched."""
+    from fedlib.app.chapters import readings
+
+    wide = "wider CNN (32, 64 channels; FC 512, 128)"
+    adopted = {**params, "cifar10_reading": wide}
+    assert [c.key() for *_, c in fedms.cifar10_reading_configs(adopted)] == [
+        c.key() for *_, c in fedms.cifar10_reading_configs(params)]
+    screen = {(s, r): c for s, r, c in fedms.cifar10_reading_configs(params)}
+    for split in params["cifar10_splits"]:
+        fedavg = fedms.run_config(adopted, split, "fedavg", params["seeds"][0], cifar10=True)
+        assert fedavg.key() == screen[(split, wide)].key() != screen[(split, readings.ORIGINAL)].key()
+    assert fedms.run_config(adopted, "Dir(1)", "fedms", 2, cifar10=True).model == "cnn_wide"
+    assert fedms.run_config(params, "Dir(1)", "fedms", 2, cifar10=True).model == "cnn"
+    assert fedms.run_config(adopted, "Dir(1)", "fedms", 2).key() == fedms.run_config(params, "Dir(1)", "fedms", 2).key()
+    with pytest.raises(ValueError, match="^cifar10_reading: must be one of 'no augmentation, no weight decay', "):
+        fedms.run_config({**params, "cifar10_reading": "wide"}, "Dir(1)", "fedavg", 0, cifar10=True)
+
+
+def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeypatch):
+    """The sentence after the screen: not yet adopted while a candidate lacks a run on a split; adopted
+    once the profile names it; and the earlier recipe's Table 1 runs are shown apart, as stale."""
+    from fedlib.app import book
+    from fedlib.app.chapters import readings
+
+    wide = "wider CNN (32, 64 channels; FC 512, 128)"
+    rows = fedms.cifar10_reading_configs(params)
+    finals = {readings.ORIGINAL: 0.54, wide: 0.57}
+    stored = {c.key(): _run([finals.get(r, 0.2)]) for s, r, c in rows if r in finals or s != "Dir(1)"}
+    earlier_fedms = fedms.run_config(params, "Dir(1)", "fedms", 0, cifar10=True)
+    stored[earlier_fedms.key()] = _run([0.5])
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(
+        {c.key(): stored[c.key()] for c in configs if c.key() in stored}, {}, []))
+    for profile, expected in ((params, "not every candidate has a run on every split yet"),
+                              ({**params, "cifar10_reading": wide}, "the paper profile uses it")):
+        chapter = fedms.FedMS("paper", profile)
+        chapter.paper_params = profile
+        monkeypatch.setattr(chapter, "cifar_note", lambda: "CIFAR-10")
+        frame, values = chapter.cifar10_readings()
+        assert values["cr_chosen"] == wide and values["cr_protocol"].startswith(expected)
+        earlier, table = chapter.table1_cifar10_earlier()
+        if profile is params:
+            assert earlier is None and table["t1c_earlier_n"] == 0
+        else:  # the original recipe's FedAvg (3 splits) and FedMS (Dir(1)) runs, stale
+            assert table["t1c_earlier_n"] == 4 and table["t1c_recipe"] == wide
+            cell = earlier.loc[("CIFAR-10 Mavericks + Dir(1)", "stored paper profile, earlier recipe (stale)"), "FedMS"]
+            assert cell.startswith("50.00")

@@ -75,12 +75,13 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
     if method == "cffl" and split["name"] in LABEL_IMBALANCE_SPLITS:
         spec.setdefault("split_kind", "label_imbalance")
     data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "lr_milestones")}
-    return make_config(
+    fields = dict(
         **data, dataset="cifar10" if cifar10 else params["dataset"], model="cnn" if cifar10 else params["model"],
         n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
         server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
     )
+    return make_config(**{**fields, **(readings.recipe(params) if cifar10 else {})})
 
 
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
@@ -610,7 +611,8 @@ class CELM(Chapter):
                                        METHOD_LABELS.get)["fedavg_uniform"][0]
 
         frame, chosen = readings.calibrate(rows, stored, paper_of)
-        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows))
+        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows), params=params,
+                             profile_file="params/celm/paper.yaml")
 
     def maverick_readings(self):
         """Uniform FedAvg's Table 2 cells (balanced and rare-class accuracy) under every reading of §6.1's
@@ -978,6 +980,7 @@ class CelmProfile(FederationProfile):
     cifar10_rounds: int
     cifar10_lr_milestones: list[int]
     cifar10_reading_splits: list[str]
+    cifar10_reading: str = readings.ORIGINAL  # a name of readings.CIFAR10_READINGS: the CIFAR-10 recipe
     cffl_study: CfflStudy
     table2_reading: str = next(iter(MAVERICK_READINGS))  # a name of MAVERICK_READINGS: Table 2's Maverick split
 

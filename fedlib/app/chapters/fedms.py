@@ -30,7 +30,7 @@ from .. import frames
 from ..book import load_profile
 from ..claims import Claim, Comparison, Side, cells_row, final
 from . import Paper, readings, run_options, unique_configs
-from .base import Chapter, curve, dataset_label, queue_item
+from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
 
 METHOD_LABELS = {"fedavg": "FedAvg", "fedprox": "FedProx", "poc": "PoC", "fedemd": "FedEMD",
@@ -69,12 +69,14 @@ def method_spec(method: str, split: str, dataset: str = "mnist", extra: dict | N
 
 def _config(params: dict[str, Any], seed: int, cifar10: bool = False, **fields) -> RunConfig:
     """A run of the chapter's protocol (``cifar10``: the CNN on CIFAR-10 with the profile's ``cifar10_``
-    fraction, rounds and local epochs); ``fields`` set the rest or override."""
+    fraction, rounds and local epochs, under its ``cifar10_reading`` recipe); ``fields`` set the rest or
+    override."""
     data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "local_epochs")}
     return make_config(**{
         **data, "dataset": "cifar10" if cifar10 else params["dataset"], "model": "cnn" if cifar10 else params["model"],
         "lr": params["lr"], "batch_size": params["batch_size"], "test_samples": params["test_samples"],
-        "server_val": params["server_val"], "seed": seed, **run_options(params), **fields})
+        "server_val": params["server_val"], "seed": seed, **run_options(params),
+        **(readings.recipe(params) if cifar10 else {}), **fields})
 
 
 def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
@@ -323,10 +325,11 @@ class FedMS(Chapter):
         """A softmax variant is compared with its method's paper value."""
         return METHOD_LABELS[SOFTMAX_VARIANTS.get(method, (method,))[0]]
 
-    def table1_rows(self, cifar10: bool = False) -> list[tuple[str, dict, dict]]:
+    def table1_rows(self, cifar10: bool = False, sources=None) -> list[tuple[str, dict, dict]]:
         """(setting, paper, ours) per Dirichlet row of Table 1, MNIST or CIFAR-10: this build's rows,
-        then the paper profile's rows that have stored runs."""
-        grids = [table1_grid(params, cifar10) for _, _, params in self.by_source()]
+        then the paper profile's rows that have stored runs (or the given (source, runs, params))."""
+        sources = self.by_source() if sources is None else sources
+        grids = [table1_grid(params, cifar10) for _, _, params in sources]
         splits, methods = (list(dict.fromkeys(x for grid in grids for x in grid[i])) for i in (0, 1))
         name = ("CIFAR-10 (JPEG copy)" if "JPEG" in self.cifar_note() else "CIFAR-10") if cifar10 else None
         rows = []
@@ -337,7 +340,7 @@ class FedMS(Chapter):
 
             paper = self.paper_values("Table 1", f"{'CIFAR-10' if cifar10 else 'MNIST'} {split}", methods)
             ours = {source: frames.seed_mean_std(results, make(p), table1_score(p, cifar10))
-                    for source, results, p in self.by_source()}
+                    for source, results, p in sources}
             rows.append((f"{name + ' ' if name else ''}Mavericks + {split}", paper, ours))
         return self.measured(rows)
 
@@ -381,6 +384,23 @@ class FedMS(Chapter):
         ran = [o[self.ours] for _, _, o in rows if best_method(o[self.ours]) is not None]
         values = {"t1c_best": sum(best_method(o) == "fedms" for o in ran), "t1c_n": len(ran)}
         return (self.styled(rows) if rows else None), values
+
+    def table1_cifar10_earlier(self):
+        """Table 1 (CIFAR-10) from the stored runs of the original recipe, once the paper profile has adopted
+        another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
+        from .. import book
+
+        params = self.paper_params
+        values = {"t1c_recipe": readings.in_force(params), "t1c_earlier_recipe": readings.ORIGINAL, "t1c_earlier_n": 0}
+        if readings.in_force(params) == readings.ORIGINAL or not self.cifar_note():
+            return None, values
+        earlier = readings.screen_params(params)
+        splits, methods = table1_grid(earlier, True)
+        stored = book.stored_results(self.name, [run_config(earlier, s, m, seed, True) for s in splits
+                                                 for m in methods for seed in earlier["seeds"]]).results
+        rows = self.table1_rows(True, [(f"{OURS_STORED}, earlier recipe (stale)", stored, earlier)])
+        values["t1c_earlier_n"] = len(stored)
+        return (self.comparison(rows) if rows else None), values
 
     def fig2(self):
         """Fig. 2: FedAvg with and without the Maverick, and GTG vs MS-GTG rewards of each."""
@@ -550,7 +570,8 @@ class FedMS(Chapter):
         rows = cifar10_reading_configs(params)
         stored = book.stored_results(self.name, [c for *_, c in rows]).results
         frame, chosen = calibrate_cifar10_readings(params, stored, self.reference)
-        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows))
+        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows), params=params,
+                             profile_file="params/fedms/paper.yaml")
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""
@@ -688,7 +709,8 @@ def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> 
     """(split, reading, config): FedAvg's CIFAR-10 Table 1 run under each of ``CIFAR10_READINGS``, on one
     seed (default the profile's first); the first reading is Table 1's own FedAvg run."""
     seed = params["seeds"][0] if seed is None else seed
-    return readings.reading_configs(lambda split: run_config(params, split, "fedavg", seed, cifar10=True),
+    base = readings.screen_params(params)  # each reading changes the original recipe, whichever is adopted
+    return readings.reading_configs(lambda split: run_config(base, split, "fedavg", seed, cifar10=True),
                                     params["cifar10_splits"])
 
 
@@ -724,6 +746,7 @@ class FedMSProfile(FederationProfile):
     cifar10_local_epochs: int
     cifar10_methods: list[str]
     cifar10_splits: list[str]
+    cifar10_reading: str = readings.ORIGINAL  # a name of readings.CIFAR10_READINGS: the CIFAR-10 recipe
 
 
 def maverick_reward_gap(result: dict) -> float:

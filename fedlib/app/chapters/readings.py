@@ -25,6 +25,28 @@ CIFAR10_READINGS: dict[str, dict[str, Any]] = {
 }
 
 
+ORIGINAL = next(iter(CIFAR10_READINGS))  # the recipe the chapters ran before the screen
+
+
+def in_force(params: dict[str, Any]) -> str:
+    """The profile's ``cifar10_reading``, the recipe its CIFAR-10 runs use (absent: ``ORIGINAL``)."""
+    name = params.get("cifar10_reading", ORIGINAL)
+    if name not in CIFAR10_READINGS:
+        raise ValueError(f"cifar10_reading: must be one of {', '.join(map(repr, CIFAR10_READINGS))} (got {name!r})")
+    return name
+
+
+def recipe(params: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of the profile's CIFAR-10 recipe (``in_force``): {} for the original one."""
+    return dict(CIFAR10_READINGS[in_force(params)])
+
+
+def screen_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` under the original recipe: the base every reading of the screen changes, whichever the
+    profile adopted (so the screen's runs keep their keys once a reading is adopted)."""
+    return {**params, "cifar10_reading": ORIGINAL}
+
+
 def reading_configs(base_of: Callable[[str], RunConfig], splits, readings=CIFAR10_READINGS):
     """(split, reading, config) for every split and reading: ``base_of(split)`` (the chapter's FedAvg run)
     changed by the reading's fields (the first reading leaves it as it is)."""
@@ -62,12 +84,33 @@ def calibrate(rows, results: dict[str, Any], paper_of: Callable[[str], float]):
     return frame, chosen
 
 
-def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr"):
+def complete(frame) -> bool:
+    """Whether every reading has a run on every split (the rule's choice can no longer change)."""
+    return bool((frame["splits with a run"] == sum(c.endswith(" paper") for c in frame.columns)).all())
+
+
+def adoption(frame, chosen, params: dict[str, Any], profile_file: str) -> str:
+    """One sentence: whether the profile's recipe (``in_force``) is the rule's choice, and why not."""
+    used = in_force(params)
+    if chosen is None:
+        return f"no reading has a stored run yet, so the paper profile keeps the recipe {used!r}"
+    if used == chosen:
+        return (f"the paper profile uses it ({profile_file}: cifar10_reading); CIFAR-10 runs stored under "
+                "the earlier recipe are stale and shown apart, under their recipe")
+    if not complete(frame):
+        return (f"not every candidate has a run on every split yet, so the choice may still change and the paper "
+                f"profile keeps the recipe {used!r}")
+    return f"the paper profile still uses {used!r} ({profile_file}: cifar10_reading)"
+
+
+def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr", params: dict[str, Any] | None = None,
+         profile_file: str = ""):
     """(the frame as the page shows it, the glue values): a cell without a stored run says so, each split's
     column names the paper's value; None while no reading has a run."""
     values = {f"{prefix}_runs": stored, f"{prefix}_candidates": candidates,
               f"{prefix}_chosen": "none (no reading has a stored run)", f"{prefix}_chosen_gap": float("nan"),
-              f"{prefix}_baseline_gap": float(frame["mean |ours − paper|"].iloc[0])}
+              f"{prefix}_baseline_gap": float(frame["mean |ours − paper|"].iloc[0]),
+              f"{prefix}_protocol": adoption(frame, chosen, params or {}, profile_file)}
     if chosen is None:
         return None, values
     values.update({f"{prefix}_chosen": chosen, f"{prefix}_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})

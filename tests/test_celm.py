@@ -383,6 +383,38 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     assert len(items) == 6 and items[0].row == "CIFAR-10 Dir. (0.05)"
 
 
+def test_an_adopted_cifar10_reading_moves_table_1s_cifar10_runs_and_shows_the_earlier_ones_apart(monkeypatch):
+    """Issue 30 point 2 for CELM: ``cifar10_reading`` sets every CIFAR-10 Table 1 run (the screen's run of
+    that reading becomes Table 1's uniform FedAvg run), Fashion-MNIST runs keep their keys, and the runs of
+    the original recipe are shown apart as stale."""
+    from fedlib.app import book
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm, readings
+    from fedlib.run import RunResult
+
+    params = load_profile("celm", "paper")
+    crop = {**params, "cifar10_reading": "crop + flip"}
+    split = celm.SPLITS["Dir(0.05)"][0]
+    screen = {r: c for _, r, c in celm.cifar10_reading_configs(params)}
+    assert [c.key() for *_, c in celm.cifar10_reading_configs(crop)] == [c.key() for c in screen.values()]
+    assert celm.run_config(crop, split, "fedavg_uniform", 0, cifar10=True).key() == screen["crop + flip"].key()
+    assert celm.run_config(crop, split, "celm", 1, cifar10=True).augment == "crop_flip"
+    assert celm.run_config(crop, split, "celm", 1).key() == celm.run_config(params, split, "celm", 1).key()
+    earlier = {celm.run_config(params, split, m, 0, cifar10=True).key(): 0.5 + i / 100
+               for i, m in enumerate(("fedavg_uniform", "celm"))}
+    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(
+        {c.key(): RunResult(config={}, history=[], final={"accuracy": earlier[c.key()]}, meta={})
+         for c in configs if c.key() in earlier}, {}, []))
+    for profile, shown in ((params, False), (crop, True)):
+        chapter = celm.CELM("paper", profile)
+        chapter.paper_params = profile
+        monkeypatch.setattr(chapter, "data_source", lambda dataset: "CIFAR-10")
+        frame, values = chapter.table1_cifar10_earlier()
+        assert (frame is not None) == shown and values["t1c_earlier_n"] == (2 if shown else 0)
+    row = frame.loc[("CIFAR-10 Dir(0.05)", "stored paper profile, earlier recipe (stale)")]
+    assert row["FedAvg"].startswith("50.00") and row["CELM"].startswith("51.00")
+
+
 def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_table_2_readings():
     """Issue 30: uniform FedAvg under each reading of §6.1's Maverick; the rule picks the smallest mean
     |ours − paper| over balanced and rare-class accuracy (values set by hand), a reading without a run

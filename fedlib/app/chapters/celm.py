@@ -41,7 +41,7 @@ from .. import frames
 from ..book import reference_value
 from ..claims import Claim, Comparison, Side, cells_row
 from . import Paper, readings, run_options, unique_configs
-from .base import Chapter, dataset_label, queue_item
+from .base import OURS_STORED, Chapter, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Part, Seeds
 
 METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "shapfed": "ShapFed", "celm": "CELM"}
@@ -183,9 +183,11 @@ def calibrate_maverick_readings(rows: list[tuple[str, Any]], results: dict[str, 
 def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list:
     """(split, reading, config): uniform FedAvg's CIFAR-10 Table 1 run on the profile's
     ``cifar10_reading_splits`` (default the headline Dir(0.05)) under each reading of the CIFAR-10 recipe
-    the paper leaves open (``fedlib.app.chapters.readings``; issue 30), on one seed (default the first)."""
+    the paper leaves open (``fedlib.app.chapters.readings``; issue 30), on one seed (default the first), each
+    changing the original recipe whichever the profile adopted (``cifar10_reading``)."""
     seed = params["seeds"][0] if seed is None else seed
-    return readings.reading_configs(lambda s: run_config(params, SPLITS[s][0], "fedavg_uniform", seed, cifar10=True),
+    base = readings.screen_params(params)
+    return readings.reading_configs(lambda s: run_config(base, SPLITS[s][0], "fedavg_uniform", seed, cifar10=True),
                                     params.get("cifar10_reading_splits", ["Dir(0.05)"]))
 
 
@@ -644,6 +646,24 @@ class CELM(Chapter):
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
         return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
+
+    def table1_cifar10_earlier(self):
+        """Table 1's CIFAR-10 rows from the stored runs of the original recipe, once the paper profile has
+        adopted another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
+        from .. import book
+
+        params = self.paper_params
+        values = {"t1c_recipe": readings.in_force(params), "t1c_earlier_recipe": readings.ORIGINAL, "t1c_earlier_n": 0}
+        if readings.in_force(params) == readings.ORIGINAL or not self.data_source("cifar10"):
+            return None, values
+        earlier, methods = readings.screen_params(params), params["methods"]
+        made = {split: method_configs(SPLITS[split][0], methods, cifar10=True)(earlier) for split in params["splits"]}
+        stored = book.stored_results(self.name, [c for by in made.values() for cs in by.values() for c in cs]).results
+        rows = self.measured([(f"CIFAR-10 {split}", self.paper_values("Table 1", f"CIFAR-10 {SPLITS[split][1]}", methods),
+                               {f"{OURS_STORED}, earlier recipe (stale)": frames.seed_mean_std(stored, by)})
+                              for split, by in made.items()])
+        values["t1c_earlier_n"] = len(stored)
+        return (self.comparison(rows) if rows else None), values
 
     def table2(self):
         """Table 2, balanced and rare-class accuracy: the styled frame, the Maverick's classes, the numbers."""

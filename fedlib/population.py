@@ -343,7 +343,6 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
     if torch.device(device).type != "cpu" or cfg.extra_loss is not None or step_backend(cfg, device) != "eager":
         return 1  # (torch.compile is not run from several threads at once)
     wanted = cfg.workers if cfg.workers is not None else os.environ.get("FEDLIB_CPU_WORKERS")
-    chosen = wanted is not None  # a count the caller asked for is kept as it is
     if wanted is None:
         wanted = _caller_threads()
     try:
@@ -353,31 +352,7 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
                          f"(got {wanted!r})") from None
     if wanted < 1:
         raise ValueError(f"LocalTraining.workers (or FEDLIB_CPU_WORKERS): must be >= 1 (got {wanted})")
-    workers = max(1, min(wanted, n_clients))
-    if not chosen and workers > 1 and uneven_groups(n_clients, workers) and machine_quiet(workers):
-        return 1  # one vectorized call on all the threads: no thread waits on the busiest group
-    return workers
-
-
-# N = 5 equal clients on 2 threads: groups of 3 and 2 clients, the busiest with 1.2x its fair share. On a
-# quiet 2-core CPU (benchmarks/peers.py, Fashion-MNIST MLP, 7 rounds) a round took 0.664 s with 2 groups,
-# 0.598 s as one vectorized call on 2 threads, 0.623 s for the per-client loop.
-UNEVEN_SHARE = 1.2
-
-
-def uneven_groups(n_clients: int, workers: int) -> bool:
-    """Whether equal clients dealt to ``workers`` threads give the busiest at least ``UNEVEN_SHARE`` times
-    its fair share of the clients (5 on 2 threads: 3 for 2.5)."""
-    return math.ceil(n_clients / workers) * workers >= UNEVEN_SHARE * n_clients
-
-
-def machine_quiet(threads: int) -> bool:
-    """Whether no other process competes for the cores (1-minute load below ``threads`` + 1): under load,
-    OpenMP's multi-thread GEMMs on small matrices collapse, so the worker groups stay."""
-    try:
-        return os.getloadavg()[0] < threads + 1
-    except OSError:  # no load average on this platform
-        return False
+    return max(1, min(wanted, n_clients))
 
 
 def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | str) -> dict[str, Any]:

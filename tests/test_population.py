@@ -316,24 +316,6 @@ def test_step_backend_and_workers_choices(monkeypatch):
         cpu_workers(LocalTraining(workers=0), 5, "cpu")
 
 
-def test_uneven_client_groups_become_one_vectorized_call_on_a_quiet_cpu(monkeypatch):
-    """5 clients on 2 threads: 3 + 2 clients, the busiest group with 1.2x its share; one call on both
-    threads instead, unless the caller asked for a count or other processes load the cores."""
-    import fedlib.population as population
-
-    monkeypatch.delenv("FEDLIB_CPU_WORKERS", raising=False)
-    monkeypatch.setattr(population, "_caller_threads", lambda: 2)
-    assert [population.uneven_groups(n, 2) for n in (2, 3, 4, 5, 7, 20)] == [False, True, False, True, False, False]
-    assert population.uneven_groups(10, 4) and not population.uneven_groups(12, 4)  # 3 x 4 = 12 >= 1.2 x 10
-    load = [0.5]
-    monkeypatch.setattr(population.os, "getloadavg", lambda: (load[0], 0.0, 0.0))
-    assert [population.cpu_workers(LocalTraining(), n, "cpu") for n in (4, 5, 20)] == [2, 1, 2]
-    assert population.cpu_workers(LocalTraining(workers=2), 5, "cpu") == 2  # asked for: kept
-    assert population.execution_plan(LocalTraining(), 5, "cpu")["intra_op_threads"] == 2
-    load[0] = 3.5  # two other busy processes
-    assert population.cpu_workers(LocalTraining(), 5, "cpu") == 2
-
-
 @pytest.mark.skipif(os.environ.get("FEDLIB_TEST_COMPILE") != "1",
                     reason="torch.compile takes ~20-80 s on 2 cores; benchmarks/gpu_check.sh sets FEDLIB_TEST_COMPILE=1")
 def test_compiled_step_equals_eager():

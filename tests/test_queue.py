@@ -310,3 +310,26 @@ def test_a_key_the_profile_has_no_run_for_is_a_one_line_error_naming_the_data_ro
     with pytest.raises(ValueError, match=r"celm: no run with key 'nope' in the smoke profile \(a key includes the "
                                          r"data's fingerprint: was it made with this FEDLIB_DATA\?"):
         queue.run_one("celm", "nope", "smoke")
+
+
+def test_augmented_runs_are_timed_apart_from_plain_ones():
+    """A crop + flip run is estimated from augmented runs when there are some, else from its plain twins
+    times AUGMENT_FACTOR (also for packs and for the fallback rates)."""
+    item = next(i for i in queue.chapter_items("celm", "smoke") if i.config.dataset == "fmnist")
+    plain, augmented = item.config, item.config.model_copy(update={"augment": "crop_flip"})
+    w = queue.work(plain)
+    assert queue.work(augmented) == w
+    model = queue.CostModel()
+    fallback = model.estimate(plain, "cuda")[0] - queue.STARTUP_SECONDS
+    assert model.estimate(augmented, "cuda")[0] - queue.STARTUP_SECONDS == pytest.approx(queue.AUGMENT_FACTOR * fallback)
+    model.add(plain, 100.0, "cuda:0 (H100)")
+    model.add(plain, 60.0, "cuda:0 (H100)", pack_size=2, pack_methods=[plain.method.name] * 2)
+    seconds, how = model.estimate(augmented, "cuda")
+    assert how == "measured plain runs x augmentation"
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 100.0 * queue.AUGMENT_FACTOR)
+    assert model.packed_rate(augmented, "cuda") == pytest.approx(30.0 / w * queue.AUGMENT_FACTOR)
+    model.add(augmented, 180.0, "cuda:0 (H100)")
+    model.add(augmented, 90.0, "cuda:0 (H100)", pack_size=2, pack_methods=[plain.method.name] * 2)
+    assert model.estimate(augmented, "cuda") == (pytest.approx(queue.STARTUP_SECONDS + 180.0), "measured (1)")
+    assert model.estimate(plain, "cuda")[0] == pytest.approx(queue.STARTUP_SECONDS + 100.0)  # not mixed
+    assert model.packed_rate(augmented, "cuda") == pytest.approx(45.0 / w)

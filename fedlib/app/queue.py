@@ -54,6 +54,10 @@ FALLBACK_SECONDS_PER_1000 = {
     "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.0103, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
 }
 FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
+# augmented runs (crop + flip per sample and step) are timed apart from plain ones; with none stored, a plain
+# rate times this: on an H100 a pack of 3 augmented CELM CIFAR-10 runs took 62.6 s per run, a pack of 2 plain
+# ones 43.2 s (2026-11-27; the larger pack's own cost included, so an upper bound)
+AUGMENT_FACTOR = 1.45
 # extra server work per round relative to FedAvg (Shapley-type valuations evaluate many subsets)
 METHOD_FACTOR = {"fedsv": 5.0, "gtg_shapley": 3.0, "fedms": 3.0, "greedyfed": 3.0, "s_fedavg": 1.5,
                  "shapley_rewards": 3.0}
@@ -546,10 +550,24 @@ class CostModel:
             rates = [r for s, r in samples if all(s[i] == sig[i] for i in (0, 1, 2, 4))]
             if rates:
                 return statistics.median(rates) * factor
+        plain = self._plain_rate(config, (0, 1, 2, 4), device_kind(device), packed=True)
+        return None if plain is None else plain * factor
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
-        return (kind, runner_kind(config), _get(config, "model"), method_name(config), _get(config, "dataset"))
+        model, augment = _get(config, "model"), _get(config, "augment")  # augmented runs are their own kind
+        return (kind, runner_kind(config), f"{model} + {augment}" if augment else model, method_name(config),
+                _get(config, "dataset"))
+
+    def _plain_rate(self, config, fields: tuple, kind: str, packed: bool) -> float | None:
+        """For an augmented config with no augmented sample: the median rate of its plain twin's samples."""
+        if not _get(config, "augment"):
+            return None
+        sig = self._signature(config, kind)
+        sig = sig[:2] + (_get(config, "model"),) + sig[3:]  # its plain twin
+        rates = [r for samples in ((self.fresh_packed, self.packed) if packed else (self.fresh, self.samples))
+                 for s, r in samples if all(s[i] == sig[i] for i in fields)]
+        return statistics.median(rates) * AUGMENT_FACTOR if rates else None
 
     def estimate(self, config, device: str = "cpu") -> tuple[float, str]:
         """(seconds, how: 'measured (n runs)' or 'fallback')."""
@@ -565,8 +583,12 @@ class CostModel:
             rates = [r for s, r in samples if all(s[i] == sig[i] for i in fields)]
             if rates:
                 return STARTUP_SECONDS + statistics.median(rates) * work(config) * scale, f"measured ({len(rates)})"
-        per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(sig[2], FALLBACK_UNKNOWN_MODEL[kind])
-        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * factor, "fallback"
+        plain = self._plain_rate(config, (0, 1, 2), kind, packed=False)
+        if plain is not None:
+            return STARTUP_SECONDS + plain * work(config) * factor, "measured plain runs x augmentation"
+        per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(_get(config, "model"), FALLBACK_UNKNOWN_MODEL[kind])
+        augment = AUGMENT_FACTOR if _get(config, "augment") else 1.0
+        return STARTUP_SECONDS + per_1000 * work(config) / 1000 * factor * augment, "fallback"
 
 
 # ----------------------------------------------------------------------------- planning

@@ -136,6 +136,23 @@ def check_scm_pipeline(device: str) -> str | None:
     return None if result.get("methods") else "no method results"
 
 
+def check_scm_packing(device: str) -> str | None:
+    """Two FedSCM federations run together (one-shot stages and post-trainings packed) select as alone."""
+    from fedlib.config import ScmConfig
+    from fedlib.data import load_dataset
+    from fedlib.scm_pipeline import execute, execute_many
+
+    data = load_dataset("synthetic", num_classes=4, image_shape=(1, 8, 8), n_train=1200, n_test=400, seed=0)
+    configs = [ScmConfig.make({"dataset": "synthetic", "model": "mlp", "n_clients": 12, "alpha": 0.5, "seed": seed,
+                               "server_samples": 60, "eval_samples": 80, "batch_size": 32, "post_rounds": 1,
+                               "gammas": (0.67,), "methods": ("fedscm", "random"), "random_sizes": (3,),
+                               "stability_runs": 0, "expertise_repeats": 0, "device": device}) for seed in (0, 1)]
+    for alone, together in zip([execute(c, data) for c in configs], execute_many(configs, data)):
+        if alone["selections"]["0.67"]["selected"] != together["selections"]["0.67"]["selected"]:
+            return "a federation run together selected other clients than alone"
+    return None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -172,6 +189,7 @@ def main(argv=None) -> int:
         os.environ["FEDLIB_CONV"] = "native"
     step("packing", lambda: check_packing(args.device), "PACK=off")
     step("fedscm pipeline", lambda: check_scm_pipeline(args.device))
+    step("fedscm packing", lambda: check_scm_packing(args.device), "FEDLIB_SCM_PACK=off")
     names = [n for n in FAMILIES_FIRST if n in METHODS] + sorted(set(METHODS) - set(FAMILIES_FIRST))
     checked = []
     for name in names:

@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from dataclasses import replace
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ from . import partition as partition_module
 from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
-from .engine import execute as engine_run
+from .engine import TrainRequest, execute as engine_run
 from .packing import execute_packed
 from .federation import given, resolve_device
 from .methods import fda, scm
@@ -147,16 +148,22 @@ def _generator(seed: int, salt: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + salt * 7_919 + 17) % (2**63))
 
 
-def train_local_models(model, fed: dict, config: ScmConfig, device) -> tuple[torch.Tensor, dict]:
-    """All K clients' local training at once from the same initial model (vmapped, chunked)."""
+def local_training_request(model, fed: dict, config: ScmConfig, device) -> TrainRequest:
+    """All K clients' local training from the same initial model, as a request: answered alone
+    (``request.answer()``: vmapped, chunked) or with other federations' (:func:`execute_many`)."""
     layout = ParamLayout(model)
     batches = make_client_batches(fed["indices"], config.batch_size, config.local_epochs, _generator(config.seed, 0))
     cfg = LocalTraining(epochs=config.local_epochs, batch_size=config.batch_size, lr=config.lr,
                         momentum=config.momentum, weight_decay=config.weight_decay, chunk_size=config.client_chunk)
     bufs = {k: v.unsqueeze(0).to(device) for k, v in layout.buffers_of(model).items()}
     batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
-    return train_clients(model, layout.flat_of(model).to(device), bufs, fed["x"].to(device), fed["y"].to(device),
-                         batches, cfg)
+    return TrainRequest(model, layout.flat_of(model).to(device), bufs, fed["x"].to(device), fed["y"].to(device),
+                        batches, cfg)
+
+
+def train_local_models(model, fed: dict, config: ScmConfig, device) -> tuple[torch.Tensor, dict]:
+    """All K clients' local training at once from the same initial model (vmapped, chunked)."""
+    return local_training_request(model, fed, config, device).answer()
 
 
 def client_probabilities(model, flat, buffers, x, model_chunk=None, batch_size=1024) -> torch.Tensor:
@@ -358,6 +365,20 @@ def _jsd_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str, Any]:
     """Run Algorithm 2 and every baseline on one federation (uncached)."""
+    stages = _pipeline(config, dataset, progress)
+    answer = None
+    while True:
+        try:
+            request = stages.send(answer)
+        except StopIteration as done:
+            return done.value
+        answer = request.answer() if isinstance(request, TrainRequest) else execute_packed(request)
+
+
+def _pipeline(config: ScmConfig, dataset, progress: bool):
+    """:func:`execute` as stages: yields the one-shot stage's local training (a ``TrainRequest``, resumed
+    with the trained clients) and the plain post-trainings (a list of prepared runs, resumed with their
+    results), so :func:`execute_many` can answer several federations' stages together; returns the result."""
     t_start = time.perf_counter()
     device = resolve_device(config.device)
     ds = dataset or load_dataset(config.dataset, root=config.data_root, device="cpu")
@@ -373,7 +394,7 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
                                                              layout0.buffers_of(model).items()}
     t0 = time.perf_counter()
     report("stage", name=f"local training of {config.n_clients} clients")
-    flat, bufs = train_local_models(model, fed, config, device)
+    flat, bufs = yield local_training_request(model, fed, config, device)
     timings["local_training"] = time.perf_counter() - t0
     log(f"trained {config.n_clients} clients in {timings['local_training']:.1f} s")
 
@@ -430,9 +451,8 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     plain = [salt for salt, plan in enumerate(plans) if plan[4] is True and config.post_rounds]
     if plain:
         report("stage", name=f"post-training of {len(plain)} cohort(s), packed", done=0, total=len(plans))
-        packed = execute_packed([post_training(model, ds, flat, bufs, plans[i][1], plans[i][2], fed, config, plans[i][3],
-                                               config.fedavg_per_round if plans[i][0] == "FedAvg" else None)
-                                 for i in plain])
+        packed = yield [post_training(model, ds, flat, bufs, plans[i][1], plans[i][2], fed, config, plans[i][3],
+                                      config.fedavg_per_round if plans[i][0] == "FedAvg" else None) for i in plain]
         trained = {i: r.model for i, r in zip(plain, packed)}
         pack_seconds = sum(r.meta["wall_time"] for r in packed) / len(packed)
     for salt, (label, clients, weights, mu, train) in enumerate(plans):
@@ -531,6 +551,108 @@ def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str
     return result
 
 
+def execute_many(configs: list[ScmConfig], dataset=None, progress: bool = False) -> list[dict[str, Any]]:
+    """:func:`execute` for several federations (α, seeds) at once, each result equal to its federation
+    run alone (float rounding aside, as ``fedlib.packing`` states): their one-shot stages train all
+    their clients as one population (``fedlib.packing.train_together``: one call per equal training
+    signature, at most the largest federation's clients per chunk, so memory stays what one run needs),
+    and their plain post-trainings run as packs (``fedlib.packing``, rows bounded by device memory).
+    Each federation keeps its own generator streams; the global torch generator each sees is its own."""
+    from .packing import _merges, make_packs, rows_per_pack, train_signature, train_together
+
+    datasets: dict[tuple, Any] = {}
+    stages, states, answers, results = [], [], [None] * len(configs), [None] * len(configs)
+    for config in configs:
+        ds = dataset or datasets.setdefault((config.dataset, config.data_root), load_dataset(
+            config.dataset, root=config.data_root, device="cpu"))
+        stages.append(_pipeline(config, ds, progress))
+        states.append(None)
+    pending = list(range(len(configs)))
+    while pending:
+        requests = {}
+        for i in pending:  # each advances to its next stage under its own global generator state
+            saved = _rng_state()
+            if states[i] is not None:
+                _set_rng_state(states[i])
+            try:
+                requests[i] = stages[i].send(answers[i])
+            except StopIteration as done:
+                results[i] = done.value
+                results[i]["meta"]["pack"] = {"size": len(configs), "index": i, "methods": ["pipeline"] * len(configs)}
+            states[i] = _rng_state()
+            _set_rng_state(saved)
+        pending = list(requests)
+        training = {i: r for i, r in requests.items() if isinstance(r, TrainRequest)}
+        groups: dict[tuple, list[int]] = {}
+        for i, r in training.items():
+            groups.setdefault(train_signature(r), []).append(i)
+        for members in groups.values():
+            largest = max(training[i].rows for i in members)
+            for i in members:  # a pack's chunk: at most the clients one federation trains at once
+                t = training[i].training
+                training[i] = replace(training[i], training=replace(t, chunk_size=t.chunk_size or largest))
+            merged = train_together([training[i] for i in members]) if _merges(training[members[0]]) else [
+                training[i].answer() for i in members]  # convolutions on a CPU: one by one (fedlib.packing)
+            for i, answer in zip(members, merged):
+                answers[i] = answer
+        post = [(i, j, p) for i, r in requests.items() if not isinstance(r, TrainRequest) for j, p in enumerate(r)]
+        if post:
+            first = post[0][2]
+            max_rows = rows_per_pack(first.model, first.dataset.input_shape, first.config.batch_size, first.device)
+            done: dict[tuple[int, int], Any] = {}
+            for pack in make_packs([p.config for *_, p in post], max_rows):
+                for k, result in zip(pack, execute_packed([post[k][2] for k in pack])):
+                    done[post[k][:2]] = result
+            for i, r in requests.items():
+                if not isinstance(r, TrainRequest):
+                    answers[i] = [done[(i, j)] for j in range(len(r))]
+    return results  # type: ignore[return-value]
+
+
+def _rng_state() -> tuple:
+    return torch.random.get_rng_state(), (torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None)
+
+
+def _set_rng_state(state: tuple) -> None:
+    torch.random.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state_all(state[1])
+
+
+def run_pipelines(configs: list[ScmConfig | dict], *, cache: bool | ResultCache = True, dataset=None,
+                  progress: bool = False, on_done: Callable[[int, dict], None] | None = None) -> list[dict[str, Any]]:
+    """:func:`run_pipeline` for several federations: cached ones from the cache, the others together
+    (:func:`execute_many`); ``on_done(i, result)`` for each as it is ready."""
+    configs = [c if isinstance(c, ScmConfig) else ScmConfig.make(c) for c in configs]
+    store = as_store(cache)
+    out: list[dict | None] = [None] * len(configs)
+    todo = []
+    for i, config in enumerate(configs):
+        hit = store.get(config.key(), _entry_check) if store is not None else None
+        if hit is None:
+            todo.append(i)
+            continue
+        out[i] = run_of(hit)
+        if on_done is not None:
+            on_done(i, out[i])
+    for i, result in zip(todo, execute_many([configs[i] for i in todo], dataset, progress) if todo else []):
+        out[i] = _finish(configs[i], result, store)
+        if on_done is not None:
+            on_done(i, out[i])
+    return out  # type: ignore[return-value]
+
+
+def _finish(config: ScmConfig, result: dict[str, Any], store) -> dict[str, Any]:
+    """A fresh result with its key's provenance, JSON-ready, kept in the cache (when there is one)."""
+    fingerprint = config.data_fingerprint()  # what produced it, as every engine run records (fedlib.results)
+    result["meta"].update(_key_provenance(config, fingerprint, config.key(fingerprint)))
+    result = json.loads(json.dumps(result))
+    if store is not None:  # a cache that cannot be written: one warning line, the result is returned
+        store.keep(config.key(), stored_payload(config.to_dict(), result))
+    report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
+    return result
+
+
 def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, dataset=None,
                  progress: bool = False) -> dict[str, Any]:
     """One federation's results (JSON-ready), from the cache when the config was run before. The
@@ -541,14 +663,7 @@ def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, 
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
         report("run", cached=True, wall=0.0)
         return run_of(hit)
-    result = execute(config, dataset, progress)
-    fingerprint = config.data_fingerprint()  # what produced it, as every engine run records (fedlib.results)
-    result["meta"].update(_key_provenance(config, fingerprint, config.key(fingerprint)))
-    result = json.loads(json.dumps(result))
-    if store is not None:  # a cache that cannot be written: one warning line, the result is returned
-        store.keep(config.key(), stored_payload(config.to_dict(), result))
-    report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
-    return result
+    return _finish(config, execute(config, dataset, progress), store)
 
 
 def _entry_check(entry: dict) -> str | None:

@@ -301,3 +301,63 @@ def test_the_pipeline_records_the_same_provenance_as_an_engine_run(data):
     assert meta["config_key"] == cfg.key() and meta["resolved"] == cfg.resolved()
     assert meta["rule_versions"] == cfg.rule_versions() and set(meta["data"]) == {"source", "files", "sha256"}
     assert meta["device"].startswith("cpu (")
+
+
+def _close(a, b, path="result"):
+    """Two JSON-ready results agree: equal structure and strings, numbers within 1e-6."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) or isinstance(b, float):
+        assert (a != a and b != b) or abs(a - b) <= 1e-6 * max(1.0, abs(a)), f"{path}: {a} vs {b}"
+    else:
+        assert a == b, f"{path}: {a!r} vs {b!r}"
+
+
+def test_federations_run_together_equal_each_alone(data, monkeypatch):
+    """Issue 28: FedSCM's one-shot stages of several federations (α, seeds, a covariate shift) train as
+    one population in one call, their plain post-trainings as one pack, and each result equals its
+    federation run alone (every method, the selections, the clients' accuracies, the diagnosis)."""
+    import fedlib.packing as packing
+    import fedlib.scm_pipeline as pipeline
+    from fedlib.scm_pipeline import execute_many
+
+    configs = [_config(alpha=0.5, seed=0), _config(alpha=2.0, seed=1), _config(alpha=0.5, seed=1),
+               _config(shift="covariate", seed=0)]
+    alone = [execute(c, dataset=data) for c in configs]
+    calls = {"train": [], "post": []}
+    train, post = packing.train_together, pipeline.execute_packed
+    monkeypatch.setattr(packing, "train_together", lambda requests, *a: calls["train"].append(
+        sum(r.rows for r in requests)) or train(requests, *a))
+    monkeypatch.setattr(pipeline, "execute_packed", lambda prepared, *a, **k: calls["post"].append(
+        len(prepared)) or post(prepared, *a, **k))
+    together = execute_many(configs, dataset=data)
+    cohorts = len(configs[0].gammas) + len(configs[0].random_sizes) + 2  # FedSCM per γ, Random, SDEA, FedAvg
+    assert calls["train"][0] == 4 * 12 and calls["post"] == [4 * cohorts]  # (the pack's own training calls follow)
+    for config, a, b in zip(configs, alone, together):
+        for part in ("methods", "selections", "clients", "target_proportions", "diagnosis", "stability"):
+            for label in a["methods"]:  # timings and pack sizes are the only differences
+                for k in ("seconds", "packed_with", "pack_seconds"):
+                    a["methods"][label].pop(k, None), b["methods"][label].pop(k, None)
+            _close(a[part], b[part], f"{config.shift} α={config.alpha} seed {config.seed}: {part}")
+    assert [b["meta"]["pack"]["index"] for b in together] == [0, 1, 2, 3]
+    assert {b["meta"]["pack"]["size"] for b in together} == {4}
+
+
+def test_run_pipelines_serves_the_cache_and_stores_each_result(data, tmp_path):
+    from fedlib.cache import ResultCache
+    from fedlib.scm_pipeline import run_pipelines
+
+    store = ResultCache(tmp_path / "cache")
+    first, second = _config(post_rounds=0, seed=0), _config(post_rounds=0, seed=1)
+    done = []
+    one = run_pipeline(first, cache=store, dataset=data)
+    both = run_pipelines([first, second], cache=store, dataset=data, on_done=lambda i, r: done.append(i))
+    assert both[0] == one and done == [0, 1]  # the first from the cache
+    assert both[1]["meta"]["config_key"] == second.key(second.data_fingerprint())
+    assert run_pipeline(second, cache=store, dataset=data) == both[1]

@@ -32,7 +32,7 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     log = (out / "gpu_coverage.log").read_text()
     assert done.returncode == 0, log[-2000:] + done.stderr[-2000:]
     assert "preflight: captured steps ok" in log and "preflight: packing ok" in log
-    assert "preflight: fedscm pipeline ok" in log and "FAILED" not in log
+    assert "preflight: fedscm pipeline ok" in log and "preflight: fedscm packing ok" in log and "FAILED" not in log
     assert "preflight: convolution lowerings ok" in log and "preflight: compacted replays ok" in log
     assert "packs: 1 pack(s) of 10 runs (at most 64 client rows per round)" in log
     assert "runs stored: 10 in" in log and "per minute" in log

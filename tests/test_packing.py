@@ -138,6 +138,9 @@ def test_make_packs_groups_by_signature_and_bounds_rows():
     assert make_packs(configs) == [[0, 2, 3], [1, 4]]
     assert make_packs(configs, max_rows=8) == [[0, 2], [1, 4], [3]]
     assert make_packs(configs, max_rows=1) == [[0], [1], [2], [3], [4]]  # a run larger than the bound packs alone
+    # runs whose training calls never merge (augmentation, momentum, weight decay) form packs apart
+    apart = [base.model_copy(update=u) for u in ({"augment": "crop_flip"}, {"momentum": 0.9}, {"weight_decay": 5e-4})]
+    assert make_packs([base, *apart, base.model_copy(update={"seed": 1})]) == [[0, 4], [1], [2], [3]]
 
 
 def test_run_many_packed_stores_each_run_under_its_own_key(tmp_path):

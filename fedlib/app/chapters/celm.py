@@ -652,12 +652,11 @@ class CELM(Chapter):
         adopted another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
         from .. import book
 
-        params = self.paper_params
-        values = {"t1c_recipe": readings.in_force(params), "t1c_earlier_recipe": readings.ORIGINAL, "t1c_earlier_n": 0}
-        if readings.in_force(params) == readings.ORIGINAL or not self.data_source("cifar10"):
+        earlier, values = readings.earlier_recipe(self.paper_params)
+        if earlier is None or not self.data_source("cifar10"):
             return None, values
-        earlier, methods = readings.screen_params(params), params["methods"]
-        made = {split: method_configs(SPLITS[split][0], methods, cifar10=True)(earlier) for split in params["splits"]}
+        methods = earlier["methods"]
+        made = {split: method_configs(SPLITS[split][0], methods, cifar10=True)(earlier) for split in earlier["splits"]}
         stored = book.stored_results(self.name, [c for by in made.values() for cs in by.values() for c in cs]).results
         rows = self.measured([(f"CIFAR-10 {split}", self.paper_values("Table 1", f"CIFAR-10 {SPLITS[split][1]}", methods),
                                {f"{OURS_STORED}, earlier recipe (stale)": frames.seed_mean_std(stored, by)})

@@ -390,11 +390,9 @@ class FedMS(Chapter):
         another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
         from .. import book
 
-        params = self.paper_params
-        values = {"t1c_recipe": readings.in_force(params), "t1c_earlier_recipe": readings.ORIGINAL, "t1c_earlier_n": 0}
-        if readings.in_force(params) == readings.ORIGINAL or not self.cifar_note():
+        earlier, values = readings.earlier_recipe(self.paper_params)
+        if earlier is None or not self.cifar_note():
             return None, values
-        earlier = readings.screen_params(params)
         splits, methods = table1_grid(earlier, True)
         stored = book.stored_results(self.name, [run_config(earlier, s, m, seed, True) for s in splits
                                                  for m in methods for seed in earlier["seeds"]]).results

@@ -47,6 +47,13 @@ def screen_params(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "cifar10_reading": ORIGINAL}
 
 
+def earlier_recipe(params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """(the params of the original recipe, or None while the profile still uses it; the glue values the
+    chapters' "earlier recipe (stale)" tables quote)."""
+    values = {"t1c_recipe": in_force(params), "t1c_earlier_recipe": ORIGINAL, "t1c_earlier_n": 0}
+    return (None if in_force(params) == ORIGINAL else screen_params(params)), values
+
+
 def reading_configs(base_of: Callable[[str], RunConfig], splits, readings=CIFAR10_READINGS):
     """(split, reading, config) for every split and reading: ``base_of(split)`` (the chapter's FedAvg run)
     changed by the reading's fields (the first reading leaves it as it is)."""

@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import fedlib  # noqa: E402
 from fedlib.config import make_config  # noqa: E402
+from fedlib.models import build_model  # noqa: E402
 from fedlib.population import LocalTraining, execution_plan  # noqa: E402
 
 VALUATIONS = {  # label -> (method spec, which rounds carry the method's server work)
@@ -72,7 +73,8 @@ def round_breakdown(clients, rounds: int, fraction: float, device: str = "cpu", 
                      "train_s": parts["train"], "eval_s": parts["eval"], "server_s": parts["server"],
                      "overhead_s": overhead, "round_s": parts["round"],
                      "warmup_s": result.meta.get("warmup_s"),
-                     "plan": execution_plan(LocalTraining(), n, device)})
+                     "plan": execution_plan(LocalTraining(batch_size=128), n, device, build_model("mlp", (1, 28, 28), 10),
+                                            torch.zeros(1, 28, 28), sum(result.meta["client_sizes"]) / n / 128)})
     print(f"\nWhere a FedAvg round's time goes ({device}; median over {rounds} rounds; seconds)")
     print(f"{'N':>5} {'train':>8} {'eval':>8} {'server':>8} {'Python':>8} {'round':>8}  plan")
     for r in rows:

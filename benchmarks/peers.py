@@ -3,9 +3,10 @@
 Fashion-MNIST, CELM's MLP (784-256-128-64-10), 1 local epoch, batch 128, SGD lr 0.1, every
 client selected, IID split of the 60,000 training samples over N clients:
 
-  (a) fedlib's vectorized engine (vmap over the stacked population; the steps after a round's
-      first one replayed from a CUDA graph on CUDA; on CPU the clients split into one group per
-      core, each on its own thread with one intra-op thread: the plan is printed per N),
+  (a) fedlib's engine (vmap over the stacked population; the steps after a round's first one
+      replayed from a CUDA graph on CUDA; on CPU one worker thread per core with one intra-op thread,
+      each training its clients as one vmapped call or one client at a time, by the rule of
+      ``fedlib.population.client_order``: the plan is printed per N),
   (b) fedlib's per-client loop (the test oracle),
   (c) Flower's simulation engine (flwr + Ray; a standard NumPyClient wrapping the same
       PyTorch model and data; Ray's start-up reported separately),
@@ -14,8 +15,8 @@ client selected, IID split of the 60,000 training samples over N clients:
 Each engine runs ``--rounds`` timed rounds after one warm-up round, all from the same initial
 model; the table gives the median seconds per round, the ratios to (a), and the test accuracy
 after all rounds (similar accuracy shows the same work was done). ``--json`` writes the table.
-The optional engine ``eager`` is (a) as it was before capture and worker threads (every step
-eager, one vectorized call using all intra-op threads), to show what they gain. ``--breakdown``
+The optional engine ``eager`` is (a) as it was before capture, worker threads and the client order
+(every step eager, one vectorized call using all intra-op threads), to show what they gain. ``--breakdown``
 adds where a fedlib round's time goes (``benchmarks/breakdown.py``).
 
     python benchmarks/peers.py [--clients 5 20 100 500] [--rounds 3] [--device cpu]
@@ -32,6 +33,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import platform
 import statistics
@@ -74,9 +76,9 @@ def accuracy(model, flat, x_test, y_test, n_classes) -> float:
     return float(evaluate(model, flat[None], {}, x_test, y_test, n_classes).accuracy[0])
 
 
-def run_fedlib(engine, model, flat0, x, y, indices, rounds, device, compile_mode=None, workers=None):
+def run_fedlib(engine, model, flat0, x, y, indices, rounds, device, compile_mode=None, workers=None, order=None):
     """rounds + 1 FedAvg rounds (the first is the warm-up); returns (round seconds, final flat)."""
-    cfg = LocalTraining(epochs=1, batch_size=BATCH, lr=LR, compile=compile_mode, workers=workers)
+    cfg = LocalTraining(epochs=1, batch_size=BATCH, lr=LR, compile=compile_mode, workers=workers, order=order)
     flat, times = flat0.clone(), []
     for r in range(rounds + 1):
         _sync(device)
@@ -276,10 +278,12 @@ def main(argv=None):
             else:
                 indices = iid(y.cpu().numpy(), n, seed=0).indices
                 fn = train_clients_loop if engine == "loop" else train_clients
-                mode, workers = ("off", 1) if engine == "eager" else (args.compile, args.workers)
+                mode, workers, order = ("off", 1, "vectorized") if engine == "eager" else (args.compile, args.workers, None)
                 if engine == "vectorized":
-                    row["vectorized_plan"] = execution_plan(LocalTraining(compile=mode, workers=workers), n, device)
-                t, f = run_fedlib(fn, model, flat0, x, y, indices, args.rounds, device, mode, workers)
+                    row["vectorized_plan"] = execution_plan(
+                        LocalTraining(batch_size=BATCH, compile=mode, workers=workers), n, device, model, x[0],
+                        math.ceil(len(y) / n / BATCH))
+                t, f = run_fedlib(fn, model, flat0, x, y, indices, args.rounds, device, mode, workers, order)
             row[f"{engine}_s"] = statistics.median(t)
             row[f"{engine}_accuracy"] = accuracy(model, f, ds.x_test, ds.y_test, 10)
     for i, row in enumerate(rows):
@@ -314,8 +318,8 @@ def print_row(row, first: bool):
         return f"{row[a] / row[b]:.2f}x" if a in row and b in row else "-"
 
     plan = row.get("vectorized_plan")
-    plan = (f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
-            if plan else "-")
+    plan = (f"{plan['step']} steps, {plan.get('order', 'vectorized')} order, {plan['workers']} worker(s) x "
+            f"{plan['intra_op_threads']} thread(s)" if plan else "-")
     print(f"{row['N']:>5} {s('vectorized_s'):>7} {s('eager_s'):>7} {s('loop_s'):>7} {s('flower_s'):>8} "
           f"{s('central_s'):>9} | {ratio('eager_s', 'vectorized_s'):>9} {ratio('loop_s', 'vectorized_s'):>8} "
           f"{ratio('flower_s', 'vectorized_s'):>10} {ratio('vectorized_s', 'central_s'):>11} | "

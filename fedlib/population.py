@@ -11,7 +11,9 @@ How the steps run is chosen per shape (``execution_plan``): on CUDA the step aft
 first one is captured once per shape as a CUDA graph and replayed (``LocalTraining.compile``;
 the eager step is the oracle, the replay is bit-identical to it); on a CPU the clients are
 split into one group per intra-op thread, each group trained by its own thread with one
-intra-op thread (``LocalTraining.workers``). Convolutions run as vmap's grouped convolution or
+intra-op thread (``LocalTraining.workers``), either as one vmapped call or one client at a time
+by plain autograd, whichever ``client_order``'s rule (from ``benchmarks/cpu_order.py``) says is
+faster for the model and the steps per client (``LocalTraining.order``). Convolutions run as vmap's grouped convolution or
 as unfold + one matmul per client (``LocalTraining.conv``): native on a CPU, where it measured
 2x faster; on CUDA the lowering whose captured step is faster, timed once per shape and recorded
 in the run's ``meta.conv_lowerings``. ``warm_up`` pays torch.func's one-time costs before a
@@ -290,6 +292,11 @@ class LocalTraining:
     # FEDLIB_COMPACT (default on). Off is the plain plan (benchmarks). The numbers are the plain plan's:
     # inactive clients never moved.
     balance: bool | None = None
+    # CPU eager steps: "clients" trains each client alone, longest first, one per worker thread (its step
+    # plain autograd, no torch.func transform; the last N mod workers clients, the shortest, then take all
+    # threads); "vectorized" trains a worker's clients as one vmapped call; "auto" (None reads
+    # FEDLIB_CPU_ORDER, default "auto") picks by ``client_order``'s rule. Numbers equal up to float summation order.
+    order: str | None = None
 
 
 def _per_client_loss(model, cfg: LocalTraining):
@@ -355,12 +362,78 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
     return max(1, min(wanted, n_clients))
 
 
-def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | str) -> dict[str, Any]:
-    """What ``train_clients`` will do for this shape (benchmarks report it); ``conv`` is the
+CLIENT_ORDERS = ("auto", "vectorized", "clients")
+# The "auto" rule, from benchmarks/cpu_order.py (benchmarks/results/cpu_order_cpu-2core.json, 2-core CPU, one
+# round of 60,000 samples, batch 128, two invocations): clients one at a time ran 1.3-2.6x faster than the
+# vmapped groups for LeNet-5 at every N (vmap's grouped convolution is slow on a CPU) and 1.05-1.48x for the MLP
+# at N = 5 (94 steps per client: a client's weights stay in cache); the MLP tied or lost at 24 steps per client
+# (1.02x, 0.94x) and lost at 5 (0.82-0.85x). A client's step costs about 0.5 ms more alone (Python and
+# dispatch), so small steps stay vectorized (a 4-MFLOP CNN step: 2x slower alone).
+CLIENT_ORDER_MIN_STEPS = 32  # mean live steps per client from which a model without convolutions goes alone
+CLIENT_ORDER_MIN_FLOPS = 2.5e7  # forward FLOPs of one client's step (a sample's x the batch) to go alone
+
+
+def client_order(cfg: LocalTraining, device: torch.device | str, model: nn.Module | None = None,
+                 steps: float | None = None, step_flops: float | None = None) -> str:
+    """How a round's eager CPU steps go through its clients: "clients" (one at a time per worker thread) or
+    "vectorized" (a worker's clients in one vmapped call). "auto" goes client by client when a client's step
+    is large (``step_flops``, see ``step_flops``) and either the model has convolutions or the clients have
+    many steps (``steps``: the mean live steps per client). CUDA and captured steps are always vectorized."""
+    mode = cfg.order if cfg.order is not None else os.environ.get("FEDLIB_CPU_ORDER", "auto")
+    if mode not in CLIENT_ORDERS:
+        raise ValueError(f"LocalTraining.order (or FEDLIB_CPU_ORDER): must be one of {', '.join(CLIENT_ORDERS)} "
+                         f"(got {mode!r})")
+    if torch.device(device).type != "cpu" or step_backend(cfg, device) != "eager":
+        return "vectorized"
+    if mode != "auto":
+        return mode
+    if model is None or step_flops is None or step_flops < CLIENT_ORDER_MIN_FLOPS:
+        return "vectorized"
+    convolutional = any(isinstance(m, nn.Conv2d) for m in model.modules())
+    return "clients" if convolutional or (steps is not None and steps >= CLIENT_ORDER_MIN_STEPS) else "vectorized"
+
+
+def step_flops(model: nn.Module, sample: torch.Tensor, batch: int) -> float:
+    """Forward FLOPs of one client's step: one sample's (counted once per architecture and input shape) x batch."""
+    key = (type(model).__name__, ParamLayout(model).size, tuple(sample.shape), sample.dtype)
+    if key not in _FLOPS:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        was_training = model.training
+        try:
+            model.eval()
+            with torch.no_grad(), FlopCounterMode(display=False) as counter:
+                model(sample.unsqueeze(0))
+        finally:
+            model.train(was_training)
+        _FLOPS[key] = float(counter.get_total_flops())
+    return _FLOPS[key] * batch
+
+
+_FLOPS: dict[tuple, float] = {}
+
+
+def execution_plan(cfg: LocalTraining, n_clients: int, device: torch.device | str, model: nn.Module | None = None,
+                   sample: torch.Tensor | None = None, steps: float | None = None) -> dict[str, Any]:
+    """What ``train_clients`` will do for this shape (benchmarks report it): with the model, one input
+    ``sample`` and the mean ``steps`` per client, the order is the one the round takes. ``conv`` is the
     requested mode ("auto" is resolved per shape by ``conv_lowering_for``; see ``CONV_CHOICES``)."""
     workers = cpu_workers(cfg, n_clients, device)
-    return {"step": step_backend(cfg, device), "workers": workers,
-            "intra_op_threads": 1 if workers > 1 else _caller_threads(), "conv": conv_mode(cfg)}
+    flops = step_flops(model, sample, cfg.batch_size) if model is not None and sample is not None else None
+    return {"step": step_backend(cfg, device), "order": client_order(cfg, device, model, steps, flops),
+            "workers": workers, "intra_op_threads": 1 if workers > 1 else _caller_threads(), "conv": conv_mode(cfg)}
+
+
+def client_schedule(steps: torch.Tensor, workers: int) -> tuple[list[list[int]], list[int]]:
+    """The per-client order's schedule of clients with ``steps`` live steps each (``[n]``): one list of
+    clients per worker thread (longest first, dealt by ``balanced_groups``), then the tail, the last
+    ``n mod workers`` clients by steps, trained one by one with all threads once the workers are done
+    (N = 5 on 2 threads: 2 + 2 clients in parallel, then 1 on both, not 3 + 2)."""
+    by_steps = torch.sort(steps, descending=True, stable=True).indices
+    head = by_steps[:len(steps) - len(steps) % workers] if workers > 1 else by_steps
+    tail = by_steps[len(head):]
+    groups = [head[g].tolist() for g in balanced_groups(steps[head], workers)] if len(head) else []
+    return [sorted(g, key=lambda c: -int(steps[c])) for g in groups], tail.tolist()
 
 
 CONV_MODES = CONV_LOWERINGS + ("auto",)
@@ -461,8 +534,16 @@ def train_clients(
     workers = cpu_workers(cfg, n, start.device)
     chunk = min(cfg.chunk_size or n, math.ceil(n / workers))
     balance = balanced(cfg, start.device)
-    if balance and workers > 1 and not cfg.chunk_size:
-        groups = balanced_groups((batches.mask.sum(2) > 0).sum(0), workers)  # threads get equal steps
+    on_cpu = start.device.type == "cpu"
+    live = (batches.mask.sum(2) > 0).sum(0) if on_cpu else None  # live steps per client
+    schedule = None
+    if on_cpu and client_order(cfg, start.device, model, float(live.float().mean()),
+                               step_flops(model, x[0], batches.index.shape[2]) if len(x) else None) == "clients":
+        schedule = client_schedule(live, workers)
+        groups = [torch.tensor([c]) for c in range(n)]
+        chunk = 1
+    elif balance and workers > 1 and not cfg.chunk_size:
+        groups = balanced_groups(live, workers)  # threads get equal steps
         chunk = max(len(g) for g in groups)
     else:
         groups = [slice(lo, min(n, lo + chunk)) for lo in range(0, n, chunk)]  # memory-bounded chunks
@@ -478,12 +559,18 @@ def train_clients(
         with conv_lowering(lowering):  # set in the thread that trains (context variables stay per thread)
             return _train_chunk(net, layout, chunk_start, {k: v[sl] for k, v in bufs.items()},
                                 x, y, batches.index[:, sl], batches.mask[:, sl], chunk_cfg, ctx,
-                                None if batches.codes is None else batches.codes[:, sl], compact=balance)
+                                None if batches.codes is None else batches.codes[:, sl], compact=balance,
+                                alone=schedule is not None)
 
     was_training = model.training
     model.train()
     try:
-        if workers == 1:
+        if schedule is not None:
+            assigned, tail = schedule
+            results = _in_worker_threads(model, groups, train_group, workers, assigned) if workers > 1 else [None] * n
+            for c in (tail if workers > 1 else sum(assigned, []) + tail):  # with all of the caller's threads
+                results[c] = train_group(groups[c], model)
+        elif workers == 1:
             results = [train_group(sl, model) for sl in groups]
         else:
             results = _in_worker_threads(model, groups, train_group, workers)
@@ -578,18 +665,20 @@ def _leave_section():
             torch.set_num_threads(_THREADS_SAVED)
 
 
-def _in_worker_threads(model, groups, train_group, workers):
-    """Client groups on ``workers`` threads, one intra-op thread each (torch ops release the GIL).
+def _in_worker_threads(model, groups, train_group, workers, assigned: list[list[int]] | None = None):
+    """Client groups on ``workers`` threads, one intra-op thread each (torch ops release the GIL): worker w
+    trains the groups ``assigned[w]`` (default: every workers-th group); the others' results stay None.
 
     functional_call swaps tensors into the module it is given, so every thread has its own copy."""
     models = [model] + [copy.deepcopy(model) for _ in range(workers - 1)]
     results: list = [None] * len(groups)
     errors: list[BaseException] = []
+    assigned = assigned or [list(range(w, len(groups), workers)) for w in range(workers)]
 
     def work(w: int):
         torch.set_num_threads(1)
         try:
-            for g in range(w, len(groups), workers):
+            for g in assigned[w]:
                 results[g] = train_group(groups[g], models[w])
         except BaseException as err:  # re-raised in the calling thread
             errors.append(err)
@@ -608,7 +697,7 @@ def _in_worker_threads(model, groups, train_group, workers):
     return results
 
 
-def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, codes=None, compact=False):
+def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, codes=None, compact=False, alone=False):
     """SGD steps for a chunk of n clients from ``start`` ([P] shared or [n, P]).
 
     While every client still holds the shared start (the first step of a round) the
@@ -616,7 +705,8 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
     gradients are single large matmuls; only the weight gradients are per client.
     The later steps run eagerly or, per ``step_backend``, replay a captured step. With ``compact``
     (eager steps on a CPU) a later step trains only its clients with samples; the others stay put
-    exactly as they do under the mask.
+    exactly as they do under the mask. ``alone`` (the per-client order: a chunk of one client) takes the
+    eager steps by plain autograd (``_one_client_step``).
     """
     n = index.shape[1]
     loss_fn = _per_client_loss(model, cfg)
@@ -671,7 +761,8 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
                 xb = crop_flip(xb, codes[s], fill)
             dims = (None if shared else 0, 0, anchor_dim, 0, 0, 0, ctx_dim)
             if dims not in steppers:
-                steppers[dims] = vmap(grad(loss_fn, has_aux=True), in_dims=dims)
+                steppers[dims] = (_one_client_step(loss_fn, dims) if alone and n == 1 else
+                                  vmap(grad(loss_fn, has_aux=True), in_dims=dims))
             with torch.enable_grad():
                 grads, bufs = steppers[dims](params, bufs, anchor, xb, yb, mb, context)
             if shared:  # materialize the population from the shared start
@@ -702,6 +793,23 @@ def _train_chunk(model, layout, start, bufs, x, y, index, mask, cfg, context, co
         flat = start.expand(n, -1).clone()
     # MaskedBatchNorm left the statistics of empty steps unchanged
     return flat, {k: v.detach() for k, v in bufs.items()}
+
+
+def _one_client_step(loss_fn, in_dims):
+    """``vmap(grad(loss_fn, has_aux=True), in_dims)`` for a chunk of one client, by plain autograd: the
+    same gradients and buffers, without torch.func's per-op transform (1.2x on a small MLP's step)."""
+    one = lambda t: t[0]  # noqa: E731
+
+    def step(params, *args):
+        args = [a if d is None or a is None else torch.utils._pytree.tree_map(one, a)
+                for a, d in zip(args, in_dims[1:])]
+        leaves = {k: (p if in_dims[0] is None else p[0]).detach().requires_grad_() for k, p in params.items()}
+        loss, buffers = loss_fn(leaves, *args)
+        grads = torch.autograd.grad(loss, list(leaves.values()), allow_unused=True, materialize_grads=True)
+        return ({k: g.unsqueeze(0) for k, g in zip(leaves, grads)},
+                {k: b.detach().unsqueeze(0) for k, b in buffers.items()})
+
+    return step
 
 
 def _compacted_step(steppers, loss_fn, params, bufs, anchor, anchor_dim, velocity, context, x, y, index, mb,

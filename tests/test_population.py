@@ -162,7 +162,7 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
         layout = ParamLayout(model)
         batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(1))
         start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
-        eager = train_clients(model, start, bufs, x, y, batches, replace(cfg, compile="off", workers=1))
+        eager = train_clients(model, start, bufs, x, y, batches, replace(cfg, compile="off", workers=1, order="vectorized"))
         monkeypatch.setattr(population, "step_backend", lambda *_: "static")
         population._CAPTURED.clear()
         for per_client_start in (False, True):  # a shared [P] start and a per-client [N, P] start
@@ -170,7 +170,7 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
             replayed = train_clients(model, s, bufs, x, y, batches, replace(cfg, workers=1))
             ref = eager if not per_client_start else train_clients(
                 model, start.expand(n_clients, -1).clone(), bufs, x, y, batches,
-                replace(cfg, compile="off", workers=1))
+                replace(cfg, compile="off", workers=1, order="vectorized"))
             assert torch.equal(replayed[0], ref[0]), name
             for k in ref[1]:
                 assert torch.equal(replayed[1][k], ref[1][k]), (name, k)

@@ -128,7 +128,29 @@ def _cores_of(device: str) -> int:
 
 
 def plan_text(plan: dict[str, Any]) -> str:
-    return f"{plan['step']} steps, {plan['workers']} worker(s) x {plan['intra_op_threads']} thread(s)"
+    return (f"{plan['step']} steps, {plan.get('order', 'vectorized')} order, {plan['workers']} worker(s) x "
+            f"{plan['intra_op_threads']} thread(s)")
+
+
+def cpu_order_table(record: dict) -> pd.DataFrame:
+    """One row per model, split and N: seconds per round of each plan, the ratios, the plan the rule takes."""
+    rows = [{"model": r["model"], "split": r["split"], "N": r["N"], "vectorized s": r["seconds"]["vectorized"],
+             "clients s": r["seconds"]["clients"], "loop s": r["seconds"]["loop"],
+             "vectorized / clients": r["vectorized_over_clients"], "loop / clients": r["loop_over_clients"],
+             "rule takes": r["plan"]["order"]} for r in record["rows"]]
+    return pd.DataFrame(rows).set_index(["model", "split", "N"])
+
+
+def cpu_order_text(record: dict) -> str:
+    """The rule's plan against the faster of the two, and the engine against the loop, per stored row."""
+    rows = record["rows"]
+    engine = [r["seconds"][r["plan"]["order"]] for r in rows]
+    best = [min(r["seconds"]["vectorized"], r["seconds"]["clients"]) for r in rows]
+    over_loop = [r["seconds"]["loop"] / e for r, e in zip(rows, engine)]
+    missed = [f"{r['model']} N = {r['N']} ({r['split']})" for r, e, b in zip(rows, engine, best) if e > b]
+    return (f"{record['device']}: the engine's plan ran {min(over_loop):.2f}-{max(over_loop):.2f}x the loop's speed "
+            f"over {len(rows)} shapes; the rule took the faster plan in {len(rows) - len(missed)} of {len(rows)}"
+            + (f" (not at {', '.join(missed)})" if missed else ""))
 
 
 def ratios(run: dict, num: str, den: str = "vectorized") -> dict[int, float]:
@@ -256,6 +278,20 @@ class Performance(Chapter):
             lines.append(packed_text(record))
         return {"packed_summary": Markdown("; ".join(lines) if lines else "no stored packed benchmark yet "
                                            "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)")}
+
+    def cpu_order_runs(self) -> dict[str, Any]:
+        """Shows each stored ``benchmarks/cpu_order.py`` measurement (seconds per round of the vectorized plan,
+        the client order and the loop); glues one computed sentence per device."""
+        lines = []
+        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("cpu_order_*.json")):
+            record = json.loads(path.read_text())
+            display(Markdown(f"### {record['device']} ({path.name}, {record['date']})\n\nMedian of {record['repeats']} "
+                             f"rounds per plan, interleaved; load average {record['load_before_after'][0]} before, "
+                             f"{record['load_before_after'][1]} after."), cpu_order_table(record))
+            lines.append(cpu_order_text(record))
+        return {"cpu_order_summary": Markdown("; ".join(lines) if lines else "no stored CPU order benchmark yet "
+                                              "(`python benchmarks/cpu_order.py --json benchmarks/results/"
+                                              "cpu_order_<device>.json`)")}
 
     def breakdown(self):
         """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""

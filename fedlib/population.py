@@ -568,7 +568,7 @@ def train_clients(
         if schedule is not None:
             assigned, tail = schedule
             results = _in_worker_threads(model, groups, train_group, workers, assigned) if workers > 1 else [None] * n
-            for c in (tail if workers > 1 else sum(assigned, []) + tail):  # with all of the caller's threads
+            for c in (tail if workers > 1 else [c for group in assigned for c in group] + tail):  # all threads
                 results[c] = train_group(groups[c], model)
         elif workers == 1:
             results = [train_group(sl, model) for sl in groups]

@@ -22,7 +22,7 @@ from fedlib.population import (
 )
 from fedlib.testing import train_clients_loop
 
-from test_cpu_plan import SIZES, TinyBN, _federation
+from test_cpu_plan import CONFIG_IDS, CONFIGS, SIZES, TinyBN, _federation, extra_loss_federation
 
 
 def _train(model, x, y, indices, cfg, augment=False, loop=False):
@@ -41,11 +41,7 @@ def _close(a, b, rel=1e-6):
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
-@pytest.mark.parametrize("cfg", [
-    LocalTraining(epochs=2, batch_size=8, lr=0.1),
-    LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4, prox_mu=0.1),
-    LocalTraining(epochs=1, batch_size=8, lr=torch.linspace(0.01, 0.1, 7), momentum=0.5),
-], ids=["sgd", "momentum-wd-prox", "per-client-lr"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 def test_client_order_equals_the_vectorized_plan_and_the_loop(cfg, workers):
     """BatchNorm statistics, momentum, prox anchors and per-client learning rates, on unequal clients."""
     torch.manual_seed(0)
@@ -62,16 +58,7 @@ def test_client_order_equals_the_vectorized_plan_and_the_loop(cfg, workers):
 
 def test_client_order_with_a_convolution_an_extra_loss_and_augmentation():
     """Per-client context and crop codes follow their client; the extra loss acts."""
-    torch.manual_seed(0)
-    model = build_model("cnn", (3, 16, 16), 4)
-    x, y, indices = _federation([40, 6, 19], (3, 16, 16), 4)
-    scale = torch.tensor([0.5, 1.0, 2.0])
-
-    def extra(params, logits, features, yb, mb, context):
-        return context * (features.square().sum(1) * mb).sum() / mb.sum().clamp(min=1) * 1e-3
-
-    cfg = LocalTraining(epochs=1, batch_size=8, lr=0.05, extra_loss=extra, client_context=scale,
-                        augment_fill=(0.0, 0.0, 0.0), workers=1)
+    model, x, y, indices, scale, cfg = extra_loss_federation()
     alone = _train(model, x, y, indices, replace(cfg, order="clients"), augment=True)
     _close(alone, _train(model, x, y, indices, replace(cfg, order="vectorized"), augment=True))
     moved = _train(model, x, y, indices, replace(cfg, order="clients", client_context=scale * 100), augment=True)

@@ -59,12 +59,16 @@ def _assert_same(a, b, rel=0.0):
 SIZES = [70, 9, 33, 2, 51, 17, 5]  # unequal: most steps have finished clients
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
-@pytest.mark.parametrize("cfg", [
+CONFIGS = [  # plain SGD; momentum, weight decay and prox; one learning rate per client
     LocalTraining(epochs=2, batch_size=8, lr=0.1),
     LocalTraining(epochs=2, batch_size=8, lr=0.05, momentum=0.9, weight_decay=5e-4, prox_mu=0.1),
     LocalTraining(epochs=1, batch_size=8, lr=torch.linspace(0.01, 0.1, 7), momentum=0.5),
-], ids=["sgd", "momentum-wd-prox", "per-client-lr"])
+]
+CONFIG_IDS = ["sgd", "momentum-wd-prox", "per-client-lr"]
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 def test_balanced_plan_equals_the_masked_plan_bit_for_bit(cfg, workers):
     torch.manual_seed(0)
     model = TinyBN()
@@ -74,9 +78,8 @@ def test_balanced_plan_equals_the_masked_plan_bit_for_bit(cfg, workers):
                  _train(model, x, y, indices, replace(cfg, balance=False)))
 
 
-def test_balanced_plan_with_an_extra_loss_and_augmentation():
-    """Per-client context is sliced to the trained clients; crop codes follow their clients. A convolution
-    of fewer clients is a grouped convolution with fewer groups: equal to float summation order."""
+def extra_loss_federation():
+    """A CNN on 3 unequal clients with crop/flip codes and an extra loss scaled per client (``scale``)."""
     torch.manual_seed(0)
     model = build_model("cnn", (3, 16, 16), 4)
     x, y, indices = _federation([40, 6, 19], (3, 16, 16), 4)
@@ -87,6 +90,13 @@ def test_balanced_plan_with_an_extra_loss_and_augmentation():
 
     cfg = LocalTraining(epochs=1, batch_size=8, lr=0.05, extra_loss=extra, client_context=scale,
                         augment_fill=(0.0, 0.0, 0.0), workers=1)
+    return model, x, y, indices, scale, cfg
+
+
+def test_balanced_plan_with_an_extra_loss_and_augmentation():
+    """Per-client context is sliced to the trained clients; crop codes follow their clients. A convolution
+    of fewer clients is a grouped convolution with fewer groups: equal to float summation order."""
+    model, x, y, indices, scale, cfg = extra_loss_federation()
     _assert_same(_train(model, x, y, indices, replace(cfg, balance=True), augment=True),
                  _train(model, x, y, indices, replace(cfg, balance=False), augment=True), rel=1e-6)
     with torch.no_grad():  # the extra loss and the crop codes do act: without them the result moves

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import matplotlib.pyplot as plt
@@ -132,6 +133,12 @@ def plan_text(plan: dict[str, Any]) -> str:
             f"{plan['intra_op_threads']} thread(s)")
 
 
+def stored_benchmarks(pattern: str) -> list[tuple[Path, dict]]:
+    """The stored benchmark records benchmarks/results/<pattern>, by file name."""
+    return [(path, json.loads(path.read_text()))
+            for path in sorted((book.repo_root() / "benchmarks" / "results").glob(pattern))]
+
+
 def cpu_order_table(record: dict) -> pd.DataFrame:
     """One row per model, split and N: seconds per round of each plan, the ratios, the plan the rule takes."""
     rows = [{"model": r["model"], "split": r["split"], "N": r["N"], "vectorized s": r["seconds"]["vectorized"],
@@ -245,8 +252,7 @@ class Performance(Chapter):
     def show_stored_runs(self) -> dict[str, Any]:
         """Shows each stored device run (heading, table, figure); glues each device's Flower / fedlib ratios."""
         lines = []
-        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("peers_*.json")):
-            run = json.loads(path.read_text())
+        for path, run in stored_benchmarks("peers_*.json"):
             display(Markdown(f"### {run['device_name']} ({path.name}, {run['date']})\n\n"
                              f"Versions: {versions(run)}; data: {run['dataset'].split(' from ')[0]}; "
                              f"median of {run['rounds']} rounds after a warm-up."), engine_table(run))
@@ -265,8 +271,7 @@ class Performance(Chapter):
         """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
         separate); glues one computed sentence per device."""
         lines = []
-        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("packed_*.json")):
-            record = json.loads(path.read_text())
+        for path, record in stored_benchmarks("packed_*.json"):
             table = packed_table(record)
             reduced = record.get("reduced") or {}
             protocol = ("the paper profile's runs" if not any(reduced.values()) else
@@ -283,8 +288,7 @@ class Performance(Chapter):
         """Shows each stored ``benchmarks/cpu_order.py`` measurement (seconds per round of the vectorized plan,
         the client order and the loop); glues one computed sentence per device."""
         lines = []
-        for path in sorted((book.repo_root() / "benchmarks" / "results").glob("cpu_order_*.json")):
-            record = json.loads(path.read_text())
+        for path, record in stored_benchmarks("cpu_order_*.json"):
             display(Markdown(f"### {record['device']} ({path.name}, {record['date']})\n\nMedian of {record['repeats']} "
                              f"rounds per plan, interleaved; load average {record['load_before_after'][0]} before, "
                              f"{record['load_before_after'][1]} after."), cpu_order_table(record))

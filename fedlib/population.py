@@ -364,11 +364,12 @@ def cpu_workers(cfg: LocalTraining, n_clients: int, device: torch.device | str) 
 
 CLIENT_ORDERS = ("auto", "vectorized", "clients")
 # The "auto" rule, from benchmarks/cpu_order.py (benchmarks/results/cpu_order_cpu-2core.json, 2-core CPU, one
-# round of 60,000 samples, batch 128, two invocations): clients one at a time ran 1.3-2.6x faster than the
-# vmapped groups for LeNet-5 at every N (vmap's grouped convolution is slow on a CPU) and 1.05-1.48x for the MLP
-# at N = 5 (94 steps per client: a client's weights stay in cache); the MLP tied or lost at 24 steps per client
-# (1.02x, 0.94x) and lost at 5 (0.82-0.85x). A client's step costs about 0.5 ms more alone (Python and
-# dispatch), so small steps stay vectorized (a 4-MFLOP CNN step: 2x slower alone).
+# round of 60,000 samples, batch 128; three invocations, +-10 % apart): clients one at a time ran 1.3-2.6x faster
+# than the vmapped groups for LeNet-5 at every N (vmap's grouped convolution is slow on a CPU) and 1.05-1.48x for
+# the MLP at N = 5 (94 steps per client: a client's weights stay in cache); for the MLP at 24 steps per client
+# the plans tied (0.94-1.02x) and at 5 steps the groups were as fast or faster (0.82-1.05x). Alone, a client's
+# step costs about 0.5 ms more (Python and dispatch), so small steps stay vectorized (a 4-MFLOP CNN step: 2x
+# slower alone).
 CLIENT_ORDER_MIN_STEPS = 32  # mean live steps per client from which a model without convolutions goes alone
 CLIENT_ORDER_MIN_FLOPS = 2.5e7  # forward FLOPs of one client's step (a sample's x the batch) to go alone
 

@@ -67,18 +67,18 @@ def live_text(run: dict, stored: str = "") -> str:
         faster = "faster" if all(v > 1 for v in flower.values()) else "not faster"
         at = (f"Flower takes {flower[100]:.2f}× the time of a fedlib round at N = 100" if 100 in flower
               else "Flower was not timed at N = 100")
-        parts.append(f"fedlib's vectorized engine is {faster} than Flower at every N timed; {at} (smallest ratio "
+        parts.append(f"fedlib's engine is {faster} than Flower at every N timed; {at} (smallest ratio "
                      f"over N: {min(flower.values()):.2f}×)")
     else:
         parts.append("Flower was not timed in this run, so there is no comparison with it")
     if central:
         within = "within" if max(central.values()) <= 1.2 else "not within"
-        parts.append(f"the vectorized round is {within} 1.2 × a centralized epoch at every N (largest ratio "
+        parts.append(f"fedlib's round is {within} 1.2 × a centralized epoch at every N (largest ratio "
                      f"{max(central.values()):.2f}×)")
     else:
         parts.append("the centralized epoch was not timed")
-    parts.append(f"the per-client loop takes up to {max(loop.values()):.2f}× as long as the vectorized round"
-                 if loop else "the per-client loop was not timed")
+    parts.append(f"the per-client loop takes {min(loop.values()):.2f}-{max(loop.values()):.2f}× as long as fedlib's "
+                 f"round" if loop else "the per-client loop was not timed")
     return f"{stored}On {run['device_name']}, " + "; ".join(parts) + "."
 
 

@@ -431,7 +431,7 @@ def client_schedule(steps: torch.Tensor, workers: int) -> tuple[list[list[int]],
     ``n mod workers`` clients by steps, trained one by one with all threads once the workers are done
     (N = 5 on 2 threads: 2 + 2 clients in parallel, then 1 on both, not 3 + 2)."""
     by_steps = torch.sort(steps, descending=True, stable=True).indices
-    head = by_steps[:len(steps) - len(steps) % workers] if workers > 1 else by_steps
+    head = by_steps[:len(steps) - len(steps) % workers]  # one worker: every client
     tail = by_steps[len(head):]
     groups = [head[g].tolist() for g in balanced_groups(steps[head], workers)] if len(head) else []
     return [sorted(g, key=lambda c: -int(steps[c])) for g in groups], tail.tolist()

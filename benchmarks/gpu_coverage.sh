@@ -118,7 +118,7 @@ print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the ma
             "$stored" "$seconds"
         snapshot || true
         if [ "$bench" -gt 0 ]; then  # each writes its JSON after every row, so a timeout keeps rows
-            local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2})
+            local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2 --repeats 1})
             timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native \
                 --compact on off \
                 --top-kernels 15 --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"

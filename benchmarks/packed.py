@@ -28,6 +28,8 @@ with samples (``FEDLIB_COMPACT``, a CUDA plan: on a CPU the eager steps skip the
 ``FEDLIB_CPU_BALANCE``) and with the masked replay. The JSON is rewritten after every row, so a run stopped by
 a timeout keeps its rows.
 
+``--repeats K`` (default 3 on a CPU, 1 on a GPU) measures each pack size K times, separate and packed
+interleaved, so a change of load hits both alike: a row reports the medians and the range of the K ratios.
 Load average before and after each measurement is recorded: on a shared machine the ratios are noise.
 """
 
@@ -42,6 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
@@ -109,10 +112,12 @@ def timed(fn) -> tuple[float, tuple, tuple]:
     return time.perf_counter() - t, before, os.getloadavg()
 
 
-def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None, compacts=("on",)) -> list[dict]:
+def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None, compacts=("on",),
+            repeats: int = 1) -> list[dict]:
     """Per pack size: the runs separately (under the first of ``convs`` and ``compacts``), then packed
     under each convolution lowering of ``convs`` (FEDLIB_CONV: native, matmul, auto) and each setting of
-    ``compacts`` (FEDLIB_COMPACT: captured steps replay only the clients with samples; CUDA only).
+    ``compacts`` (FEDLIB_COMPACT: captured steps replay only the clients with samples; CUDA only), all of
+    it ``repeats`` times in turn; a row holds the median times and the range of the per-repeat ratios.
     ``on_row`` gets each row as it is measured."""
     flops = flops_per_sample(configs[0])
     warm = [c.model_copy(update={"rounds": 1}) for c in configs[:2]]  # data decoded, code paths warm, both ways
@@ -125,28 +130,40 @@ def measure(configs, sizes, device, peak, label, convs=("auto",), on_row=None, c
     for size in sizes:
         chosen = configs[:size]
         passes = sum(work(c) for c in chosen)
-        os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = convs[0], compacts[0]
-        separate, load_a, load_b = timed(lambda: [run(c, cache=False, progress=False) for c in chosen])
-        for conv, compact in [(c, k) for c in convs for k in compacts]:
-            os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = conv, compact
-            packed, load_c, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
+        variants = [(c, k) for c in convs for k in compacts]
+        separates, packs, loads = [], {v: [] for v in variants}, []
+        for _ in range(repeats):  # interleaved: a change of load during the size hits both ways alike
+            os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = convs[0], compacts[0]
+            seconds, load_a, _ = timed(lambda: [run(c, cache=False, progress=False) for c in chosen])
+            separates.append(seconds)
+            for conv, compact in variants:
+                os.environ["FEDLIB_CONV"], os.environ["FEDLIB_COMPACT"] = conv, compact
+                seconds, _, load_d = timed(lambda: run_many(chosen, cache=False, progress=False, pack=True))
+                packs[conv, compact].append(seconds)
+            loads += [load_a[0], load_d[0]]
+        separate = float(np.median(separates))
+        for conv, compact in variants:
+            packed = float(np.median(packs[conv, compact]))
+            ratios = [s / p for s, p in zip(separates, packs[conv, compact])]
             row = {"workload": label, "pack_size": size, "runs": len(chosen), "conv": conv, "compact": compact,
-                   "separate_conv": convs[0], "separate_compact": compacts[0],
+                   "separate_conv": convs[0], "separate_compact": compacts[0], "repeats": repeats,
                    "separate_s": round(separate, 3), "packed_s": round(packed, 3),
                    "separate_runs_per_min": round(len(chosen) / separate * 60, 3),
                    "packed_runs_per_min": round(len(chosen) / packed * 60, 3),
                    "packed_over_separate": round(separate / packed, 3),
+                   "ratio_range": [round(min(ratios), 3), round(max(ratios), 3)],
                    "training_flops": passes * flops,
                    "packed_flops_per_s": passes * flops / packed,
                    "packed_fraction_of_peak": round(passes * flops / packed / peak, 5),
-                   "load_before_after": [round(load_a[0], 2), round(load_d[0], 2)]}
+                   "load_before_after": [round(loads[0], 2), round(max(loads[1:]), 2)]}
             rows.append(row)
             if on_row is not None:
                 on_row(row)
             print(f"{label:28} R={size:3d}  separate {separate:8.1f} s ({row['separate_runs_per_min']:7.2f} runs/min)"
                   f"  packed [conv {conv:6}, compact {compact:3}] {packed:8.1f} s ({row['packed_runs_per_min']:7.2f} runs/min)  "
                   f"packed/separate {row['packed_over_separate']:5.2f}x  "
-                  f"{row['packed_fraction_of_peak'] * 100:6.2f} % of peak  load {load_a[0]:.1f} -> {load_d[0]:.1f}",
+                  f"(range {min(ratios):.2f}-{max(ratios):.2f}, {repeats} repeats)  "
+                  f"{row['packed_fraction_of_peak'] * 100:6.2f} % of peak  load {loads[0]:.1f} -> max {max(loads[1:]):.1f}",
                   flush=True)
     return rows
 
@@ -192,6 +209,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compact", nargs="+", default=["on"], choices=["on", "off"],
                         help="captured steps replay only the clients with samples (FEDLIB_COMPACT; CUDA only; "
                              "default on)")
+    parser.add_argument("--repeats", type=int, help="measurements per pack size, separate and packed in turn "
+                        "(default: 3 on a CPU, 1 on a GPU); a row reports the medians and the ratios' range")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="first, profile one packed round of a pack of 5 runs (or the largest size); report the N costliest operators")
     args = parser.parse_args(argv)
@@ -200,6 +219,9 @@ def main(argv=None) -> int:
     rounds = args.rounds or (2 if reduced else None)
     fraction = args.fraction or (0.01 if reduced else None)
     test_samples = args.test_samples or (200 if reduced else None)
+    repeats = args.repeats if args.repeats is not None else (3 if reduced else 1)
+    if repeats < 1:
+        parser.error(f"--repeats must be at least 1 (got {repeats})")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     peak = matmul_peak(args.device)
     from fedlib.provenance import device_name as name_of
@@ -212,7 +234,7 @@ def main(argv=None) -> int:
           flush=True)
     rows: list[dict] = []
     record = {"benchmark": "packed", **environment(args.device), "matmul_flops_per_s": peak,
-              "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "compact": args.compact,
+              "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "compact": args.compact, "repeats": repeats,
               "top_kernels": None,
               "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples}, "rows": rows}
 
@@ -236,7 +258,7 @@ def main(argv=None) -> int:
             os.environ.pop("FEDLIB_CONV") if previous is None else os.environ.update(FEDLIB_CONV=previous)
             save()
         measure(configs, sizes, args.device, peak, label, tuple(args.conv), on_row=lambda row: (rows.append(row), save()),
-                compacts=tuple(args.compact))
+                compacts=tuple(args.compact), repeats=repeats)
     save()
     return 0
 

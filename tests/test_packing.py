@@ -199,6 +199,12 @@ def test_the_performance_page_reads_a_packed_benchmark_record():
                                    "w [conv matmul]: packed / separate 1.20x to 3.00x over pack sizes 1, 5; most runs "
                                    "per device-minute packed: 60.0 at pack size 5")
     assert packed_table(record).loc[("w [conv matmul]", 5), "packed (runs/min)"] == 60.0
+    # measured in turn several times (--repeats): the median ratio, its range and the count
+    record["repeats"] = 3
+    record["rows"] = [{**record["rows"][0], "repeats": 3, "ratio_range": [0.97, 1.31]}]
+    assert packed_table(record).loc[("w [conv native]", 1), "packed / separate"] == "1.20x (0.97–1.31, 3 repeats)"
+    assert packed_text(record).endswith("at pack size 1; each ratio is the median of 3 measurements, separate and "
+                                        "packed in turn")
     # with and without compacted replays (benchmarks/packed.py --compact on off)
     record["rows"] = [{**r, "conv": "native", "compact": c} for r in record["rows"][:2] for c in ("on", "off")]
     assert list(packed_table(record).index.get_level_values(0).unique()) == ["w [conv native, compact on]",
@@ -268,9 +274,15 @@ def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_p
     spec.loader.exec_module(bench)
     out = tmp_path / "packed.json"
     assert bench.main(["--device", "cpu", "--sizes", "1", "2", "--rounds", "1", "--fraction", "0.004",
-                       "--test-samples", "50", "--top-kernels", "3", "--cudnn-benchmark", "--json", str(out)]) == 0
+                       "--test-samples", "50", "--top-kernels", "3", "--cudnn-benchmark", "--repeats", "2",
+                       "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert record["cudnn_benchmark"] is True and [r["pack_size"] for r in record["rows"]] == [1, 2]
+    for r in record["rows"]:  # two measurements in turn: the median of two is their mean, inside the range
+        low, high = r["ratio_range"]
+        assert r["repeats"] == 2 and low <= high and low - 1e-3 <= r["separate_s"] / r["packed_s"] <= high + 1e-3
+    with pytest.raises(SystemExit):
+        bench.main(["--device", "cpu", "--repeats", "0"])
     kernels = record["top_kernels"]
     assert len(kernels) == 3 and all(r["ms"] > 0 and 0 < r["share"] <= 1 for r in kernels)
     assert kernels[0]["ms"] >= kernels[-1]["ms"]

@@ -94,11 +94,19 @@ def packed_table(record: dict) -> pd.DataFrame:
     rows = [{"workload": _workload(r), "pack size": r["pack_size"],
              "separate (runs/min)": round(r["separate_runs_per_min"], 2),
              "packed (runs/min)": round(r["packed_runs_per_min"], 2),
-             "packed / separate": f"{r['packed_over_separate']:.2f}x",
+             "packed / separate": _ratio(r),
              "packed, % of peak": f"{100 * r['packed_fraction_of_peak']:.2f} %",
              "load before → after": f"{r['load_before_after'][0]:.1f} → {r['load_before_after'][1]:.1f}"}
             for r in record["rows"]]
     return pd.DataFrame(rows).set_index(["workload", "pack size"])
+
+
+def _ratio(row: dict) -> str:
+    """A row's packed/separate ratio; measured several times in turn: the median, the range and the count."""
+    if row.get("repeats", 1) == 1:
+        return f"{row['packed_over_separate']:.2f}x"
+    low, high = row["ratio_range"]
+    return f"{row['packed_over_separate']:.2f}x ({low:.2f}–{high:.2f}, {row['repeats']} repeats)"
 
 
 def packed_text(record: dict, cores: int | None = None) -> str:
@@ -117,7 +125,10 @@ def packed_text(record: dict, cores: int | None = None) -> str:
     warning = (f" (measured while other work competed: load up to "
                f"{max(max(r['load_before_after']) for r in busy):.1f} on {cores} cores; ratios are indicative)"
                if busy else "")
-    return f"{record['device']}: " + "; ".join(parts) + warning
+    repeats = record.get("repeats", 1)
+    method = (f"; each ratio is the median of {repeats} measurements, separate and packed in turn"
+              if repeats > 1 else "")
+    return f"{record['device']}: " + "; ".join(parts) + method + warning
 
 
 def _cores_of(device: str) -> int:

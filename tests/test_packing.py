@@ -211,6 +211,27 @@ def test_the_performance_page_reads_a_packed_benchmark_record():
                                                                             "w [conv native, compact off]"]
 
 
+def test_the_performance_page_bounds_the_gpu_goal_by_the_timed_steps():
+    """Issue 28's GPU goal against a record's timed steps (conv_choices), by hand: CELM Table 1's 75 CIFAR-10
+    runs each train 200 rounds x 50,000 samples / 128 = 78,125 client-steps, 5,859,375 in all; at the fastest
+    timed rate, 0.3 ms per client (6 ms for 20 clients), that is 1,757.8 s = 29.3 min."""
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm
+    from fedlib.app.chapters.performance import gpu_goal_text, step_rates
+
+    record = {"device": "gpu", "conv_choices": {
+        "CNN | 9 | 5 | 128 | (3, 32, 32) | cuda:0": {"lowering": "native", "seconds": {"native": 0.002, "matmul": 0.01}},
+        "CNN | 9 | 20 | 128 | (3, 32, 32) | cuda:0": {"lowering": "matmul", "seconds": {"native": 0.009, "matmul": 0.006}},
+        "CNN | 9 | 2 | 2 | (3, 32, 32) | cuda:0": {"lowering": "native", "seconds": {"native": 1e-6, "matmul": 1e-6}}}}
+    assert step_rates(record)[0] == ("CNN", 2, 2, 5e-7)  # another batch size: not CELM's shape
+    table1 = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
+    assert gpu_goal_text(record, table1) == (
+        "gpu: a captured training step of the CNN, 128 images per client, cost 0.400 / 0.300 ms per client with 5 / 20 "
+        "clients in the step; CELM Table 1's 75 CIFAR-10 runs are 5.86 M client-steps, so at the fastest of these rates "
+        "their training steps alone take 29.3 min, against the goal's 9-minute call")
+    assert gpu_goal_text({"device": "cpu", "conv_choices": {}}, table1) is None
+
+
 def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):
     import sys
     from concurrent.futures import ThreadPoolExecutor

@@ -131,6 +131,38 @@ def packed_text(record: dict, cores: int | None = None) -> str:
     return f"{record['device']}: " + "; ".join(parts) + method + warning
 
 
+GPU_GOAL_MINUTES = 9  # issue 28: CELM Table 1 CIFAR-10 (75 runs, 200 rounds) inside one call of at most 9 minutes
+
+
+def step_rates(record: dict) -> list[tuple[str, int, int, float]]:
+    """(model, clients, batch, seconds per client-step) of each training shape a record's ``conv_choices``
+    timed (``fedlib.population.conv_lowering_for``: one captured step, the faster lowering), by shape."""
+    rates = []
+    for key, choice in (record.get("conv_choices") or {}).items():
+        model, _, clients, batch, *_ = key.split(" | ")
+        rates.append((model, int(clients), int(batch), min(choice["seconds"].values()) / int(clients)))
+    return sorted(rates)
+
+
+def gpu_goal_text(record: dict, configs: list) -> str | None:
+    """The training time of ``configs`` (CELM Table 1's CIFAR-10 runs) at the record's fastest timed step per
+    client, against the goal's minutes: client-steps = training-sample passes / batch (``queue.work``), a
+    bound that leaves out evaluation, valuation and the server. None without a timed shape at their batch."""
+    from ..queue import work
+
+    batch = configs[0].batch_size
+    rates = [r for r in step_rates(record) if r[2] == batch]
+    if not rates:
+        return None
+    fastest = min(r[3] for r in rates)
+    steps = sum(work(c) for c in configs) / batch
+    return (f"{record['device']}: a captured training step of the {rates[0][0]}, {batch} images per client, cost "
+            f"{' / '.join(f'{1e3 * r[3]:.3f}' for r in rates)} ms per client with {' / '.join(str(r[1]) for r in rates)} "
+            f"clients in the step; CELM Table 1's {len(configs)} CIFAR-10 runs are {steps / 1e6:.2f} M client-steps, "
+            f"so at the fastest of these rates their training steps alone take {fastest * steps / 60:.1f} min, "
+            f"against the goal's {GPU_GOAL_MINUTES}-minute call")
+
+
 def _cores_of(device: str) -> int:
     """Cores named in a CPU device string ("cpu (x86_64, 2 cores, ...)"); GPUs: a large number (no load check)."""
     import re
@@ -292,8 +324,13 @@ class Performance(Chapter):
                              f"{protocol}; peak: a 4096² float32 matmul, {record['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s."),
                     table)
             lines.append(packed_text(record))
+        from . import celm
+
+        table1 = celm.experiment_configs(book.load_profile("celm", "paper"), "table1_cifar10")
+        goals = [text for _, record in stored_benchmarks("packed_*.json") if (text := gpu_goal_text(record, table1))]
         return {"packed_summary": Markdown("; ".join(lines) if lines else "no stored packed benchmark yet "
-                                           "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)")}
+                                           "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)"),
+                "gpu_goal_summary": Markdown("; ".join(goals) if goals else "no stored GPU step timings yet")}
 
     def cpu_order_runs(self) -> dict[str, Any]:
         """Shows each stored ``benchmarks/cpu_order.py`` measurement (seconds per round of the vectorized plan,

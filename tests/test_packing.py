@@ -230,6 +230,12 @@ def test_the_performance_page_bounds_the_gpu_goal_by_the_timed_steps():
         "clients in the step; CELM Table 1's 75 CIFAR-10 runs are 5.86 M client-steps, so at the fastest of these rates "
         "their training steps alone take 29.3 min, against the goal's 9-minute call")
     assert gpu_goal_text({"device": "cpu", "conv_choices": {}}, table1) is None
+    # runs of another model than the one timed: the bound says so
+    wide = [c.model_copy(update={"model": "cnn_wide"}) for c in table1]
+    assert gpu_goal_text(record, wide).endswith("take 29.3 min (timed on the CNN; these runs now train the larger "
+                                                "CNNWide, so this is a lower bound), against the goal's 9-minute call")
+    record["conv_choices"]["CNNWide | 9 | 5 | 128 | (3, 32, 32) | cuda:0"] = {"seconds": {"native": 0.01}}
+    assert "cost 2.000 ms per client with 5 clients" in gpu_goal_text(record, wide)  # its own timing, where stored
 
 
 def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):

@@ -198,7 +198,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5, 25, 75])
-    parser.add_argument("--models", nargs="+", default=["cnn"], choices=["cnn", "mlp", "lenet5"])
+    parser.add_argument("--models", nargs="+", default=["cnn"], choices=["cnn", "mlp", "lenet5"],
+                        help="cnn: the CIFAR-10 rows with the paper profile's CNN (its cifar10_reading); "
+                             "mlp, lenet5: Fashion-MNIST")
     parser.add_argument("--rounds", type=int, help="rounds per run (default: the paper's; 2 on a CPU)")
     parser.add_argument("--fraction", type=float, help="share of the training data (default: all; 0.01 on a CPU)")
     parser.add_argument("--test-samples", type=int, help="test samples (default: all; 200 on a CPU)")
@@ -248,7 +250,7 @@ def main(argv=None) -> int:
 
     for i, model in enumerate(args.models):
         configs = table1_configs(model, args.device, rounds, fraction, test_samples)
-        label = "CELM T1 CIFAR-10 cnn" if model == "cnn" else f"CELM T1 F-MNIST {model}"
+        label = f"CELM T1 CIFAR-10 {configs[0].model}" if model == "cnn" else f"CELM T1 F-MNIST {model}"
         sizes = [s for s in args.sizes if s <= len(configs)]
         if args.top_kernels and i == 0:  # first: a sweep cut off by a timeout must not cost the profile
             previous = os.environ.get("FEDLIB_CONV")

@@ -148,10 +148,10 @@ def gpu_goal_text(record: dict, configs: list) -> str | None:
     """The training time of ``configs`` (CELM Table 1's CIFAR-10 runs) at the record's fastest timed step per
     client, against the goal's minutes: client-steps = training-sample passes / batch (``queue.work``), a
     bound that leaves out evaluation, valuation and the server. None without a timed shape at their batch."""
-    from ...models import _REGISTRY
+    from ...models import build_model
     from ..queue import work
 
-    batch, model = configs[0].batch_size, _REGISTRY[configs[0].model].__name__
+    batch, model = configs[0].batch_size, type(build_model(configs[0].model, (3, 32, 32), 10)).__name__  # CIFAR-10
     rates = [r for r in step_rates(record) if r[2] == batch]
     if not rates:
         return None

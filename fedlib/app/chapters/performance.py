@@ -318,8 +318,12 @@ class Performance(Chapter):
     def packed_runs(self) -> dict[str, Any]:
         """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
         separate); glues one computed sentence per device."""
-        lines = []
+        from . import celm
+
+        table1 = celm.experiment_configs(book.load_profile("celm", "paper"), "table1_cifar10")
+        lines, goals = [], []
         for path, record in stored_benchmarks("packed_*.json"):
+            goals += [text] if (text := gpu_goal_text(record, table1)) else []
             table = packed_table(record)
             reduced = record.get("reduced") or {}
             protocol = ("the paper profile's runs" if not any(reduced.values()) else
@@ -329,10 +333,6 @@ class Performance(Chapter):
                              f"{protocol}; peak: a 4096² float32 matmul, {record['matmul_flops_per_s'] / 1e9:.0f} GFLOP/s."),
                     table)
             lines.append(packed_text(record))
-        from . import celm
-
-        table1 = celm.experiment_configs(book.load_profile("celm", "paper"), "table1_cifar10")
-        goals = [text for _, record in stored_benchmarks("packed_*.json") if (text := gpu_goal_text(record, table1))]
         return {"packed_summary": Markdown("; ".join(lines) if lines else "no stored packed benchmark yet "
                                            "(`python benchmarks/packed.py --json benchmarks/results/packed_<device>.json`)"),
                 "gpu_goal_summary": Markdown("; ".join(goals) if goals else "no stored GPU step timings yet")}

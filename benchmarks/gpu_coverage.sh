@@ -9,6 +9,8 @@
 #    It fills .gpu-carry/ (git-ignored): wheels of what the GPU image lacks (pydantic and its
 #    needs; torch, numpy, scipy, pyyaml, matplotlib, pandas are there) and the data PART runs
 #    (CIFAR-10 ~19 MB, MNIST ~11 MB), and checks it fits the device tool's 64 MiB with the tracked files.
+#    Last, it prints what the call's queue would start within its budget, by the cost model's estimates
+#    (fedlib results --list --budget): check that the tables wanted first are there.
 # 2. Run it with the device tool (one call; the machine has no internet):
 #        run(command="bash benchmarks/gpu_coverage.sh run", carry=[".gpu-carry"], timeout_s=560)
 #    Optional environment, set in the command: BUDGET_S (seconds for everything: setup, preflight, the
@@ -41,6 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry
+FIRST=(--first "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
 
 prepare() {
     local py="${PYTHON:-python3}" data="${FEDLIB_DATA:?set FEDLIB_DATA to the data root holding mnist/ and cifar10-jpeg/}"
@@ -64,6 +67,13 @@ prepare() {
     carried=$(du -sb "$CARRY" | cut -f1)
     echo "carry $(( carried / 1048576 )) MiB + tracked files $(( tracked / 1048576 )) MiB (the device tool takes 64 MiB in all)"
     [ $(( carried + tracked )) -lt $(( 64 * 1048576 )) ] || { echo "too large for the device tool" >&2; return 1; }
+    # what the call's queue will start, by the estimates, seen before device time is spent: its budget as
+    # run_on_device computes it, with setup and preflight at 30 s (24-28 s in the logs of earlier calls)
+    local budget=$(( (${BUDGET_S:-480} - ${BENCH_S:-0} - 30 - 5) * 10 / 11 )) part=(--gpu-only)
+    case "${PART:-gpu}" in cpu) part=(--cpu-only) ;; all) part=() ;; esac
+    FEDLIB_DOWNLOAD=0 "$py" -m fedlib results --list --summary "${part[@]}" --profile "${PROFILE:-paper}" \
+        --device "${DEVICE:-cuda}" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-32}" --budget "$budget" "${FIRST[@]}" \
+        | sed -n '/^packs:/,$p'
 }
 
 run_on_device() {
@@ -102,8 +112,7 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S
         local left=$(( (budget - bench - ($(date +%s) - t0) - 5) * 10 / 11 ))
         [ "$left" -gt 0 ] || left=1
-        local only=() part=() first=(--first "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" \
-            "fedms:Table 1" flce "fedscm:Table 2")
+        local only=() part=() first=("${FIRST[@]}")
         [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
         case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
         echo "setup and preflight took $(( $(date +%s) - t0 )) s; queue budget ${left} s"

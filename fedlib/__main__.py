@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                            "first (see fedlib/app/queue.py)")
     p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
     p_res.add_argument("--summary", action="store_true", help="with --list: only the per-table summary")
-    p_res.add_argument("--budget", type=float, metavar="SECONDS", help="start no run that would not finish in time")
+    p_res.add_argument("--budget", type=float, metavar="SECONDS",
+                       help="start no run that would not finish in time (with --list: show what it would start)")
     p_res.add_argument("--workers", type=int, default=1, metavar="K", help="concurrent runs (one process each)")
     p_res.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (the runs' device)")
     p_res.add_argument("--only", nargs="+", metavar="CHAPTER", help="only these chapters")
@@ -220,7 +221,8 @@ def _results(args) -> int:
         return 2
     if args.list:
         print(queue.format_list(entries, args.workers, items=not args.summary))
-        return 0
+        if args.budget is None:
+            return 0
     pending = [e for e in entries if not e.stored and not e.missing][:args.limit]
     if args.limit is not None:
         entries = [e for e in entries if e.stored or e in pending]
@@ -232,6 +234,9 @@ def _results(args) -> int:
         packs = [u for u in entries if isinstance(u, queue.Pack)]
         print(f"packs: {len(packs)} pack(s) of {sum(len(p.entries) for p in packs)} runs "
               f"(at most {max_rows} client rows per round), {len(entries) - len(packs)} single run(s)", flush=True)
+    if args.list:  # with --budget: what a call with this budget would start, by the estimates
+        print(queue.format_preview(queue.preview(entries, args.budget, args.workers), args.budget, args.workers))
+        return 0
     print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
           f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
           + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)

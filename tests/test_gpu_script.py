@@ -68,7 +68,7 @@ def test_the_gpu_scripts_first_labels_name_tables_of_the_queue():
     from fedlib.app import queue
 
     script = (ROOT / "benchmarks" / "gpu_coverage.sh").read_text()
-    words = shlex.split(re.search(r"first=\(--first (.*?)\)", script, re.S).group(1).replace("\\\n", " "))
+    words = shlex.split(re.search(r"FIRST=\(--first (.*?)\)", script, re.S).group(1).replace("\\\n", " "))
     first = [tuple(w.split(":", 1)) if ":" in w else (w, None) for w in words]
     assert first[:2] == [("celm", "CIFAR-10 readings"), ("fedms", "CIFAR-10 readings")]
     queue._check_labels(queue.all_items("paper"), None, first)  # raises on a label the queue lacks

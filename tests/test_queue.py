@@ -373,3 +373,72 @@ def test_a_fedscm_federation_costs_every_cohort_it_post_trains():
     assert queue.work(config) == pytest.approx(5 * 50000 + 1000 * 158200)
     fewer = config.model_copy(update={"fedavg_per_round": 10, "methods": ("fedscm", "fedavg")})
     assert queue.scm_round_passes(fewer, 50000) == pytest.approx((3 * 20 + 10) * 100)
+
+
+def test_a_model_without_runs_on_a_device_is_estimated_from_a_like_model_scaled_by_flops():
+    """The wider CNN had no run on a GPU: its packs were put at the unknown-model figure (10x the CNN's), so
+    the 2026-11-28 plan of the GPU call started none of CELM's CIFAR-10 Table 1. Now: the CNN's packed rate
+    there times the FLOPs per sample of the two (by hand, 15,775,232 / 4,655,440), not counted as measured."""
+    ratio = 15_775_232 / 4_655_440
+    assert queue.model_flops("cnn_wide", "cifar10") / queue.model_flops("cnn", "cifar10") == pytest.approx(ratio)
+    for kind, figures in queue.FALLBACK_SECONDS_PER_1000.items():
+        assert figures["cnn_wide"] == pytest.approx(figures["cnn"] * ratio, rel=2e-3), kind
+    cnn = FakeConfig(dataset="cifar10", model="cnn", rounds=200).to_dict()  # 200 x 50,000 = 10 M passes
+    wide = {**cnn, "model": "cnn_wide"}
+    model = queue.CostModel()
+    assert model.estimate(wide, "cuda")[1] == "fallback"
+    model.add(cnn, 40.0, "cuda:0 (H100)", pack_size=2, pack_methods=["fedavg", "fedavg"])  # 2e-6 s per pass
+    model.add({**cnn, "rounds": 20}, 20.0, "cuda:0 (H100)", pack_size=2, pack_methods=["fedavg", "fedavg"])
+    rate, how = model.packed_estimate(wide, "cuda")
+    assert rate == pytest.approx(2e-6 * ratio)  # the run of the same size (10 M passes) first
+    assert how == "scaled from cnn by FLOPs (1)"
+    cost, how = queue.pack_cost([queue.Entry(queue.QueueItem("celm", "Table 1", "r", "c", 0, wide, lambda c: {}),
+                                             1.0, "t", False, None)], "cuda", model)
+    assert cost == pytest.approx(queue.STARTUP_SECONDS + 20.0 * ratio) and how.startswith("pack scaled")
+    assert queue.reserved(queue.Pack([], cost, how)) == pytest.approx(cost * queue.UNCALIBRATED_MARGIN)
+    # a separate run: the same method's separate runs of the other model; the model's own runs come first
+    model.add(cnn, 100.0, "cuda:0 (H100)")
+    seconds, how = model.estimate(wide, "cuda")
+    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 100.0 * ratio) and how == "scaled from cnn by FLOPs (1)"
+    model.add(wide, 150.0, "cuda:0 (H100)")
+    assert model.estimate(wide, "cuda") == (queue.STARTUP_SECONDS + 150.0, "measured (1)")
+    # not across a factor over 4 in FLOPs (ResNet-20 is 17.5 CNNs), nor from augmented to plain runs
+    resnet = {**cnn, "model": "resnet20"}
+    assert model.estimate(resnet, "cuda")[1] == "fallback" and model.packed_estimate(resnet, "cuda") is None
+    model.add({**wide, "augment": "crop_flip"}, 10.0, "cuda:0 (H100)", pack_size=2, pack_methods=["fedavg"] * 2)
+    assert model.packed_estimate(wide, "cuda") == (pytest.approx(2e-6 * ratio), "scaled from cnn by FLOPs (1)")
+    assert queue.model_flops("vgg11", "fmnist") is None and queue.model_flops("cnn", "imagefolder:/x") is None
+
+
+def test_a_budgeted_list_previews_what_the_queue_would_start():
+    """``--list --budget``: the units :func:`queue.run_queue` would start, by the estimates: a first pack too
+    long for the budget is split to the part that fits (here 1 of 3 runs, at 10 s x the 1.5 margin), before a
+    later unit; the rest follow as the estimated time passes."""
+    wanted = [queue.Entry(fake_item(f"w{i}", rounds=3), 10.0, "test", False, None) for i in range(3)]
+    later = queue.Entry(fake_item("later"), 4.0, "measured (3)", False, None)
+    units = [queue.Pack(wanted, 30.0 + queue.STARTUP_SECONDS, "assumed pack speed-up"), later]
+    started = queue.preview(units, budget=21.0 + 1.5 * queue.STARTUP_SECONDS)
+    assert [sorted(i.config.name for i in u.items) for _, u in started] == [["w0"], ["later"]]
+    assert [at for at, _ in started] == [0.0, 10.0]  # then w1 needs 1.5 x (10 + 15 s start-up) > 33.5 s left
+    text = queue.format_preview(started, 43.5)
+    assert text.startswith("With a budget of 44 s and 1 worker(s), by the estimates this queue would start 2 unit(s) "
+                           "of 2 run(s):")
+    assert "at 0:10" in text and "[measured (3)]" in text
+    assert queue.preview(units, budget=1.0) == []
+
+
+def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    from fedlib.__main__ import main
+
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("--list must not run anything"))
+    assert main(["results", "--list", "--summary", "--only", "fedavg", "--profile", "smoke", "--pack", "on",
+                 "--budget", "100000"]) == 0
+    out = capsys.readouterr().out
+    pending = len([i for i in queue.unique(queue.chapter_items("fedavg", "smoke"))])
+    assert "packs: 1 pack(s) of" in out
+    assert f"With a budget of 100000 s and 1 worker(s), by the estimates this queue would start 1 unit(s) of {pending} " \
+           f"run(s):" in out
+    assert main(["results", "--list", "--only", "fedavg", "--profile", "smoke", "--budget", "1"]) == 0
+    assert "would start 0 unit(s) of 0 run(s):" in capsys.readouterr().out

@@ -16,7 +16,10 @@ the post-selection rounds). Its cost is work x seconds per sample pass, the medi
 ``wall_time / work`` over stored runs on the same kind of device, taken from the most
 similar group that has any: same runner, dataset, model and method; else same runner,
 model and method; else same runner and model (scaled by :data:`METHOD_FACTOR`); else same
-model. With nothing similar stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
+model. A model with no stored run on that kind of device takes other models' runs of the same runner
+and dataset, scaled by the two models' FLOPs per sample (:func:`model_flops`; models of like size
+only; runs of the same size first), and is not counted as measured (:func:`reserved` keeps its margin). With nothing similar
+stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
 sample passes, by model and device kind: one-thread CPU figures measured here for the MLP and
 LeNet-5, scaled by model size for the CNNs; the GPU's MLP figure from
 benchmarks/results/peers_nvidia-h200.json, its CNN figure from packed_nvidia-h100.json (a run alone,
@@ -49,10 +52,17 @@ CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in mi
 TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
                "emnist": 112800, "eurosat": 21600, "synthetic": 10000}
 # seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
+# (the wider CNN's: the CNN's times their FLOPs per CIFAR-10 sample, 15.78 / 4.66 MFLOP, model_flops)
 FALLBACK_SECONDS_PER_1000 = {
-    "cpu": {"mlp": 0.05, "lenet5": 0.3, "cnn": 1.5, "resnet20": 6.0, "resnet18": 25.0, "vgg11": 20.0},
-    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.0103, "resnet20": 0.08, "resnet18": 0.15, "vgg11": 0.1},
+    "cpu": {"mlp": 0.05, "lenet5": 0.3, "cnn": 1.5, "cnn_wide": 5.08, "resnet20": 6.0, "resnet18": 25.0,
+            "vgg11": 20.0},
+    "cuda": {"mlp": 0.005, "lenet5": 0.01, "cnn": 0.0103, "cnn_wide": 0.0349, "resnet20": 0.08, "resnet18": 0.15,
+             "vgg11": 0.1},
 }
+# a model without stored runs on a device is estimated from another model's runs there, scaled by their FLOPs
+# per sample, only when these are within this factor of each other: beyond it the fixed cost of a step (launches
+# on a GPU) makes the scaling wrong (from the CNN, a ResNet-20 run on an H100 would be put at 5.6 h)
+SCALE_WITHIN = 4.0
 FALLBACK_UNKNOWN_MODEL = {"cpu": 5.0, "cuda": 0.1}
 # augmented runs (crop + flip per sample and step) are timed apart from plain ones; with none stored, a plain
 # rate times this: on an H100 a pack of 3 augmented CELM CIFAR-10 runs took 62.6 s per run, a pack of 2 plain
@@ -520,6 +530,31 @@ def work(config) -> float:
     return _get(config, "rounds") * _get(config, "local_epochs") * n * per_round / n_clients
 
 
+def model_flops(model: str, dataset: str) -> float | None:
+    """Forward FLOPs of one ``dataset`` sample through ``model`` (``fedlib.population.step_flops``), or None
+    for a model or dataset without a fixed input shape here. Counted once per pair."""
+    key = (model, dataset)
+    if key not in _MODEL_FLOPS:
+        import torch
+
+        from ..models import MODELS, build_model
+        from ..population import step_flops
+
+        flops = None
+        try:
+            spec = data.dataset_spec(dataset) if model in MODELS else None
+            if spec is not None:
+                shape, classes = spec
+                flops = step_flops(build_model(model, shape, classes), torch.zeros(*shape), 1) or None
+        except ValueError:  # an unknown dataset, or a model that does not take its input (vgg11 needs 32 x 32)
+            flops = None
+        _MODEL_FLOPS[key] = flops
+    return _MODEL_FLOPS[key]
+
+
+_MODEL_FLOPS: dict[tuple[str, str], float | None] = {}
+
+
 def device_kind(device: str | None) -> str:
     return "cuda" if device and ("cuda" in device.lower() or "gpu" in device.lower()) else "cpu"
 
@@ -578,20 +613,61 @@ class CostModel:
         model and dataset), this queue's own measurements first, times the config's method factor; or None.
         (A pack's runs share one wall time whatever their methods; :meth:`add` keeps its samples per unit
         of factor.)"""
+        found = self.packed_estimate(config, device)
+        return None if found is None else found[0]
+
+    def packed_estimate(self, config, device: str = "cpu") -> tuple[float, str] | None:
+        """(:meth:`packed_rate`, how): 'measured', 'measured plain runs x augmentation', or for a model with
+        no packed run on this kind of device the FLOP-scaled rate of other models' (:meth:`scaled_rate`)."""
         sig = self._signature(config, device_kind(device))
         factor = METHOD_FACTOR.get(method_name(config), 1.0)
         for samples in (self.fresh_packed, self.packed):
             rates = [r for s, r in samples if all(s[i] == sig[i] for i in (0, 1, 2, 4))]
             if rates:
-                return statistics.median(rates) * factor
+                return statistics.median(rates) * factor, "measured"
         plain = self._plain_rate(config, (0, 1, 2, 4), device_kind(device), packed=True)
-        return None if plain is None else plain * factor
+        if plain is not None:
+            return plain * factor, "measured plain runs x augmentation"
+        return self.scaled_rate(config, device, packed=True)
+
+    def scaled_rate(self, config, device: str = "cpu", packed: bool = False) -> tuple[float, str] | None:
+        """(seconds per pass, how) for a model with no stored run on this kind of device: the median rate of
+        other models' runs of the same runner, dataset and augmentation, with FLOPs per sample within
+        :data:`SCALE_WITHIN` times this model's (the same method's first, unless
+        ``packed``: packed rates are per unit of method factor; runs of the same size first), each times
+        :func:`model_flops` of this model over its own. None when there are none, or FLOPs are unknown."""
+        sig = self._signature(config, device_kind(device))
+        model, _, augment = sig[2].partition(" + ")
+        mine = model_flops(model, sig[4])
+        if mine is None:
+            return None
+        factor = METHOD_FACTOR.get(method_name(config), 1.0)
+
+        def similar(other: str) -> bool:  # a model of like size (small ones are launch-bound on a GPU)
+            flops = model_flops(other, sig[4])
+            return other != model and flops is not None and 1 / SCALE_WITHIN <= mine / flops <= SCALE_WITHIN
+
+        others = [(s, r) for s, r in (self.packed if packed else self.samples)
+                  if s[:2] == sig[:2] and s[4] == sig[4] and s[2].partition(" + ")[2] == augment
+                  and similar(s[2].partition(" + ")[0])]
+        if packed:
+            tiers = [([x for x in others if x[0][5] == sig[5]], factor), (others, factor)]
+        else:
+            same = [x for x in others if x[0][3] == sig[3]]
+            tiers = [([x for x in same if x[0][5] == sig[5]], 1.0), (same, 1.0),
+                     ([x for x in others if x[0][5] == sig[5]], factor), (others, factor)]
+        for group, scale in tiers:
+            if group:
+                rates = [r * mine / model_flops(s[2].partition(" + ")[0], s[4]) for s, r in group]
+                names = ", ".join(sorted({s[2].partition(" + ")[0] for s, _ in group}))
+                return statistics.median(rates) * scale, f"scaled from {names} by FLOPs ({len(rates)})"
+        return None
 
     @staticmethod
     def _signature(config, kind: str) -> tuple:
         model, augment = _get(config, "model"), _get(config, "augment")  # augmented runs are their own kind
         return (kind, runner_kind(config), f"{model} + {augment}" if augment else model, method_name(config),
-                _get(config, "dataset"))
+                _get(config, "dataset"), work(config))
 
     def _plain_rate(self, config, fields: tuple, kind: str, packed: bool) -> float | None:
         """For an augmented config with no augmented sample: the median rate of its plain twin's samples."""
@@ -620,6 +696,9 @@ class CostModel:
         plain = self._plain_rate(config, (0, 1, 2), kind, packed=False)
         if plain is not None:
             return STARTUP_SECONDS + plain * work(config) * factor, "measured plain runs x augmentation"
+        scaled = self.scaled_rate(config, device)
+        if scaled is not None:
+            return STARTUP_SECONDS + scaled[0] * work(config), scaled[1]
         per_1000 = FALLBACK_SECONDS_PER_1000[kind].get(_get(config, "model"), FALLBACK_UNKNOWN_MODEL[kind])
         augment = AUGMENT_FACTOR if _get(config, "augment") else 1.0
         return STARTUP_SECONDS + per_1000 * work(config) / 1000 * factor * augment, "fallback"
@@ -842,11 +921,14 @@ def item_value(item: QueueItem) -> float:
 
 def pack_cost(entries: list[Entry], device: str, cost_model: "CostModel") -> tuple[float, str]:
     """(seconds, how) of one pack: the measured seconds per sample pass of stored packed runs like these
-    when there are any; else the separate runs' estimates, which on a CPU add up (it is arithmetic-bound)
+    when there are any (for a model with none on this kind of device, other models' scaled by FLOPs:
+    not counted as measured); else the separate runs' estimates, which on a CPU add up (it is arithmetic-bound)
     and on CUDA are divided by the assumed speed-up."""
-    rates = [cost_model.packed_rate(e.item.config, device) for e in entries]
-    if all(r is not None for r in rates):  # each run at its method's share of the pack
-        return STARTUP_SECONDS + sum(r * work(e.item.config) for r, e in zip(rates, entries)), "measured pack"
+    found = [cost_model.packed_estimate(e.item.config, device) for e in entries]
+    if all(f is not None for f in found):  # each run at its method's share of the pack
+        scaled = next((how for _, how in found if not how.startswith("measured")), None)
+        return (STARTUP_SECONDS + sum(rate * work(e.item.config) for (rate, _), e in zip(found, entries)),
+                "measured pack" if scaled is None else f"pack {scaled}")
     separate = sum(e.cost - STARTUP_SECONDS for e in entries)
     if device_kind(device) == "cuda":
         return STARTUP_SECONDS + separate / min(len(entries), ASSUMED_GPU_PACK_SPEEDUP), "assumed pack speed-up"
@@ -968,6 +1050,52 @@ def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | Non
     return kept[0] if len(kept) == 1 else Pack(kept, STARTUP_SECONDS + share, unit.how)
 
 
+def next_unit(pending: list[Entry | Pack], left: float | None, log=print) -> Entry | Pack | None:
+    """Take from ``pending`` the next unit to start with ``left`` seconds of budget (None: no budget): the
+    first whose :func:`reserved` fits; a first pack too long for it is split first into the part that fits."""
+    head = pending[0]
+    if left is not None and isinstance(head, Pack) and reserved(head) > left:  # the part of it that fits
+        margin = reserved(head) / head.cost
+        per_run = margin * (head.cost - STARTUP_SECONDS) / len(head.entries)
+        runs = int((left - margin * STARTUP_SECONDS) // max(per_run, 1e-9))
+        if runs >= 1:
+            part, rest = head.split(runs)
+            pending[0:1] = [part, rest]
+            log(f"budget: {part.describe()} of the {len(head.entries)} fits in {_hms(left)}")
+    pick = next((e for e in pending if left is None or reserved(e) <= left), None)
+    if pick is not None:
+        pending.remove(pick)
+    return pick
+
+
+def preview(units: list[Entry | Pack], budget: float, workers: int = 1) -> list[tuple[float, Entry | Pack]]:
+    """(start second, unit) of what :func:`run_queue` with this ``budget`` would start if every unit took
+    its estimate: what a budgeted call (the GPU script's) will try, seen before it spends device time."""
+    pending = [u for u in units if not u.stored and not u.missing]
+    running: list[float] = []  # the estimated end of each unit started
+    now, started = 0.0, []
+    while pending:
+        while len(running) < workers and pending:
+            pick = next_unit(pending, budget - now, log=lambda line: None)
+            if pick is None:
+                break
+            started.append((now, pick))
+            running.append(now + pick.cost)
+        if not running:
+            break
+        now = min(running)
+        running.remove(now)
+    return started
+
+
+def format_preview(started: list[tuple[float, Entry | Pack]], budget: float, workers: int = 1) -> str:
+    runs = sum(len(unit.items) for _, unit in started)
+    lines = [f"With a budget of {budget:.0f} s and {workers} worker(s), by the estimates this queue would start "
+             f"{len(started)} unit(s) of {runs} run(s):"]
+    lines += [f"  at {_hms(at)}  ≈ {_hms(unit.cost)}  {unit.describe()}  [{unit.how}]" for at, unit in started]
+    return "\n".join(lines)
+
+
 def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float | None = None, workers: int = 1,
               device: str = "cpu", log=print, command=_command, grace: float = 0.1, poll: float = 0.5,
               claims: bool = True, cost_model: CostModel | None = None) -> Outcome:
@@ -997,23 +1125,13 @@ def run_queue(entries: list[Entry | Pack], profile: str = "paper", budget: float
         now = time.monotonic() - t0
         while len(running) < workers and pending:
             left = None if budget is None else budget - now
-            head = pending[0]
-            if left is not None and isinstance(head, Pack) and reserved(head) > left:  # the part of it that fits
-                margin = reserved(head) / head.cost
-                per_run = margin * (head.cost - STARTUP_SECONDS) / len(head.entries)
-                runs = int((left - margin * STARTUP_SECONDS) // max(per_run, 1e-9))
-                if runs >= 1:
-                    part, rest = head.split(runs)
-                    pending[0:1] = [part, rest]
-                    log(f"budget: {part.describe()} of the {len(head.entries)} fits in {_hms(left)}")
-            pick = next((e for e in pending if left is None or reserved(e) <= left), None)
+            pick = next_unit(pending, left, log)
             if pick is None:
                 if not running:
                     log(f"budget: the next run needs ≈ {_hms(min(reserved(e) for e in pending))}, "
                         f"{_hms(max(0.0, left))} left; stopping ({len(pending)} pending)")
                 pending = [] if not running else pending
                 break
-            pending.remove(pick)
             if claims:
                 pick = _claim_unit(pick, outcome, log)
                 if pick is None:

@@ -240,6 +240,39 @@ def test_the_performance_page_bounds_the_gpu_goal_by_the_timed_steps():
     assert "cost 2.000 ms per client with 5 clients" in gpu_goal_text(record, wide)  # its own timing, where stored
 
 
+def test_the_performance_page_costs_the_gpu_goal_by_the_stored_packs():
+    """Stored runs trained in GPU packs at CELM Table 1's CIFAR-10 protocol, by hand: a pack of 2 whose last run
+    ended at 40 s is 20 s per run, a pack of 4 at 100 s is 25 s; the 75 runs at 20 s are 25.0 device-minutes.
+    Runs of another protocol (100 rounds), run alone or on a CPU do not count."""
+    from types import SimpleNamespace
+
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm
+    from fedlib.app.chapters.performance import gpu_packs_text
+
+    table1 = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
+    protocol = table1[0].resolved()
+
+    def run(model="cnn", size=2, wall=40.0, date="d1", device="cuda:0 (NVIDIA H100 80GB HBM3)", **change):
+        meta = {"resolved": {**protocol, "model": model, **change}, "pack": {"size": size}, "wall_time": wall,
+                "date": date, "device": device}
+        return ("key", {"meta": meta})
+
+    runs = [run(wall=39.0), run(wall=40.0), *[run(size=4, wall=100.0, date="d2") for _ in range(4)],
+            run(rounds=100, wall=1.0, date="d3"), run(size=1, wall=1.0, date="d4"),
+            run(wall=1.0, date="d5", device="cpu (x86_64, 2 cores)")]
+    text = gpu_packs_text(table1, SimpleNamespace(by_signature={"a": runs}))
+    assert text == ("NVIDIA H100 80GB HBM3, stored CIFAR-10 runs of this protocol trained in packs: the cnn: 6 stored "
+                    "runs of 2 packs of 2 to 4 runs took 20.0-25.0 device-seconds per run. At the cheapest, CELM Table "
+                    "1's 75 runs take 25.0 device-minutes, everything included; these runs now train the cnn_wide, "
+                    "which no GPU pack has timed yet, so this is a lower bound")
+    wide = [run(model="cnn_wide", wall=90.0, date="d6"), run(model="cnn_wide", wall=90.0, date="d6")]
+    assert gpu_packs_text(table1, SimpleNamespace(by_signature={"a": runs + wide})).endswith(
+        "the cnn_wide: 2 stored runs of 1 packs of 2 runs took 45.0-45.0 device-seconds per run. At the cheapest, "
+        "CELM Table 1's 75 runs take 56.2 device-minutes, everything included")  # their own model's packs, once timed
+    assert gpu_packs_text(table1, SimpleNamespace(by_signature={"a": runs[6:]})) is None
+
+
 def test_with_an_executor_a_pack_is_the_unit_a_worker_receives(tmp_path, monkeypatch):
     import sys
     from concurrent.futures import ThreadPoolExecutor

@@ -168,6 +168,44 @@ def gpu_goal_text(record: dict, configs: list) -> str | None:
             f"against the goal's {GPU_GOAL_MINUTES}-minute call")
 
 
+def gpu_packs_text(configs: list, index=None) -> str | None:
+    """What stored runs trained in GPU packs at the protocol of ``configs`` (CELM Table 1's CIFAR-10 runs: the
+    same dataset, rounds, clients, batch and augmentation, any model or method) cost: each pack's wall time
+    (its last run's) over its runs, evaluation, valuation and the server included; and ``configs`` at the
+    cheapest. None without such runs."""
+    from ..queue import StoredIndex
+
+    def shape(r) -> tuple:
+        return tuple(r.get(k) for k in ("dataset", "rounds", "n_clients", "batch_size", "augment"))
+
+    want = shape(configs[0].resolved())
+    packs: dict[tuple, list[float]] = {}  # (model, device, pack size, date) -> its stored runs' wall times
+    for runs in (index or StoredIndex.read()).by_signature.values():
+        for _, result in runs:
+            meta = result["meta"]
+            size = int((meta.get("pack") or {}).get("size", 1))
+            if size > 1 and "cuda" in str(meta.get("device")) and shape(meta["resolved"]) == want:
+                device = str(meta["device"]).split("(", 1)[-1].rstrip(")")
+                packs.setdefault((meta["resolved"]["model"], device, size, meta.get("date")), []).append(
+                    float(meta["wall_time"]))
+    if not packs:
+        return None
+    per_run = {p: max(walls) / p[2] for p, walls in packs.items()}
+    parts = []
+    for model in sorted({p[0] for p in packs}):
+        mine = sorted(v for p, v in per_run.items() if p[0] == model)
+        sizes = sorted({p[2] for p in packs if p[0] == model})
+        runs = sum(len(walls) for p, walls in packs.items() if p[0] == model)
+        parts.append(f"the {model}: {runs} stored runs of {len(mine)} packs of {' to '.join(map(str, sizes[::max(1, len(sizes) - 1)]))} "
+                     f"runs took {mine[0]:.1f}-{mine[-1]:.1f} device-seconds per run")
+    own = [v for p, v in per_run.items() if p[0] == configs[0].model]  # the runs' own model, where timed
+    note = ("" if own else
+            f"; these runs now train the {configs[0].model}, which no GPU pack has timed yet, so this is a lower bound")
+    return (f"{', '.join(sorted({p[1] for p in packs}))}, stored CIFAR-10 runs of this protocol trained in packs: "
+            f"{'; '.join(parts)}. At the cheapest, CELM Table 1's {len(configs)} runs take "
+            f"{len(configs) * min(own or per_run.values()) / 60:.1f} device-minutes, everything included{note}")
+
+
 def _cores_of(device: str) -> int:
     """Cores named in a CPU device string ("cpu (x86_64, 2 cores, ...)"); GPUs: a large number (no load check)."""
     import re
@@ -321,7 +359,7 @@ class Performance(Chapter):
         from . import celm
 
         table1 = celm.experiment_configs(book.load_profile("celm", "paper"), "table1_cifar10")
-        lines, goals = [], []
+        lines, goals = [], [text] if (text := gpu_packs_text(table1)) else []
         for path, record in stored_benchmarks("packed_*.json"):
             goals += [text] if (text := gpu_goal_text(record, table1)) else []
             table = packed_table(record)

@@ -67,6 +67,12 @@ prepare() {
     carried=$(du -sb "$CARRY" | cut -f1)
     echo "carry $(( carried / 1048576 )) MiB + tracked files $(( tracked / 1048576 )) MiB (the device tool takes 64 MiB in all)"
     [ $(( carried + tracked )) -lt $(( 64 * 1048576 )) ] || { echo "too large for the device tool" >&2; return 1; }
+    # the stored runs are tracked and travel too: how many more fit, at their mean size
+    local runs run_bytes
+    runs=$(git ls-files results/runs | wc -l)
+    run_bytes=$(git ls-files -z results/runs | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+    [ "$runs" -gt 0 ] && echo "stored runs: $runs, $(( run_bytes / runs / 1024 )) KiB each on average; room for about" \
+        "$(( (64 * 1048576 - carried - tracked) / (run_bytes / runs) )) more before the working tree is too large"
     # what the call's queue will start, by the estimates, seen before device time is spent: its budget as
     # run_on_device computes it, with setup and preflight at 30 s (24-28 s in the logs of earlier calls)
     local budget=$(( (${BUDGET_S:-480} - ${BENCH_S:-0} - 30 - 5) * 10 / 11 )) part=(--gpu-only)

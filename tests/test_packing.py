@@ -268,7 +268,7 @@ def test_the_performance_page_costs_the_gpu_goal_by_the_stored_packs():
                     "which no GPU pack has timed yet, so this is a lower bound")
     wide = [run(model="cnn_wide", wall=90.0, date="d6"), run(model="cnn_wide", wall=90.0, date="d6")]
     assert gpu_packs_text(table1, SimpleNamespace(by_signature={"a": runs + wide})).endswith(
-        "the cnn_wide: 2 stored runs of 1 packs of 2 runs took 45.0-45.0 device-seconds per run. At the cheapest, "
+        "the cnn_wide: 2 stored runs of 1 pack of 2 runs took 45.0-45.0 device-seconds per run. At the cheapest, "
         "CELM Table 1's 75 runs take 56.2 device-minutes, everything included")  # their own model's packs, once timed
     assert gpu_packs_text(table1, SimpleNamespace(by_signature={"a": runs[6:]})) is None
 

@@ -436,9 +436,9 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
     assert main(["results", "--list", "--summary", "--only", "fedavg", "--profile", "smoke", "--pack", "on",
                  "--budget", "100000"]) == 0
     out = capsys.readouterr().out
-    pending = len([i for i in queue.unique(queue.chapter_items("fedavg", "smoke"))])
+    pending = len(queue.unique(queue.chapter_items("fedavg", "smoke")))
     assert "packs: 1 pack(s) of" in out
-    assert f"With a budget of 100000 s and 1 worker(s), by the estimates this queue would start 1 unit(s) of {pending} " \
-           f"run(s):" in out
+    assert (f"With a budget of 100000 s and 1 worker(s), by the estimates this queue would start 1 unit(s) of "
+            f"{pending} run(s):") in out
     assert main(["results", "--list", "--only", "fedavg", "--profile", "smoke", "--budget", "1"]) == 0
     assert "would start 0 unit(s) of 0 run(s):" in capsys.readouterr().out

@@ -18,8 +18,8 @@ similar group that has any: same runner, dataset, model and method; else same ru
 model and method; else same runner and model (scaled by :data:`METHOD_FACTOR`); else same
 model. A model with no stored run on that kind of device takes other models' runs of the same runner
 and dataset, scaled by the two models' FLOPs per sample (:func:`model_flops`; models of like size
-only; runs of the same size first), and is not counted as measured (:func:`reserved` keeps its margin). With nothing similar
-stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
+only; runs of the same size first), and is not counted as measured (:func:`reserved` keeps its
+margin). With nothing similar stored, :data:`FALLBACK_SECONDS_PER_1000` (seconds per 1,000
 sample passes, by model and device kind: one-thread CPU figures measured here for the MLP and
 LeNet-5, scaled by model size for the CNNs; the GPU's MLP figure from
 benchmarks/results/peers_nvidia-h200.json, its CNN figure from packed_nvidia-h100.json (a run alone,

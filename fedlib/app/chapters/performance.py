@@ -196,8 +196,9 @@ def gpu_packs_text(configs: list, index=None) -> str | None:
         mine = sorted(v for p, v in per_run.items() if p[0] == model)
         sizes = sorted({p[2] for p in packs if p[0] == model})
         runs = sum(len(walls) for p, walls in packs.items() if p[0] == model)
-        parts.append(f"the {model}: {runs} stored runs of {len(mine)} packs of {' to '.join(map(str, sizes[::max(1, len(sizes) - 1)]))} "
-                     f"runs took {mine[0]:.1f}-{mine[-1]:.1f} device-seconds per run")
+        span = " to ".join(map(str, sizes[::max(1, len(sizes) - 1)]))  # the smallest and largest pack
+        parts.append(f"the {model}: {runs} stored runs of {len(mine)} pack{'s' * (len(mine) > 1)} of {span} runs "
+                     f"took {mine[0]:.1f}-{mine[-1]:.1f} device-seconds per run")
     own = [v for p, v in per_run.items() if p[0] == configs[0].model]  # the runs' own model, where timed
     note = ("" if own else
             f"; these runs now train the {configs[0].model}, which no GPU pack has timed yet, so this is a lower bound")

@@ -35,6 +35,7 @@ source gets a new cache file (old ones can be deleted by hand).
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -58,6 +59,7 @@ import torch
 from PIL import Image
 
 from .cache import atomic_write_text, default_cache_root, read_regular
+from .errors import SHOWN_CHARS, clipped
 
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 CIFAR10_JPEG = Path("cifar10-jpeg") / "cifar10-jpeg.tar.gz"
@@ -130,37 +132,74 @@ class DataAccessError(DataNotFoundError):
     (permission); the message is one line naming the path."""
 
 
-def _check_data_path(path: Path, label: str) -> None:
-    """Only regular files and directories are data: a FIFO (blocks), a device or anything under
-    /dev (``/dev/zero`` reads forever) is refused before it is opened; so is an unreadable path."""
-    real = os.path.realpath(path)
-    if real == "/dev" or real.startswith("/dev/"):
-        raise DataAccessError(f"{label}: {path} is under /dev (a device, not data); refused")
+def path_problem(path, *, directory: bool = False) -> str | None:
+    """Why ``path`` cannot be data, in words (None: it can be, or it does not exist yet): a NUL byte,
+    anything under /dev (``/dev/zero`` reads forever), a loop of symbolic links, a FIFO (blocks), a
+    device or socket, a path that cannot be read; with ``directory``, anything but a directory.
+    Checked before anything is opened; the one statement of these rules (configs use it too)."""
     try:
-        mode = os.stat(path).st_mode
-    except PermissionError:
-        raise DataAccessError(f"{label}: {path}: permission denied") from None
+        text = os.fspath(path)
+    except TypeError:
+        return f"is not a path ({type(path).__name__})"
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    if "\x00" in text:
+        return "contains a NUL byte"
+    real = os.path.realpath(text)
+    if real == "/dev" or real.startswith("/dev/"):
+        return "is under /dev (a device, not data)"
+    try:
+        mode = os.stat(text).st_mode
     except FileNotFoundError:
-        return  # the caller says what is missing
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
-            "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        raise DataAccessError(f"{label}: {path} is {kind}, not a regular file or directory; refused")
+        return None  # the caller says what is missing (or a download makes it)
+    except PermissionError:
+        return "permission denied"
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        return f"cannot be read ({err.strerror or type(err).__name__})"
+    except ValueError as err:
+        return f"cannot be read ({_one_line(err)})"
+    if stat.S_ISDIR(mode) or (stat.S_ISREG(mode) and not directory):
+        return None
+    kind = "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else \
+        "a socket" if stat.S_ISSOCK(mode) else "a file" if stat.S_ISREG(mode) else "not a regular file"
+    return f"is {kind}, not a directory" if directory else f"is {kind}, not a regular file or directory"
+
+
+def _check_data_path(path: Path, label: str, directory: bool = False) -> None:
+    """Only regular files and directories are data (see :func:`path_problem`); anything else is a
+    one-line DataAccessError naming the path, before it is opened."""
+    problem = path_problem(path, directory=directory)
+    if problem is not None:
+        raise DataAccessError(f"{clipped(label)}: {clipped(path, 2 * SHOWN_CHARS)} {problem}; refused")
 
 
 def _access_errors_in_one_line(function):
     """A PermissionError (or another OS error naming a file) while reading data becomes a one-line
-    DataAccessError naming the path, not a traceback."""
+    DataAccessError naming the path, not a traceback; so does a path that cannot be data (a NUL byte,
+    a loop of symbolic links)."""
     import functools
 
     @functools.wraps(function)
     def wrapper(name, *args, **kwargs):
+        root = kwargs.get("root", args[0] if args else None)
+        if root is not None and isinstance(name, str) and name != "synthetic":
+            _check_data_path(root, f"{name}: data root", directory=True)
         try:
             return function(name, *args, **kwargs)
+        except DataNotFoundError:
+            raise
         except PermissionError as err:
-            raise DataAccessError(f"{name}: {err.filename or 'a data file'}: permission denied") from None
+            raise DataAccessError(f"{clipped(name)}: {clipped(err.filename or 'a data file', 2 * SHOWN_CHARS)}: "
+                                  "permission denied") from None
         except IsADirectoryError as err:
-            raise DataAccessError(f"{name}: {err.filename}: a directory where a file was expected") from None
+            raise DataAccessError(f"{clipped(name)}: {clipped(err.filename, 2 * SHOWN_CHARS)}: a directory where a "
+                                  "file was expected") from None
+        except OSError as err:  # a loop of symbolic links, an I/O error, a name too long
+            where = clipped(err.filename, 2 * SHOWN_CHARS) if err.filename else "a data file"
+            raise DataAccessError(f"{clipped(name)}: {where}: cannot be read "
+                                  f"({err.strerror or type(err).__name__})") from None
 
     return wrapper
 

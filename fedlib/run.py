@@ -70,6 +70,9 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
 def _as_config(config) -> RunConfig:
     if isinstance(config, RunConfig):
         return config
+    if config is None:  # not the 20-round default protocol by accident: the defaults are asked for explicitly
+        raise ConfigError("run: config is None; pass a RunConfig or a mapping of config keys (e.g. "
+                          "fedlib.make_config(dataset='synthetic', rounds=1); make_config() gives the defaults)")
     return make_config(config)  # a path, list, number, ... gives a one-line ConfigError
 
 

@@ -7,9 +7,12 @@ the Run button trains real federations in the browser. ``python -m fedlib explor
 Safety (issue 33): Voilà listens on 127.0.0.1 only, with a random token that is part of the printed
 URL (a page without it is refused); requests whose Host header is not a loopback address or
 ``localhost`` are refused (403), so a DNS-rebinding page cannot reach the widgets. Voilà itself
-turns that check off (``allow_remote_access``); its ``tornado_settings`` turn it back on. Idle
-kernels (one per page load, about 1 GB each) are shut down after ``CULL_IDLE_S`` seconds without
-activity and without a connected page. The settings and the token travel in a private config file
+turns that check off (``allow_remote_access``); its ``tornado_settings`` turn it back on, and send
+``Referrer-Policy: no-referrer`` on every page (the token in the URL never leaks to another site through a
+Referer header). Kernels: one per page load (a browser connection; Voilà shuts it down when the page
+closes), about 1 GB each, at most ``MAX_KERNELS`` at once: starting one more shuts the oldest down first
+(:class:`CappedKernelManager`); idle ones without a connected page are shut down after ``CULL_IDLE_S``
+seconds. The settings and the token travel in a private config file
 (mode 0600, deleted once Voilà has read it), not on the command line where ``ps`` shows them; only
 that file is read (``config_file_paths``), not a ``voila.json``/``voila.py`` in the working folder.
 SIGTERM and SIGINT stop Voilà, which shuts its kernels down. The printed URL carries the port
@@ -33,12 +36,17 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..errors import ConfigError
+from ..limits import check_port
 from .book import book_dir
 
 NOTEBOOK = "explore.ipynb"
 LOCAL_HOSTNAMES = ["localhost"]  # besides loopback IP addresses, which jupyter_server always accepts
 CULL_IDLE_S = 600  # shut down a kernel idle this long with no page connected ...
 CULL_INTERVAL_S = 60  # ... checked this often
+MAX_KERNELS = 3  # kernels at once (one per browser connection); a new one shuts the oldest down first
+HEADERS = {"Referrer-Policy": "no-referrer"}  # on every page Voilà serves
+KERNEL_MANAGER = "fedlib.app.explore.CappedKernelManager"
 STOP_WAIT_S = 20.0  # how long Voilà gets to shut its kernels down before it is killed
 RUNNING_AT = re.compile(r"^\s*https?://(?:127\.0\.0\.1|localhost|\[::1\]):(\d+)/")
 
@@ -59,11 +67,69 @@ def voila_config(token: str) -> dict:
         "Voila": {
             "token": token, "ip": "127.0.0.1", "open_browser": False,
             # Voilà's standalone app sets allow_remote_access=True; these settings are applied after its own
-            "tornado_settings": {"allow_remote_access": False, "local_hostnames": LOCAL_HOSTNAMES},
+            "tornado_settings": {"allow_remote_access": False, "local_hostnames": LOCAL_HOSTNAMES,
+                                 "headers": dict(HEADERS)},
         },
+        "VoilaConfiguration": {"multi_kernel_manager_class": KERNEL_MANAGER},
+        "CappedKernelManager": {"max_kernels": MAX_KERNELS},
         "MappingKernelManager": {"cull_idle_timeout": CULL_IDLE_S, "cull_interval": CULL_INTERVAL_S,
                                  "cull_connected": False, "cull_busy": False},
     }
+
+
+async def make_room(manager, order: list[str], limit: int) -> list[str]:
+    """Shut down the oldest of ``manager``'s kernels (``order``: ids oldest first, kept up to date) until
+    fewer than ``limit`` run, so that one more may start; returns the ids shut down."""
+    running = list(manager.list_kernel_ids())
+    order[:] = [k for k in order if k in running] + [k for k in running if k not in order]
+    culled = []
+    while order and len(order) >= max(1, limit):
+        oldest = order.pop(0)
+        manager.log.warning("fedlib explore: %d kernel(s) running, at most %d: shutting down the oldest (%s)",
+                            len(order) + 1, limit, oldest)
+        await manager.shutdown_kernel(oldest, now=True)
+        culled.append(oldest)
+    return culled
+
+
+def _capped_kernel_manager():
+    """The kernel manager class Voilà runs with (``VoilaConfiguration.multi_kernel_manager_class``):
+    jupyter_server's, with at most ``max_kernels`` kernels. Built on first use (jupyter_server is the
+    book extra's)."""
+    import asyncio
+
+    from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+    from traitlets import Integer
+
+    class CappedKernelManager(AsyncMappingKernelManager):
+        """At most ``max_kernels`` kernels at once: starting one more shuts the oldest down first."""
+
+        max_kernels = Integer(MAX_KERNELS, config=True, help="kernels at once; a new one shuts the oldest down")
+
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self._order: list[str] = []
+            self._starting = None
+
+        async def start_kernel(self, *, kernel_id=None, **kwargs):
+            if kernel_id is not None and kernel_id in self:  # not a new kernel
+                return await super().start_kernel(kernel_id=kernel_id, **kwargs)
+            self._starting = self._starting or asyncio.Lock()
+            async with self._starting:  # pages loading at once still make room one after the other
+                await make_room(self, self._order, self.max_kernels)
+                started = await super().start_kernel(kernel_id=kernel_id, **kwargs)
+                self._order.append(started)
+                return started
+
+    CappedKernelManager.__module__, CappedKernelManager.__qualname__ = __name__, "CappedKernelManager"
+    return CappedKernelManager
+
+
+def __getattr__(name: str):
+    if name == "CappedKernelManager":  # the class Voilà imports by name (KERNEL_MANAGER)
+        cls = globals()["CappedKernelManager"] = _capped_kernel_manager()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def write_config(token: str) -> Path:
@@ -187,6 +253,12 @@ class _Stop(Exception):
 def serve(port: int = 8866, open_browser: bool = False, command: list[str] | None = None) -> int:
     """Serve the explorer until SIGINT (Ctrl-C) or SIGTERM; prints the URL (with its token and the
     port Voilà took). Either signal stops Voilà and its kernels; returns 0 then."""
+
+    try:
+        port = check_port(port)
+    except ConfigError as err:
+        print(f"fedlib explore: {err}", file=sys.stderr)
+        return 2
 
     def on_signal(signum, frame):
         raise _Stop(signal.Signals(signum).name)

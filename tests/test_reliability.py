@@ -1299,7 +1299,8 @@ def test_33_5_voila_is_configured_for_localhost_a_token_a_host_check_and_culling
         assert app.config_file_paths == [str(folder)]  # not the working folder's voila.json
         app.load_config_file("voila", path=app.config_file_paths)
         assert app.token == token and len(token) >= 40 and app.ip == "127.0.0.1" and app.open_browser is False
-        assert app.tornado_settings == {"allow_remote_access": False, "local_hostnames": ["localhost"]}
+        assert app.tornado_settings == {"allow_remote_access": False, "local_hostnames": ["localhost"],
+                                        "headers": {"Referrer-Policy": "no-referrer"}}
         kernels = app.config.MappingKernelManager
         assert kernels.cull_idle_timeout == explore.CULL_IDLE_S > 0 and kernels.cull_interval > 0
         assert kernels.cull_connected is False and kernels.cull_busy is False

@@ -11,7 +11,9 @@ missing; in an ordinary cache it is set aside as ``<key>.json.invalid-<n>`` (kep
 inspection), in a protected store (``protect=True``, the committed ``results/``) a reader
 leaves it where it is. Only regular files are read (a symbolic link, FIFO or device is refused
 without being opened), at most :data:`MAX_ENTRY_BYTES` of them. No reader removes anything, not
-even a killed writer's temporary file (a writer does, once it is an hour old).
+even a killed writer's temporary file (a writer does, once it is an hour old). A store's folder is
+listed by :func:`scan_folder` (``lstat`` only): an entry-named file no reader opens (a link, looping,
+dangling or not, a FIFO, a directory, a name that is not a key) is left out with one line, never moved.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import warnings
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -137,6 +141,105 @@ def atomic_write_text(path: Path, text: str | bytes) -> None:
         raise
 
 
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")  # what a key may be (config keys are hex)
+
+
+def shown_name(name: str, limit: int = 120) -> str:
+    """A file name as one printable line: bytes that are not UTF-8 as ``\\xNN``, control characters
+    escaped, at most ``limit`` characters."""
+    text = os.fsencode(name).decode("utf-8", "backslashreplace")
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def special_kind(path: Path, info: os.stat_result, root: Path) -> str:
+    """What a file that is not a regular one is, in words (a link: looping, dangling or leaving ``root``)."""
+    if stat.S_ISLNK(info.st_mode):
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        shown = shown_name(target, 60)
+        try:
+            resolved = path.resolve(strict=True)
+        except FileNotFoundError:
+            return f"a dangling symbolic link (to {shown})"
+        except (OSError, RuntimeError):  # ELOOP (RuntimeError before Python 3.13)
+            return "a symbolic link that loops"
+        try:
+            resolved.relative_to(root.resolve())
+            return f"a symbolic link (to {shown})"
+        except (ValueError, OSError, RuntimeError):
+            return f"a symbolic link to outside the store ({shown})"
+    if stat.S_ISFIFO(info.st_mode):
+        return "a FIFO"
+    if stat.S_ISDIR(info.st_mode):
+        return "a directory"
+    if stat.S_ISCHR(info.st_mode) or stat.S_ISBLK(info.st_mode):
+        return "a device"
+    if stat.S_ISSOCK(info.st_mode):
+        return "a socket"
+    return "not a regular file"
+
+
+@dataclass
+class StoreScan:
+    """A store folder as files (:func:`scan_folder`): ``entries`` (key, path) of the regular files a
+    reader may open, one per key (the one :meth:`ResultCache.path` reads: compressed first), sorted by
+    key; ``left_out`` one line ``<name> (<why>)`` per entry-named file no reader opens (a link, a FIFO,
+    a directory, a device, a name that is not a key)."""
+
+    root: Path
+    entries: list[tuple[str, Path]] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+
+
+def scan_folder(root: Path) -> StoreScan:
+    """The entry-named files (``*.json``, ``*.json.gz``, not hidden) of ``root``, each looked at with
+    ``lstat`` only: nothing is opened, followed, moved or deleted; a missing folder is an empty store."""
+    root = Path(root)
+    out = StoreScan(root)
+    found = []
+    try:
+        with os.scandir(root) as listing:
+            for e in listing:
+                if e.name.startswith(".") or not e.name.endswith((".json", ".json.gz")):
+                    continue
+                try:
+                    found.append((e.name, os.lstat(e.path)))
+                except OSError:  # gone meanwhile: not in the store
+                    continue
+    except (FileNotFoundError, NotADirectoryError):
+        return out
+    except OSError as err:
+        out.left_out.append(f"{shown_name(root.name)} (the store folder is unreadable: {err.strerror})")
+        return out
+    by_key: dict[str, dict[str, os.stat_result]] = {}
+    for name, info in found:
+        by_key.setdefault(key_of(Path(name)), {})[name] = info
+    for key in sorted(by_key, key=os.fsencode):
+        forms = by_key[key]
+        name = f"{key}.json.gz" if f"{key}.json.gz" in forms else f"{key}.json"  # as ResultCache.path reads it
+        info, path = forms[name], root / name
+        if not stat.S_ISREG(info.st_mode):
+            out.left_out.append(f"{shown_name(name)} ({special_kind(path, info, root)}, not a regular file)")
+        elif not _utf8(key):
+            out.left_out.append(f"{shown_name(name)} (its name is not valid UTF-8)")
+        elif not KEY_NAME.fullmatch(key):
+            out.left_out.append(f"{shown_name(name)} (its name is not a key: letters, digits, '.', '_', '-')")
+        else:
+            out.entries.append((key, path))
+    return out
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes of the name, kept as surrogates by os.fsdecode
+        return False
+    return True
+
+
 def _report(path: Path, problem: str, action: str) -> None:
     if (str(path), problem) not in _REPORTED:
         _REPORTED.add((str(path), problem))
@@ -162,6 +265,10 @@ class ResultCache:
             return []
         keys = {key_of(p) for pattern in ("*.json", "*.json.gz") for p in self.root.glob(pattern)}
         return [self.path(key) for key in sorted(keys)]
+
+    def scan(self) -> "StoreScan":
+        """The store's folder as files, without opening any: :class:`StoreScan`."""
+        return scan_folder(self.root)
 
     def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
         """Temporary files of writers killed mid-write (never read as entries) are removed once
@@ -200,6 +307,12 @@ class ResultCache:
             return None, str(err)
         except OSError as err:
             return None, f"unreadable ({err.strerror or type(err).__name__})"
+        return self.parse(path, content)
+
+    @staticmethod
+    def parse(path: Path, content: bytes) -> tuple[dict | None, str | None]:
+        """(payload, None) of the bytes ``content`` of the entry file ``path`` (gzip when its name ends in
+        ``.gz``) when they hold an entry with a matching checksum, else (None, problem)."""
         try:
             entry = json.loads(gunzip_bounded(content) if path.name.endswith(".gz") else content)
             payload = entry["payload"]

@@ -4,6 +4,7 @@ records (what produced it: key, config, rule versions, data, versions, device, d
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +218,120 @@ def read_stored(store, paths) -> Iterator[tuple[Path, dict | None, dict | None, 
         payload, problem = store.read(key_of(path))
         result = run_of(payload) if payload else None
         yield path, payload, result, problem or check_result(result)
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One valid entry of the store: its file, key, entry (``stored_payload``), run (:func:`run_of`) and
+    its config as this version reads it (a ``RunConfig``, or a ``ScmConfig`` for a FedSCM pipeline)."""
+
+    path: Path
+    key: str
+    entry: dict
+    result: dict
+    config: Any
+
+    def agrees(self) -> bool:
+        """Whether the entry's own config, on the data its run recorded, has the file's key: its name, its
+        config and its run's record tell the same story (a current run; a re-signed or renamed one does not)."""
+        try:
+            return self.config.key(self.result.get("meta", {}).get("data") or {}) == self.key
+        except Exception:  # noqa: BLE001 - a config that cannot make its key does not agree
+            return False
+
+
+@dataclass
+class StoreListing:
+    """The store of runs as readers see it (:func:`list_store`): ``runs``, the valid entries by key;
+    ``left_out``, one line ``<name> (<why>)`` per file no reader uses (left where it is); ``signature``,
+    a digest of the whole store (names, kinds and content checksums) that changes with any file."""
+
+    root: Path
+    runs: list[StoredRun]
+    left_out: list[str]
+    signature: str
+
+    def engine_runs(self) -> list[StoredRun]:
+        """The runs of the round engine (``RunConfig``); FedSCM pipelines are read by their own chapter."""
+        return [r for r in self.runs if isinstance(r.config, RunConfig)]
+
+
+# what reading a store found, by folder: its last listing, and each file's verdict by (name, content digest)
+_LISTINGS: dict[Path, StoreListing] = {}
+_VERDICTS: dict[Path, dict[tuple[str, str], tuple[StoredRun | None, str | None]]] = {}
+
+
+def stored_config(raw: Any, result: Any) -> tuple[Any, str | None]:
+    """(config, None): a stored entry's ``config`` as this version reads it (a ``RunConfig``; a
+    ``ScmConfig`` when its run is a FedSCM pipeline's), with the run valid for it (:func:`check_result`);
+    else (None, why), one line."""
+    from .config import ScmConfig
+
+    pipeline = isinstance(result, dict) and isinstance(result.get("methods"), dict)
+    problem = None if pipeline else check_result(result)
+    if problem:
+        return None, problem
+    try:
+        config = (ScmConfig if pipeline else RunConfig).make(raw, "config")
+    except Exception as err:  # noqa: BLE001 - an unknown method, an old layout: one line, never a traceback
+        text = " ".join(str(err).split()).removeprefix("config: ") or type(err).__name__
+        return None, f"its config is not one this version reads: {text[:160]}"
+    return config, None
+
+
+def list_store(root: str | Path | None = None) -> StoreListing:
+    """Every file of the store ``root`` (default: the repository's ``results/runs/``), judged once: the
+    ONE listing of stored runs the book, the queue, the claims and the migration read.
+
+    A file is left out, with one line, when it is not a regular file (a symbolic link, looping, dangling
+    or pointing anywhere, a FIFO, a directory, a device), when its name is not a key (not UTF-8, odd
+    characters), when it is unreadable, too large or fails its checksum, or when its config is not one
+    this version reads (an unknown method) or its run is not a valid one. Nothing is moved, renamed or
+    deleted. Each call reads the files' bytes (bounded, regular files only); an entry is parsed again only
+    when its content changed, and while nothing changed the same listing is returned."""
+    from .cache import ResultCache, read_regular, scan_folder
+
+    folder = Path(root) if root is not None else runs_dir()
+    scan = scan_folder(folder)
+    known = _VERDICTS.get(folder, {})
+    verdicts: dict[tuple[str, str], tuple[StoredRun | None, str | None]] = {}
+    runs, left_out = [], list(scan.left_out)
+    digest = hashlib.sha256()
+    for line in scan.left_out:
+        digest.update(f"left out {line}\n".encode())
+    for key, path in scan.entries:
+        try:
+            blob = read_regular(path)
+        except FileNotFoundError:  # removed since the scan: not in the store
+            continue
+        except ValueError as err:  # swapped for a special file since the scan, or too large
+            run, problem = None, str(err)
+        except OSError as err:
+            run, problem = None, f"unreadable ({err.strerror or type(err).__name__})"
+        else:
+            content = (path.name, hashlib.sha256(blob).hexdigest())
+            digest.update(f"{content[0]} {content[1]}\n".encode())
+            run, problem = verdicts[content] = known.get(content) or _judge(path, key, blob, ResultCache.parse)
+        if run is not None:
+            runs.append(run)
+            continue
+        digest.update(f"{path.name} ({problem})\n".encode())
+        left_out.append(f"{path.name} ({problem})")
+    _VERDICTS[folder] = verdicts  # only the files there now
+    listing = _LISTINGS.get(folder)
+    if listing is None or listing.signature != digest.hexdigest():  # the same object while nothing changed
+        listing = _LISTINGS[folder] = StoreListing(folder, runs, left_out, digest.hexdigest())
+    return listing
+
+
+def _judge(path: Path, key: str, blob: bytes, parse) -> tuple[StoredRun | None, str | None]:
+    """(the run, None) of an entry file's bytes, or (None, why it is left out)."""
+    entry, problem = parse(path, blob)
+    if problem is not None:
+        return None, problem
+    result = run_of(entry)
+    config, problem = stored_config(entry.get("config"), result)
+    return (None, problem) if problem else (StoredRun(path, key, entry, result, config), None)
 
 
 def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:

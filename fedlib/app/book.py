@@ -29,14 +29,14 @@ from typing import Any
 import torch
 import yaml
 
-from ..cache import ResultCache, atomic_write_text, default_cache_root, key_of
+from ..cache import ResultCache, atomic_write_text, default_cache_root
 from ..config import RunConfig, make_config
 from ..methods import METHODS
 from ..provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
 from ..results import (
     RunResult,
+    list_store,
     placement_free,
-    read_stored,
     result_check,
     runs_dir,
     store_run,
@@ -257,8 +257,8 @@ class Stored:
             for name, info in self.stale.items():
                 text += f"\n- {name}: {'; '.join(info['changed'])}"
         if self.skipped:
-            text += (f"\nSkipped {len(self.skipped)} stored file(s) whose config no longer matches (or unreadable): "
-                     + ", ".join(self.skipped))
+            text += (f"\nLeft out {len(self.skipped)} file(s) of the store (not read, left as they are: unreadable, "
+                     "not a regular file, or not a run this version reads): " + ", ".join(self.skipped))
         return text
 
 
@@ -314,20 +314,19 @@ def stored_results(chapter: str, configs) -> Stored:
 
     unverified = {made_by(c.resolved(), c.rule_versions()): k for k, (c, fp) in wanted.items()
                   if fp.get("sha256") is None}
-    store = ResultCache(results_dir(), protect=True)
-    out = Stored({}, {}, [])
-    for path, payload, result, problem in read_stored(store, store.entry_paths()):
-        if problem:
-            out.skipped.append(f"{path.name} ({problem})")
-            continue
+    listing = list_store(results_dir())  # every file judged once: links, FIFOs, odd names, invalid ones left out
+    out = Stored({}, {}, list(listing.left_out))
+    for run in listing.engine_runs():
+        path, payload, result, stem = run.path, run.entry, run.result, run.key
         meta = result["meta"]
         made = made_by(meta.get("resolved"), meta.get("rule_versions"))
-        stem = key_of(path)
         key = stem if stem in wanted else unverified.get(made)
         # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
         # result_check compares the config without its placement, the rule versions and the data; without
-        # the data here, the file's key must be the config's key on the data the run recorded
-        if key is not None and (stem in wanted or wanted[key][0].key(meta.get("data") or {}) == stem):
+        # the data here, the file's key must be the config's key on the data the run recorded; and the
+        # entry's own config must have the file's key (a re-signed entry naming another config is not current)
+        if key is not None and (stem in wanted or wanted[key][0].key(meta.get("data") or {}) == stem) \
+                and run.agrees():
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
             if check(result) is None:
@@ -336,8 +335,7 @@ def stored_results(chapter: str, configs) -> Stored:
                                        **{k: meta.get(k) for k in ("resolved", "rule_versions", "data", "rekeyed")},
                                        "data_unverified": fingerprint.get("sha256") is None}
                 continue
-        parsed = _parse_config(payload.get("config"))
-        same = as_written.get(json.dumps(parsed.to_dict(), sort_keys=True)) if parsed is not None else None
+        same = as_written.get(json.dumps(run.config.to_dict(), sort_keys=True))
         if same is None:  # another chapter's run (one store for all)
             continue
         config, fingerprint = wanted[same]
@@ -455,18 +453,21 @@ def write_api_tables(stage: Path) -> list[Path]:
 
 
 def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
-    """Hash of what a chapter's output depends on: source, parameters, fedlib, references."""
+    """Hash of what a chapter's output depends on: source, parameters, fedlib, references, and the
+    store of runs as a whole (:func:`fedlib.results.list_store`'s signature: every entry's content and
+    every file left out, by name and why), so a page built while the store was damaged (a link, a
+    FIFO, an odd name, an invalid entry) is executed again once the store is repaired."""
     h = hashlib.sha256()
     root = repo_root()
     parts = [book_dir() / f"{chapter}.ipynb", root / "params" / chapter / f"{profile}.yaml"]
     parts += sorted((root / "fedlib").rglob("*.py")) + sorted((book_dir() / "reference").glob("*.yaml"))
-    parts += ResultCache(results_dir(), protect=True).entry_paths()  # one store for all
     if chapter == STATUS_PAGE:
         parts += sorted((stage / "_headlines").glob("*.json"))
     for path in parts:
         if path.is_file():
-            h.update(path.name.encode())
+            h.update(os.fsencode(path.name))
             h.update(path.read_bytes())
+    h.update(f"store {list_store(results_dir()).signature}".encode())  # one store for all
     return h.hexdigest()
 
 
@@ -823,6 +824,8 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         + (f" (no timing yet for {', '.join(unknown_time)}: "
            + ("a fixed guess per evidence chapter)" if profile == EVIDENCE else "the queue's cost model for their "
               "runs not in the cache)") if unknown_time else ""))
+    for line in list_store(results_dir()).left_out:  # one line per file no page reads; each page lists them too
+        log(f"results/runs/{line}: left out, not read (left as it is)")
     failures, summary = [], {}
     started = time.perf_counter()
 

@@ -20,9 +20,10 @@ import json
 import os
 from pathlib import Path
 
-from ..cache import ResultCache, key_of
-from ..results import _key_provenance, check_result, result_check, runs_dir
-from .book import _parse_config, what_changed
+from ..cache import ResultCache
+from ..config import RunConfig
+from ..results import _key_provenance, list_store, result_check, runs_dir
+from .book import what_changed
 
 
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
@@ -35,14 +36,11 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
     today = today or _dt.date.today().isoformat()
     report: dict[str, list] = {"rekeyed": [], "current": [], "stale": []}
     store = ResultCache(_existing_runs(root), protect=True)
-    for path in store.entry_paths():
-        stem = key_of(path)
-        payload, problem = store.read(stem)
-        result = (payload or {}).get("result")
-        problem = problem or check_result(result)
-        config = _parse_config(payload.get("config")) if not problem else None
-        if problem or config is None:
-            report["stale"].append((path.name, problem or "its config is not valid any more"))
+    listing = list_store(store.root)  # links, FIFOs, odd names, unreadable or invalid entries: left as they are
+    report["stale"] += [_left_out(line) for line in listing.left_out]
+    for run in listing.runs:
+        path, stem, payload, result, config = run.path, run.key, run.entry, run.result, run.config
+        if not isinstance(config, RunConfig):  # a FedSCM pipeline: keyed by its own config, nothing to re-key
             continue
         fingerprint, meta = config.data_fingerprint(), result["meta"]
         if "rule_versions" not in meta:
@@ -55,7 +53,7 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
         if new == stem:
             report["current"].append(new)
             continue
-        if store.path(new).exists():
+        if os.path.lexists(store.path(new)):  # whatever is there (a damaged file, a link) stays as it is
             report["stale"].append((path.name, f"{store.path(new).name} exists already; left both as they are"))
             continue
         report["rekeyed"].append((stem, new))
@@ -73,16 +71,22 @@ def compress_results(root: str | Path | None = None, dry_run: bool = False) -> l
     A file that fails its checksum is left as it is. Returns the keys compressed."""
     store = ResultCache(_existing_runs(root), protect=True)
     done = []
-    for path in store.entry_paths():
+    for key, path in store.scan().entries:  # regular files with a key's name only
         if path.name.endswith(".gz"):
             continue
-        payload, problem = store.read(key_of(path))
+        payload, problem = store.read(key)
         if payload is None or problem:
             continue
-        done.append(key_of(path))
+        done.append(key)
         if not dry_run:
-            store.put(key_of(path), payload)
+            store.put(key, payload)
     return done
+
+
+def _left_out(line: str) -> tuple[str, str]:
+    """A listing's left-out line ``<name> (<why>)`` as the report's (file, why)."""
+    name, _, why = line.partition(" (")
+    return name, why[:-1] if why.endswith(")") else why
 
 
 def _existing_runs(root: str | Path | None) -> Path:
@@ -114,14 +118,10 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
     target_store = ResultCache(runs_dir(root), protect=True)
     adopted = []
-    for path in sorted(p for d in target_store.root.parent.iterdir() if d.is_dir()
-                       for p in ResultCache(d, protect=True).entry_paths()):
-        payload, problem = ResultCache(path.parent, protect=True).read(key_of(path))
-        result = (payload or {}).get("result")
-        if problem or check_result(result):
-            continue
-        stored = _parse_config(payload.get("config"))
-        if stored is None or getattr(stored, "update_clip", None) is None:
+    folders = sorted(d for d in target_store.root.parent.iterdir() if d.is_dir() and not d.is_symlink())
+    for run in sorted((run for d in folders for run in list_store(d).engine_runs()), key=lambda r: r.path):
+        path, payload, result, stored = run.path, run.entry, run.result, run.config
+        if getattr(stored, "update_clip", None) is None:
             continue
         config = wanted.get(_unclipped(stored))
         if config is None or any(h.get("clipped") for h in result["history"]):
@@ -130,9 +130,9 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
         if result_check(stored, fingerprint)(result) is not None:
             continue  # not current under its own config (other rule, other data)
         new = config.key(fingerprint)
-        if target_store.path(new).exists():  # adopted earlier
+        if os.path.lexists(target_store.path(new)):  # adopted earlier (or a file in the way: left as it is)
             continue
-        note = (f"re-keyed from {path.parent.name}/{key_of(path)} on {today}: computed with update_clip "
+        note = (f"re-keyed from {path.parent.name}/{run.key} on {today}: computed with update_clip "
                 f"{stored.update_clip:g}, and its history shows no update was ever clipped, so it is the run "
                 f"with clipping off")
         adopted.append((f"{path.parent.name}/{path.name}", new, note))

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterable
 from .. import data
 from ..cache import ResultCache, key_of
 from ..provenance import repo_root
-from ..results import placement_free, read_stored, result_check, runs_dir, store_run
+from ..results import StoreListing, StoredRun, list_store, placement_free, result_check, runs_dir, store_run
 from . import chapters
 from .chapters import profiles
 from .sources import check_only
@@ -222,50 +222,50 @@ def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
     return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
 
 
-_INDEXES: dict[Path, tuple[tuple, "StoredIndex"]] = {}  # root -> (its listing, its index)
+_INDEXES: dict[Path, tuple[StoreListing, "StoredIndex"]] = {}  # root -> (its listing, its index)
 
 
 @dataclass
 class StoredIndex:
     """The stored runs of a folder, by what made them (resolved config without placement, rule
-    versions): reading them never moves one; unreadable or invalid files are listed."""
+    versions): reading them never moves one; the files left out of the listing
+    (``fedlib.results.list_store``: links, FIFOs, folders, odd names, unreadable or invalid entries)
+    are listed in ``skipped``, one line each."""
 
     root: Path
-    by_signature: dict[str, list[tuple[str, dict]]] = field(default_factory=dict)  # -> [(key, result)]
+    by_signature: dict[str, list[StoredRun]] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
 
     @classmethod
     def read(cls, root: Path | None = None) -> "StoredIndex":
         """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
-        file there changed (name, size or modification time)."""
-        store = ResultCache(runs_dir(repo_results()) if root is None else root, protect=True)
-        paths = store.entry_paths()
-        listing = tuple((p.name, *((s := p.stat()).st_size, s.st_mtime_ns)) for p in paths)
-        cached = _INDEXES.get(store.root)
-        if cached is not None and cached[0] == listing:
+        file there changed (:func:`fedlib.results.list_store`)."""
+        listing = list_store(runs_dir(repo_results()) if root is None else root)
+        cached = _INDEXES.get(listing.root)
+        if cached is not None and cached[0] is listing:
             return cached[1]
-        index = cls(store.root)
-        _INDEXES[store.root] = (listing, index)
-        for path, _, result, problem in read_stored(store, paths):
-            if problem:
-                index.skipped.append(f"{path.name} ({problem})")
-                continue
-            meta = result["meta"]
+        index = cls(listing.root, skipped=list(listing.left_out))
+        for run in listing.engine_runs():
+            meta = run.result["meta"]
             sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
-            index.by_signature.setdefault(sig, []).append((key_of(path), result))
+            index.by_signature.setdefault(sig, []).append(run)
+        _INDEXES[listing.root] = (listing, index)
         return index
 
     def run_of(self, config, local: dict | None = None) -> tuple[dict, bool] | None:
         """The stored run ``config`` made, judged by the data fingerprint the run recorded, and
-        whether that data is on this machine; None when there is none. ``local``: this machine's
-        fingerprint of the config's data (default: computed); where present it must match."""
+        whether that data is on this machine; None when there is none. The file's key must be the
+        config's key on that data, and the entry's own config must agree (:meth:`StoredRun.agrees`).
+        ``local``: this machine's fingerprint of the config's data (default: computed); where present
+        it must match."""
         candidates = self.by_signature.get(_signature(config.resolved(), config.rule_versions()), [])
         if not candidates:
             return None
         local = config.data_fingerprint() if local is None else local
-        for key, result in candidates:
+        for run in candidates:
+            result = run.result
             recorded = result["meta"].get("data") or {}
-            if not recorded.get("sha256") or config.key(recorded) != key:
+            if not recorded.get("sha256") or config.key(recorded) != run.key or not run.agrees():
                 continue
             if result_check(config, recorded)(result) is not None:
                 continue
@@ -274,6 +274,16 @@ class StoredIndex:
             if local["sha256"] == recorded["sha256"]:
                 return result, True
         return None
+
+
+def left_out_lines() -> list[str]:
+    """One line per file of the queue's stores (where it writes, and the repository's) that no reader
+    uses (:func:`fedlib.results.list_store`), each saying it is left where it is."""
+    lines = []
+    for root in dict.fromkeys((runs_dir(results_root()), runs_dir(repo_results()))):
+        lines += [f"{root.parent.name}/{root.name}/{line}: left out, not read (left as it is)"
+                  for line in list_store(root).left_out]
+    return lines
 
 
 def answers(item: QueueItem, payload: dict) -> str | None:
@@ -370,8 +380,26 @@ def _alive(pid: int) -> bool:
     return True
 
 
+UNREADABLE_CLAIM_S = 60.0  # an unreadable claim may be being written: held this long after its last change
+
+
+def claim_problem(owner: Any) -> str | None:
+    """Why a claim's content is not a claim this queue writes (None when it is): a mapping with a pid
+    (a positive integer) and a host (text). Such a claim holds nothing."""
+    if not isinstance(owner, dict):
+        return f"not a claim ({type(owner).__name__})"
+    pid = owner.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return f"its pid {str(pid)[:40]!r} is not a process id"
+    if not isinstance(owner.get("host"), str):
+        return f"its host {str(owner.get('host'))[:40]!r} is not a host name"
+    return None
+
+
 def claim_owner(key: str, root: Path | None = None) -> dict | None:
-    """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none."""
+    """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none. An unreadable
+    claim (being written, or a folder, a link, a FIFO) is ``{"pid": None, "host": None, "since": <its
+    last change>}``; a readable one that is no claim (:func:`claim_problem`) also has ``"invalid"``: why."""
     from ..cache import read_regular
 
     path = _claim_path(key, root)
@@ -379,10 +407,13 @@ def claim_owner(key: str, root: Path | None = None) -> dict | None:
         owner = json.loads(read_regular(path, limit=4096))
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         owner = None
-    if isinstance(owner, dict):
-        return owner
+    if owner is not None:
+        problem = claim_problem(owner)
+        if problem is None:
+            return owner
+        return {"pid": None, "host": None, "since": 0.0, "invalid": problem}
     try:  # unreadable (being written, or its writer died mid-write): held, until a minute old
         since = os.lstat(path).st_mtime
     except OSError:
@@ -390,10 +421,28 @@ def claim_owner(key: str, root: Path | None = None) -> dict | None:
     return {"pid": None, "host": None, "since": since}
 
 
-def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
+def _remove_claim_file(path: Path) -> None:
+    """Remove a dead claim moved out of the way: a file, a link (not what it points to) or an old
+    directory claim with what it holds."""
+    import shutil
+    import stat as _stat
+
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if _stat.S_ISDIR(info.st_mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def claim(key: str, root: Path | None = None, log: Callable[[str], None] | None = None) -> tuple[bool, dict | None]:
     """Claim the run ``key`` for this process: an atomic exclusive create of ``runs/.<key>.claim``
-    holding the pid and host. A claim whose owner is dead (same host, pid gone), or an unreadable
-    one over a minute old, is taken over; another host's claim holds until it is released.
+    holding the pid and host. A claim whose owner is dead (same host, pid gone), one that is no claim
+    (:func:`claim_problem`: a pid that is not a process id, ...; reported to ``log`` in one line), or an
+    unreadable one (a folder of an older queue, a link, a file cut short) over a minute old, is taken
+    over and removed, leaving nothing behind; another host's claim holds until it is released.
     Returns (claimed, the current owner when not)."""
     import socket
 
@@ -407,31 +456,43 @@ def claim(key: str, root: Path | None = None) -> tuple[bool, dict | None]:
             owner = claim_owner(key, root)
             if owner is None:
                 continue  # released meanwhile: try again
-            dead = (owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int)
-                    and not _alive(owner["pid"]))
-            dead = dead or (owner.get("pid") is None and time.time() - float(owner.get("since") or 0) > 60)
+            invalid = owner.get("invalid")
+            dead = invalid is not None or (owner.get("host") == socket.gethostname()
+                                           and isinstance(owner.get("pid"), int) and not _alive(owner["pid"]))
+            dead = dead or (owner.get("pid") is None
+                            and time.time() - float(owner.get("since") or 0) > UNREADABLE_CLAIM_S)
             if not dead:
                 return False, owner
             stale = path.with_name(f"{path.name}.stale-{os.getpid()}")
+            _remove_claim_file(stale)  # a leftover of this pid's earlier take-over
             try:
                 os.replace(path, stale)  # one taker wins the rename; the others find it gone
             except FileNotFoundError:
                 continue
-            try:
-                moved = json.loads(stale.read_text())
-            except (OSError, ValueError):
-                moved = {}
-            if moved.get("pid") != owner.get("pid"):  # a live taker's fresh claim: put it back
+            moved = _read_moved(stale)
+            if moved != owner and claim_problem(moved) is None:  # a live taker's fresh claim: put it back
                 try:
                     os.link(stale, path)
                 except FileExistsError:
                     pass
-            stale.unlink(missing_ok=True)
+            elif invalid is not None and log is not None:
+                log(f"claim {path.name}: {invalid}; taken over")
+            _remove_claim_file(stale)
             continue
         with os.fdopen(fd, "w") as fh:
             fh.write(mine)
         return True, None
     return False, claim_owner(key, root)
+
+
+def _read_moved(path: Path) -> Any:
+    """The content of a claim file moved aside (None when it is not a readable claim file)."""
+    from ..cache import read_regular
+
+    try:
+        return json.loads(read_regular(path, limit=4096))
+    except (OSError, ValueError, RecursionError):
+        return None
 
 
 def release(key: str, root: Path | None = None) -> None:
@@ -484,10 +545,23 @@ def runner_kind(config) -> str:
 
 
 def method_name(config) -> str:
+    """The method a config runs: its ``method`` as a mapping (``{"name": ...}``), a plain name (an older
+    layout of stored configs) or a ``Method``; a pipeline's aggregator, else "pipeline"."""
     method = _get(config, "method")
     if method is None:
         return _get(config, "aggregator") or "pipeline"
-    return method.get("name") if isinstance(method, dict) else method.name
+    if isinstance(method, str):
+        return method
+    name = method.get("name") if isinstance(method, dict) else getattr(method, "name", None)
+    return name if isinstance(name, str) else "?"
+
+
+def method_params(config) -> dict:
+    """The hyper-parameters of a config's method (empty for a method given by its name alone)."""
+    method = _get(config, "method")
+    if isinstance(method, dict):
+        return method.get("params") or {k: v for k, v in method.items() if k != "name"}
+    return dict(getattr(method, "params", None) or {})
 
 
 # clients FedSCM's solver keeps per γ, for costing only (the paper's Fig. 5: tens of the K = 500)
@@ -518,9 +592,7 @@ def work(config) -> float:
     n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
     kind = runner_kind(config)
     if kind == "logit":
-        method = _get(config, "method")
-        params = (method.get("params") or {k: v for k, v in method.items() if k != "name"}) if isinstance(
-            method, dict) else method.params
+        params = method_params(config)
         return _get(config, "rounds") * (_get(config, "local_epochs") * n + params.get("distill_epochs", 1)
                                          * _get(config, "server_val") * _get(config, "n_clients"))
     if kind == "scm":
@@ -569,8 +641,8 @@ class CostModel:
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
         roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
-        for path in (p for r in roots for p in ResultCache(r, protect=True).entry_paths()):
-            model.read(path)
+        for run in (run for r in roots for run in list_store(r).runs):  # the valid entries only
+            model.read_entry(run.entry)
         return model
 
     packed: list[tuple[tuple, float]] = field(default_factory=list)  # the same, of runs trained in packs
@@ -580,15 +652,18 @@ class CostModel:
 
     def read(self, path: Path, fresh: bool = False) -> None:
         """Add one stored run (skipped unless a valid store file: bounded size, valid checksum)."""
+        payload, _ = ResultCache(path.parent, protect=True).read(key_of(path))
+        if payload is not None:
+            self.read_entry(payload, fresh)
+
+    def read_entry(self, payload: dict, fresh: bool = False) -> None:
+        """Add one stored entry (``stored_payload``); one whose fields do not make a sample is skipped."""
         try:
-            payload, _ = ResultCache(path.parent, protect=True).read(key_of(path))
-            if payload is None:
-                return
             config, wall = payload["config"], float(payload.get("wall_time") or 0)
             pack = ((payload.get("result") or {}).get("meta") or {}).get("pack") or {}
             self.add(config, wall, payload.get("device"), int(pack.get("size", 1)), fresh=fresh,
                      pack_methods=pack.get("methods"))
-        except (ValueError, KeyError, TypeError, OSError):
+        except (ValueError, KeyError, TypeError, AttributeError, OSError):
             return
 
     def add(self, config, wall_time: float, device: str | None, pack_size: int = 1, fresh: bool = False,
@@ -772,9 +847,12 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     backs: dict[str, set[str]] = {}  # config key -> every table its run backs (a shared run has one label)
     for i in items:
         backs.setdefault(i.key, set()).add(i.table)
-    items = [i for i in unique(items) if (part == "all" or i.gpu == (part == "gpu"))
+    every = unique(items)
+    items = [i for i in every if (part == "all" or i.gpu == (part == "gpu"))
              and (not datasets or i.dataset in datasets) and (not tables or backs[i.key] & set(tables))
              and (seeds is None or i.seed in seeds)]
+    if every and not items:
+        raise ValueError(_nothing_matches(every, part, datasets, tables, seeds))
     model = cost_model or CostModel.from_results()
     missing = missing_data(items)
     entries = []
@@ -784,6 +862,28 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
                              shared.get(i.key, (i.chapter,)), damaged=problem))
     entries.sort(key=lambda e: priority(e.item, e.cost, first))
     return entries
+
+
+def _nothing_matches(items: list[QueueItem], part: str, datasets, tables, seeds) -> str:
+    """The one-line error of filters that leave no run of ``items``: the first filter that matches
+    nothing by itself (with the values there are), else the combination."""
+    known_seeds = sorted({i.seed for i in items})
+    for seed in seeds if seeds is not None else []:
+        if seed not in known_seeds:
+            return f"--seed: no run in this queue has seed {seed} (its seeds: {', '.join(map(str, known_seeds))})"
+    if seeds is not None and not seeds:
+        return "--seed: no seed given"
+    known_datasets = sorted({i.dataset for i in items})
+    for name in datasets or []:
+        if name not in known_datasets:
+            return (f"--dataset: no run in this queue is on {str(name)[:60]!r} "
+                    f"(its datasets: {', '.join(known_datasets)})")
+    if part != "all" and not any(i.gpu == (part == "gpu") for i in items):
+        return f"--{part}-only: no run in this queue is a {part.upper()} run"
+    given = ([f"--{part}-only"] if part != "all" else []) + (["--dataset " + " ".join(datasets)] if datasets else []) \
+        + (["--table " + " ".join(repr(t) for t in tables)] if tables else []) \
+        + (["--seed " + " ".join(map(str, seeds))] if seeds is not None else [])
+    return f"no run in this queue matches {' with '.join(given)} together ({len(items)} run(s) before filtering)"
 
 
 def _check_labels(items: list[QueueItem], tables, first) -> None:
@@ -845,6 +945,13 @@ def format_list(entries: list[Entry], workers: int = 1, items: bool = True) -> s
 
 # ----------------------------------------------------------------------------- running
 
+def check_device(device: str) -> str:
+    """``device`` when runs can start on it here ('cpu'; 'cuda' or 'cuda:N' when that CUDA device is on
+    this machine: ``fedlib.limits.check_device``), else a one-line ``ConfigError`` (a ValueError)."""
+    from ..limits import check_device as checked
+
+    return checked(device, present=True, what="--device")
+
 
 def no_run_with_key(chapter: str, key: str, profile: str) -> str:
     """The one-line error for a key the chapter's profile has no run for (a key includes the fingerprint of
@@ -855,6 +962,7 @@ def no_run_with_key(chapter: str, key: str, profile: str) -> str:
 
 def run_one(chapter: str, key: str, profile: str = "paper", device: str = "cpu") -> Path:
     """Run the item of ``chapter`` with config ``key`` (on ``device``) and store it once."""
+    check_device(device)
     matches = [i for i in chapter_items(chapter, profile) if i.key == key]
     if not matches:
         raise ValueError(no_run_with_key(chapter, key, profile))
@@ -868,6 +976,7 @@ def run_packed(specs: list[str], profile: str = "paper", device: str = "cpu", lo
     as it finishes, so a killed pack loses only the runs not yet finished."""
     from ..run import run_pack
 
+    check_device(device)
     items = []
     for spec in specs:
         chapter, sep, key = spec.partition(":")
@@ -1026,7 +1135,7 @@ def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | Non
     kept = []
     for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
         try:
-            held, owner = claim(entry.item.key)
+            held, owner = claim(entry.item.key, log=log)
         except OSError as err:  # a read-only or full store: nothing could be stored either
             from ..cache import write_failure
 

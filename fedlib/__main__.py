@@ -155,17 +155,19 @@ def _check_queue_flags(args) -> None:
     """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
     from .app.chapters import registry
     from .data import DATASETS, IMAGEFOLDER_PREFIX
+    from .limits import check_workers as check_worker_count
 
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise ValueError(f"--budget: must be a positive number of seconds (got {args.budget})")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: must be >= 1 (got {args.limit})")
-    if args.workers < 1:
-        raise ValueError(f"--workers: must be >= 1 (got {args.workers})")
+    check_worker_count(args.workers, "--workers")  # 1 to MAX_WORKERS
     if args.max_rows is not None and args.max_rows < 1:
         raise ValueError(f"--max-rows: must be >= 1 (got {args.max_rows})")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", args.device):
         raise ValueError(f"--device: must be cpu, cuda or cuda:N (got {args.device[:60]!r})")
+    if not args.list:  # runs start: the device must be here (--list only estimates for it, e.g. a GPU call's plan)
+        queue.check_device(args.device)
     for seed in args.seed or []:
         if seed < 0:
             raise ValueError(f"--seed: seeds are >= 0 (got {seed})")
@@ -219,7 +221,13 @@ def _results(args) -> int:
     except (ValueError, FileNotFoundError, *INPUT_ERRORS) as err:
         print(f"fedlib results: {err}", file=sys.stderr)
         return 2
+    for line in queue.left_out_lines():  # files of the store no reader uses: one line each, left as they are
+        print(f"fedlib results: {line}", file=sys.stderr)
     if args.list:
+        try:
+            queue.check_device(args.device)
+        except ValueError as err:  # a GPU call's plan, made on another machine
+            print(f"fedlib results: note: {err}; the list only estimates for it", file=sys.stderr)
         print(queue.format_list(entries, args.workers, items=not args.summary))
         if args.budget is None:
             return 0

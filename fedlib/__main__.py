@@ -16,9 +16,31 @@ from .app.book import PROFILES, BookError, build, load_profile
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
 from .data import DataCorruptError, DataNotFoundError
+from .errors import clipped
+from .limits import check_port, check_workers
 from .run import run
 
 INPUT_ERRORS = (ConfigError, DataNotFoundError, DataCorruptError)  # shown as one line, not a traceback
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors in one line (``fedlib explore: argument --port: must be ...``), not a usage block."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: {clipped(message, 240)} (see {self.prog} --help)\n")
+
+
+def _flag(check, flag: str):
+    """An argparse ``type`` from a shared validator (``fedlib.limits``): its one line as the flag's error."""
+
+    def parse(text: str):
+        try:
+            return check(text, flag)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err).removeprefix(f"{flag}: ")) from None
+
+    parse.__name__ = flag
+    return parse
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -30,18 +52,18 @@ def _overrides(pairs: list[str]) -> dict:
         path = key.strip().split(".")
         if not sep or not all(part.strip() for part in path):
             raise ConfigError(f"override {shown(pair)}: must look like key=value (e.g. rounds=5, split.alpha=0.5)")
-        parsed = parse_yaml(value, f"override {key.strip()}")
+        parsed = parse_yaml(value, f"override {clipped(key.strip())}")
         node = out
         for part in path[:-1]:
             node = node.setdefault(part.strip(), {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {shown(pair)}: {part!r} is set twice")
+                raise ConfigError(f"override {shown(pair)}: {shown(part)} is set twice")
         node[path[-1].strip()] = parsed
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="fedlib", description=__doc__)
+    parser = _Parser(prog="fedlib", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one config file and print a summary table")
     p_run.add_argument("config", help="YAML config file")
@@ -53,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")
-    p_book.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="chapters executing at a time (default: 2, or 1 on a 1-core machine)")
+    p_book.add_argument("--jobs", type=_flag(check_workers, "--jobs"), default=min(2, os.cpu_count() or 1),
+                        help="chapters executing at a time (default: 2, or 1 on a 1-core machine; at most the "
+                             "cores are used)")
     p_res = sub.add_parser("results", help="the results queue: run and store every paper-profile run, most valuable "
                            "first (see fedlib/app/queue.py)")
     p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
@@ -84,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="with packs: at most N client rows per round in one pack (default: 32 on CUDA, 64 on "
                             "a CPU; each pack process still bounds it by the device's free memory)")
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
-    p_exp.add_argument("--port", type=int, default=8866, help="port on localhost (0: any free port)")
+    p_exp.add_argument("--port", type=_flag(check_port, "--port"), default=8866,
+                       help="port on localhost, 1-65535 (Voila moves to the next free one when it is taken)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
     p_mig = sub.add_parser("migrate-results", help="compress stored runs under results/ (<key>.json.gz), re-key "
                            "them to the current keys (where provably the same run); report the stale ones")

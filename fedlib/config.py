@@ -18,9 +18,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import partition  # the split kinds: their parameters, ranges and defaults
-from .errors import SHOWN_CHARS, ConfigError, shown  # noqa: F401 (part of this module's interface)
+from .errors import SHOWN_CHARS, ConfigError, clipped, shown  # noqa: F401 (part of this module's interface)
 from .limits import (MAX_BATCH, MAX_CONFIG_BYTES, MAX_COUNT, MAX_DEPTH, MAX_EPOCHS, MAX_LIST,  # noqa: F401
-                     MAX_RATE, MAX_SAMPLES, MAX_SEED, MAX_SPEC_VALUES, MAX_STRING)
+                     MAX_RATE, MAX_SAMPLES, MAX_SEED, MAX_SPEC_VALUES, MAX_STRING, check_device)
 
 CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + data fingerprint
 # The engine's rule version: local training, screening, aggregation and evaluation in
@@ -31,8 +31,18 @@ DEFAULT_SERVER_VAL = 1000  # the server's validation samples when a method needs
 
 
 def _short_name(name: str) -> str:
-    """A field name as an error shows it: cut to :data:`SHOWN_CHARS` characters."""
-    return name if len(name) <= SHOWN_CHARS else f"{name[:SHOWN_CHARS]}... (length {len(name)})"
+    """A field name as an error shows it: cut to :data:`SHOWN_CHARS` characters (``fedlib.errors.clipped``)."""
+    return clipped(name)
+
+
+def _check_path(path: str, what: str, directory: bool = False) -> None:
+    """A ValueError (one line) for a path that cannot be data: a NUL byte, under /dev, a loop of
+    symbolic links, a FIFO or device (``fedlib.data.path_problem``, the one statement of these rules)."""
+    from .data import path_problem
+
+    problem = path_problem(path, directory=directory)
+    if problem is not None:
+        raise ValueError(f"{what} {clipped(path, 2 * SHOWN_CHARS)} {problem} (refused)")
 
 
 def _is_numpy_bool(value: Any) -> bool:
@@ -160,14 +170,21 @@ class ExperimentConfig(BaseModel):
                 from .data import DATASETS
 
                 raise ValueError(f"unknown dataset; known: {', '.join(DATASETS)}, or imagefolder:<path>") from None
+            if v.startswith("imagefolder:"):
+                _check_path(v[len("imagefolder:"):], "dataset: image folder")
+        return v
+
+    @field_validator("data_root")
+    @classmethod
+    def _data_root(cls, v: str | None) -> str | None:
+        if v is not None:
+            _check_path(v, "data_root:", directory=True)
         return v
 
     @field_validator("device")
     @classmethod
     def _device(cls, v: str) -> str:
-        if v not in ("cpu", "cuda", "auto") and not v.startswith("cuda:"):
-            raise ValueError("must be 'cpu', 'cuda', 'cuda:N' or 'auto'")
-        return v
+        return check_device(v)  # 'cpu', 'cuda', 'cuda:N' (a device of this machine when it has CUDA) or 'auto'
 
     # -- what produced a result: the resolved config, the rule versions, the data -----------
     def resolved(self) -> dict[str, Any]:
@@ -215,7 +232,7 @@ class ExperimentConfig(BaseModel):
             raise ConfigError(f"{source}: config keys must be text (got {shown(bad_key)})")
         long_key = next((k for k in merged if len(k) > MAX_STRING), None)
         if long_key is not None:
-            raise ConfigError(f"{source}: unknown key {_short_name(long_key)!r}")
+            raise ConfigError(f"{source}: unknown key {shown(long_key)}")
         try:
             return cls(**merged)
         except ValidationError as err:
@@ -229,31 +246,38 @@ class ExperimentConfig(BaseModel):
         """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it;
         ``overrides`` replace keys (a dict updates a split or method spec)."""
         from .cache import read_regular
+        from .data import path_problem
 
+        if not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"config file: expected a path, got {type(path).__name__} {shown(path)}")
+        given = clipped(os.fspath(path), 2 * SHOWN_CHARS)  # as errors show it: short, printable, one line
+        problem = path_problem(path)  # a NUL byte, under /dev, a loop of symbolic links, a FIFO or device
+        if problem is not None:
+            raise ConfigError(f"config file {given} {problem} (refused)")
         path = Path(path)
         try:
             if path.is_symlink():  # a link to a config file is fine (to a FIFO or device, not)
                 path = Path(os.path.realpath(path))
             text = read_regular(path, MAX_CONFIG_BYTES).decode("utf-8")
         except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
+            raise ConfigError(f"{given}: no such config file") from None
         except UnicodeDecodeError as err:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {err.start})") from None
+            raise ConfigError(f"{given}: not UTF-8 text (byte {err.start})") from None
         except ValueError as err:  # a FIFO, device or directory; too large
             what = str(err).replace("too large", "config file too large")
-            raise ConfigError(f"{path}: {what}") from None
+            raise ConfigError(f"{given}: {what}") from None
         except OSError as err:
-            raise ConfigError(f"{path}: cannot read ({err.strerror or type(err).__name__})") from None
-        data = parse_yaml(text, str(path))
+            raise ConfigError(f"{given}: cannot read ({err.strerror or type(err).__name__})") from None
+        data = parse_yaml(text, given)
         if data is None:
-            raise ConfigError(f"{path}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
+            raise ConfigError(f"{given}: empty config file (write at least the keys you mean, e.g. 'dataset: fmnist')")
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys, got {type(data).__name__}")
+            raise ConfigError(f"{given}: expected a mapping of config keys, got {type(data).__name__}")
         for key, value in overrides.items():
             base = data.get(key)
             base = {"name": base} if isinstance(base, str) and key in ("split", "method") else base
             data[key] = {**base, **value} if isinstance(value, dict) and isinstance(base, dict) else value
-        return cls.make(data, source=str(path))
+        return cls.make(data, source=given)
 
 
 class RunConfig(ExperimentConfig):
@@ -297,7 +321,7 @@ class RunConfig(ExperimentConfig):
             raise ValueError(
                 f"clients_per_round: must be <= n_clients = {self.n_clients} (got {self.clients_per_round})"
             )
-        partition.check_split_parameters(self.split.params)
+        partition.check_split(self.split.name, self.split.params, self.n_clients)
         if self.reference_values and self.per_round > 16:
             raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
@@ -469,8 +493,8 @@ def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None =
     first = err.errors()[0]
     field = _short_name(".".join(str(p) for p in first["loc"]) or "config")
     msg = first["msg"].removeprefix("Value error, ")
-    if len(msg) > 300:
-        msg = msg[:300] + "..."
+    if len(msg) > 600:  # messages echo input short (fedlib.errors.shown); a list of allowed names may be long
+        msg = msg[:600] + "..."
     if first["type"] == "extra_forbidden":
         allowed = ", ".join((model or RunConfig).model_fields)
         return ConfigError(f"{source}: unknown key {field!r}; allowed keys: {allowed}")

@@ -21,14 +21,15 @@ sends a random update).
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 import torch
 
-from .errors import ConfigError, shown
-from .limits import MAX_COUNT, MAX_SAMPLES
+from .errors import ConfigError, clipped, shown
+from .limits import MAX_COUNT, MAX_RATE, MAX_SAMPLES
 
 ROLES = (
     "benign",
@@ -280,7 +281,7 @@ def k_classes(labels, n_clients: int, k: int, seed: int, n_classes: int | None =
 
 
 def pls(
-    labels, n_clients: int, seed: int, n_classes: int | None = None, classes_per_client=None
+    labels, n_clients: int, seed: int, n_classes: int | None = None, classes_per_client: list[int] | None = None
 ) -> Partition:
     """Pure Label Skew (CELM §5): different numbers of classes, equal client sizes.
 
@@ -303,7 +304,7 @@ def pls(
 
 
 def sls(
-    labels, n_clients: int, seed: int, n_classes: int | None = None, classes_per_client=None
+    labels, n_clients: int, seed: int, n_classes: int | None = None, classes_per_client: list[int] | None = None
 ) -> Partition:
     """Step Label Skew (CELM §5): classes and sample count both grow with the client index.
 
@@ -362,7 +363,7 @@ def maverick(
     seed: int,
     min_size: int = 1,
     n_classes: int | None = None,
-    maverick_classes=None,
+    maverick_classes: list[int] | None = None,
     maverick_share: float = 1.0,
 ) -> Partition:
     """FedMS §5.1 Maverick scenario "Mavericks + Dir(gamma)".
@@ -400,6 +401,7 @@ def _key_only_when_set(fn: Callable, *names: str) -> Callable:
     (its cache key) holds them only where it sets them: the runs stored before they existed keep
     their keys. Their defaults still apply when a config leaves them out."""
     sig = inspect.signature(fn)
+    fn.key_only_when_set = frozenset(names)  # not required of a config (SplitKind.required)
     fn.__signature__ = sig.replace(parameters=[
         p.replace(default=inspect.Parameter.empty, kind=inspect.Parameter.KEYWORD_ONLY) if p.name in names else p
         for p in sig.parameters.values()])
@@ -410,7 +412,7 @@ _key_only_when_set(maverick, "maverick_share")
 
 
 def maverick_iid(
-    labels, n_clients: int = 5, *, seed: int, n_classes: int | None = None, maverick_class=None
+    labels, n_clients: int = 5, *, seed: int, n_classes: int | None = None, maverick_class: int | None = None
 ) -> Partition:
     """FedMS §5.1 "4 IID + 1 Maverick": the last client owns one class exclusively.
 
@@ -749,7 +751,7 @@ def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         raise ConfigError(
-            f"config: split {spec_name!r}: unknown parameter {unknown[0]!r}; allowed: "
+            f"config: split {spec_name!r}: unknown parameter {shown(unknown[0])}; allowed: "
             f"{', '.join(allowed + list(SPLIT_MODIFIERS))}"
         )
     kwargs = {k: v for k, v in fixed.items() if k in sig.parameters}
@@ -759,41 +761,105 @@ def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
 # ----------------------------------------------------------------------------- the split kinds (a registry)
 
 # Every parameter a split kind or a modifier takes, with its allowed range, in one place (its default is
-# the split function's): name -> (test, allowed range in words, integer?)
+# the split function's): name -> (test, allowed range in words, integer?). A list parameter's range is
+# that of each entry.
+_COUNT = (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True)
 PARAMETER_RANGES: dict[str, tuple[Callable[[float], bool], str, bool]] = {
-    "alpha": (lambda v: v > 0, "> 0", False),
-    "gamma": (lambda v: v > 0, "> 0", False),
+    "alpha": (lambda v: 0 < v <= MAX_RATE, f"in (0, {MAX_RATE:g}]", False),
+    "gamma": (lambda v: 0 < v <= MAX_RATE, f"in (0, {MAX_RATE:g}]", False),
     "k": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]", True),
     "min_size": (lambda v: 0 <= v <= MAX_SAMPLES, f"in [0, {MAX_SAMPLES}]", True),
-    "n_mavericks": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "n_free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "free_riders": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "nan_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "huge_updates": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "sigma": (lambda v: v >= 0, ">= 0", False),
-    "covariate_shift": (lambda v: v >= 0, ">= 0", False),
+    "n_mavericks": _COUNT,
+    "n_free_riders": _COUNT,
+    "free_riders": _COUNT,
+    "sigma": (lambda v: 0 <= v <= MAX_RATE, f"in [0, {MAX_RATE:g}]", False),
+    "covariate_shift": (lambda v: 0 <= v <= MAX_RATE, f"in [0, {MAX_RATE:g}]", False),
     "rate": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
     "label_noise": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
-    "std": (lambda v: v >= 0, ">= 0", False),
-    "feature_noise": (lambda v: v >= 0, ">= 0", False),
+    "std": (lambda v: 0 <= v <= MAX_RATE, f"in [0, {MAX_RATE:g}]", False),
+    "feature_noise": (lambda v: 0 <= v <= MAX_RATE, f"in [0, {MAX_RATE:g}]", False),
     "maverick_share": (lambda v: 0 < v <= 1, "in (0, 1]", False),
-    "rare_classes_per_maverick": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "rare_classes": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "free_rider_classes": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "rare_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
-    "free_rider_fraction": (lambda v: 0 <= v <= 1, "in [0, 1]", False),
-    "n_benign": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "n_label_flip": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "n_random_data": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
-    "n_random_update": (lambda v: 0 <= v <= MAX_COUNT, f"in [0, {MAX_COUNT}]", True),
+    "rare_classes_per_maverick": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]", True),
+    "rare_classes": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]", True),
+    "free_rider_classes": _COUNT,
+    "rare_fraction": (lambda v: 0 < v <= 1, "in (0, 1]", False),
+    "free_rider_fraction": (lambda v: 0 < v <= 1, "in (0, 1]", False),
+    "n_benign": _COUNT,
+    "n_label_flip": _COUNT,
+    "n_random_data": _COUNT,
+    "n_random_update": _COUNT,
+    "classes_per_client": (lambda v: 1 <= v <= MAX_COUNT, f"in [1, {MAX_COUNT}]", True),
+    "maverick_classes": _COUNT,
+    "maverick_class": _COUNT,
+    "noisy_clients": _COUNT,
 }
+for _modifier in HOSTILE_ROLES:  # every hostile role is a count of clients
+    PARAMETER_RANGES.setdefault(_modifier, _COUNT)
 _FIXED = ("labels", "n_clients", "seed", "n_classes", "x", "y")  # what every split is given, not configured
+
+# The declared type of each modifier (a split function's parameters declare theirs by annotation);
+# None switches a modifier off. Hostile roles are counts of clients.
+MODIFIER_TYPES: dict[str, str] = {"free_riders": "int | None", "covariate_shift": "float | None",
+                                  "label_noise": "float | None", "feature_noise": "float | None",
+                                  "noisy_clients": "list[int] | None",
+                                  **{modifier: "int | None" for modifier in HOSTILE_ROLES}}
+TYPE_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "list[int]": "a list of integers"}
+
+
+@dataclass(frozen=True)
+class SplitParameter:
+    """One parameter a config may set on a split: its declared type (``int``, ``float``, ``bool`` or
+    ``list[int]``), whether null is accepted, whether a config must set it, and its range
+    (:data:`PARAMETER_RANGES`, per entry for a list)."""
+
+    name: str
+    type: str
+    optional: bool = False
+    required: bool = False
+
+    @classmethod
+    def declared(cls, name: str, annotation, required: bool = False) -> "SplitParameter":
+        text = str(annotation).replace(" ", "")
+        optional = text.endswith("|None") or text.startswith("None|")
+        base = text.replace("|None", "").replace("None|", "")
+        if base not in TYPE_WORDS:
+            raise TypeError(f"split parameter {name!r}: declare its type (one of {', '.join(TYPE_WORDS)}), "
+                            f"got {annotation!r}")
+        return cls(name, base, optional, required)
+
+    def expected(self) -> str:
+        """What a value must be, in words: 'an integer in [1, 100000]', 'a number in (0, 1] (or null)'."""
+        words = TYPE_WORDS[self.type]
+        bounds = PARAMETER_RANGES.get(self.name)
+        if bounds is not None and self.type != "bool":
+            words += f" {bounds[1]}" if self.type != "list[int]" else f", each {bounds[1]},"
+        return (words + (" or null" if self.optional else "")).rstrip(",")
+
+    def accepts(self, value) -> bool:
+        """Whether ``value`` is a value of this parameter: its type, and its range (each entry of a list)."""
+        if value is None:
+            return self.optional
+        if self.type == "bool":
+            return isinstance(value, bool)
+        if self.type == "list[int]" and not isinstance(value, (list, tuple)):
+            return False
+        integer = self.type in ("int", "list[int]")
+        bounds = PARAMETER_RANGES.get(self.name)
+        for item in (value if self.type == "list[int]" else [value]):
+            if isinstance(item, bool) or not isinstance(item, int if integer else (int, float)):
+                return False
+            if isinstance(item, float) and not math.isfinite(item):
+                return False
+            if bounds is not None and not bounds[0](item):
+                return False
+        return True
 
 
 @dataclass(frozen=True)
 class SplitKind:
     """A split a config may name: its function, and the parameters a config may set with their
-    defaults (the function's keyword defaults) and ranges (:data:`PARAMETER_RANGES`)."""
+    defaults (the function's keyword defaults), declared types (the function's annotations) and
+    ranges (:data:`PARAMETER_RANGES`); :meth:`check` validates a config's parameters against them."""
 
     name: str
     function: Callable[..., Partition]
@@ -807,11 +873,46 @@ class SplitKind:
         return {p.name: p.default for p in inspect.signature(self.function).parameters.values()
                 if p.name not in _FIXED and p.default is not inspect.Parameter.empty}
 
+    @property
+    def declared(self) -> dict[str, SplitParameter]:
+        """Every parameter a config may set on this split: the function's, then the modifiers."""
+        unkeyed = getattr(self.function, "key_only_when_set", frozenset())
+        own = {p.name: SplitParameter.declared(p.name, p.annotation,
+                                               required=p.default is inspect.Parameter.empty and p.name not in unkeyed)
+               for p in inspect.signature(self.function).parameters.values() if p.name not in _FIXED}
+        return {**own, **{m: SplitParameter.declared(m, MODIFIER_TYPES[m]) for m in SPLIT_MODIFIERS}}
+
+    @property
+    def required(self) -> list[str]:
+        return [name for name, p in self.declared.items() if p.required]
+
+    def check(self, params: dict, n_clients: int | None = None) -> None:
+        """A one-line ValueError naming this split, the parameter and what it must be, for an unknown,
+        missing, wrong-typed or out-of-range parameter (``n_clients``: also client indices in range)."""
+        declared = self.declared
+        for key in params:
+            if key not in declared:
+                raise ValueError(f"split.{clipped(key)}: split {self.name!r} has no such parameter; allowed: "
+                                 f"{', '.join(declared)}")
+        for key, value in params.items():
+            if not declared[key].accepts(value):
+                raise ValueError(f"split.{key}: split {self.name!r} needs {declared[key].expected()} "
+                                 f"(got {'null' if value is None else shown(value)})")
+        for name in self.required:
+            if name not in params:
+                raise ValueError(f"split.{name}: missing; split {self.name!r} needs it: {declared[name].expected()}")
+        clients = params.get("noisy_clients") or []
+        if n_clients is not None and any(i >= n_clients for i in clients):
+            raise ValueError(f"split.noisy_clients: split {self.name!r} needs clients in [0, {n_clients - 1}] "
+                             f"(got {shown(clients)})")
+
 
 SPLIT_KINDS: dict[str, SplitKind] = {fn.__name__: SplitKind(fn.__name__, fn) for fn in (
     iid, dirichlet, k_classes, pls, sls, maverick, maverick_iid, celm_maverick, celm_maverick_shared, celm_free_rider,
     adversarial)}
 SPLITS = tuple(SPLIT_KINDS)
+for _kind in SPLIT_KINDS.values():  # every parameter is declared (a missing annotation fails here, at import)
+    _kind.declared
 
 
 def split_defaults(name: str) -> dict:
@@ -820,23 +921,22 @@ def split_defaults(name: str) -> dict:
     return kind.defaults if kind is not None else {}
 
 
-def check_split_parameters(params: dict) -> None:
-    """A ValueError (one line, ``split.<name>: must be ...``) for a parameter outside its range."""
-    for key, value in params.items():
-        if key not in PARAMETER_RANGES or value is None:
-            continue
-        ok, text, integer = PARAMETER_RANGES[key]
-        if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-            raise ValueError(f"split.{key}: must be {'an integer' if integer else 'a number'} (got {shown(value)})")
-        if not ok(value):
-            raise ValueError(f"split.{key}: must be {text} (got {value})")
+def check_split(name, params: dict, n_clients: int | None = None) -> None:
+    """A one-line ValueError for a split that is not a split kind, or whose parameters are unknown,
+    missing, of the wrong type or out of range, all derived from :data:`SPLIT_KINDS`' declarations."""
+    kind = SPLIT_KINDS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ValueError(f"split: unknown split {shown(name)}; known: {', '.join(SPLITS)}")
+    kind.check(params, n_clients)
 
 
 def make_partition(spec, n_clients: int, seed: int, x: torch.Tensor, y: torch.Tensor) -> Partition:
     """The split ``spec`` (``.name`` and ``.params``, e.g. a config's ``split``) of ``n_clients`` clients,
     seeded with ``seed``, plus its modifiers (free-riders, covariate shift, noise)."""
-    if spec.name not in SPLIT_KINDS:
-        raise ConfigError(f"config: split: unknown split {spec.name!r}; known: {', '.join(SPLITS)}")
+    try:  # the declared parameters first: a missing or wrong-typed one is one line, not a TypeError
+        check_split(spec.name, dict(spec.params), n_clients)
+    except ValueError as err:
+        raise ConfigError(f"config: {err}") from None
     params = dict(spec.params)
     mods = {k: params.pop(k) for k in list(params) if k in SPLIT_MODIFIERS}
     labels = y.cpu().numpy()

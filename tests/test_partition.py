@@ -408,7 +408,8 @@ def test_split_kinds_are_a_registry_with_every_numeric_parameter_ranged_in_one_p
     assert numeric <= set(PARAMETER_RANGES), sorted(numeric - set(PARAMETER_RANGES))
     config = make_config({"dataset": "synthetic", "split": {"name": "dirichlet", "alpha": 0.3}})
     assert config.resolved()["split"] == {"name": "dirichlet", "min_size": 1, "alpha": 0.3}
-    with pytest.raises(ConfigError, match=r"split\.rare_fraction: must be in \[0, 1\] \(got 1.5\)"):
+    with pytest.raises(ConfigError, match=r"split\.rare_fraction: split 'celm_maverick' needs a number in \(0, 1\] "
+                                          r"\(got 1.5\)$"):
         make_config({"dataset": "synthetic", "split": {"name": "celm_maverick", "rare_fraction": 1.5}})
-    with pytest.raises(ConfigError, match=r"split\.k: must be an integer \(got 2.5\)"):
+    with pytest.raises(ConfigError, match=r"split\.k: split 'k_classes' needs an integer in \[1, 100000\] \(got 2.5\)$"):
         make_config({"dataset": "synthetic", "split": {"name": "k_classes", "k": 2.5}})

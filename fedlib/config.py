@@ -287,6 +287,9 @@ class RunConfig(ExperimentConfig):
                                      description="evaluate on a fixed random subset of n test samples")
     server_val: int | None = Field(None, ge=1, le=MAX_SAMPLES, description="training samples held out as the server's "
                                    "validation set (default 1000 for methods that need one)")
+    validation_from: Literal["test"] | None = Field(None, description="'test': the server's validation set is "
+                                                    "``server_val`` test samples outside the evaluated ``test_samples`` "
+                                                    "(FedMS §5.1: 20 % of the test set); None: held out of training")
     split: Spec = Spec(name="iid")
     clients_per_round: int | None = Field(None, ge=1, le=MAX_COUNT, description="None = all clients")
     rounds: int = Field(20, ge=1, le=MAX_COUNT)
@@ -322,6 +325,8 @@ class RunConfig(ExperimentConfig):
                 f"clients_per_round: must be <= n_clients = {self.n_clients} (got {self.clients_per_round})"
             )
         partition.check_split(self.split.name, self.split.params, self.n_clients)
+        if self.validation_from == "test" and self.test_samples is None:
+            raise ValueError("validation_from: 'test' needs test_samples (the evaluated part of the test set)")
         if self.reference_values and self.per_round > 16:
             raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
@@ -361,8 +366,9 @@ class RunConfig(ExperimentConfig):
         method = build_method(self.method.name, self.method.params)
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
         data["split"] = {"name": self.split.name, **partition.split_defaults(self.split.name), **self.split.params}
-        if data.get("augment") is None:  # added later: off leaves every earlier key as it was
-            data.pop("augment", None)
+        for later in ("augment", "validation_from"):  # added later: unset leaves every earlier key as it was
+            if data.get(later) is None:
+                data.pop(later, None)
         data["server_val"] = self.validation_samples(method)
         return _plain(data)
 

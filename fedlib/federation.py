@@ -81,10 +81,15 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
     keep = _subsample(ds.y_train, config.fraction, config.seed)
     x, y = ds.x_train[keep], ds.y_train[keep]
     n_val = config.validation_samples(method)
+    from_test = config.validation_from == "test" and n_val > 0
+    if from_test:  # the validation set comes from the test set (outside the evaluated part), not training
+        x_val, y_val = validation_from_test(ds, config.test_samples, n_val, device)
+        n_val = 0
     if n_val >= len(y):
         raise ConfigError(f"config: server_val: must be < the {len(y)} training samples (got {n_val})")
     order = torch.from_numpy(np.random.default_rng(config.seed + 104729).permutation(len(y)))
-    x_val, y_val = x[order[:n_val]].to(device), y[order[:n_val]].to(device)
+    if not from_test:
+        x_val, y_val = x[order[:n_val]].to(device), y[order[:n_val]].to(device)
     if n_val:
         x, y = x[order[n_val:]], y[order[n_val:]]
     if config.n_clients > len(y):
@@ -105,8 +110,9 @@ def prepare(config: RunConfig | dict, dataset: Dataset | None = None) -> Prepare
         torch.manual_seed(config.seed)
         model = method.adapt_model(build_model(config.model, ds.input_shape, ds.num_classes)).to(device)
     x_test, y_test = test_subset(ds, n_test, device)
+    has_val = bool(n_val) or from_test
     return Prepared(config, device, ds, part, x_pool, y_pool, x_test, y_test, model, method,
-                    x_val if n_val else None, y_val if n_val else None)
+                    x_val if has_val else None, y_val if has_val else None)
 
 
 _ON_DEVICE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (id, device, what) -> (source, copy)
@@ -127,13 +133,29 @@ def on_device(tensor: torch.Tensor, device: torch.device, what: Any = None) -> t
         return copy
 
 
+TEST_ORDER_SEED = 2**31 - 1  # the one fixed order of the test set: its evaluated part first, then validation
+
+
 def test_subset(ds: Dataset, n_test: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed random subset of the test set (files may be sorted by class), the same for every run,
     one copy per device (runs that share it are evaluated together when packed)."""
-    test = tuple(np.sort(np.random.default_rng(2**31 - 1).permutation(len(ds.y_test))[:n_test]).tolist())
+    test = tuple(np.sort(np.random.default_rng(TEST_ORDER_SEED).permutation(len(ds.y_test))[:n_test]).tolist())
     if n_test >= len(ds.y_test):
         return on_device(ds.x_test, device), on_device(ds.y_test, device)
     return on_device(ds.x_test, device, test), on_device(ds.y_test, device, test)
+
+
+def validation_from_test(ds: Dataset, n_test: int, n_val: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The server's validation set taken from the test set (``validation_from: test``): the ``n_val`` test
+    samples that follow the evaluated ``n_test`` in the test set's fixed order, so the two never overlap
+    and every run (every seed) validates on the same samples."""
+    total = len(ds.y_test)
+    if n_test + n_val > total:
+        raise ConfigError(f"config: validation_from: test_samples + server_val must be <= the {total} test samples "
+                          f"(got {n_test} + {n_val})")
+    rows = np.sort(np.random.default_rng(TEST_ORDER_SEED).permutation(total)[n_test:n_test + n_val])
+    rows = torch.from_numpy(rows)
+    return ds.x_test[rows].to(device), ds.y_test[rows].to(device)
 
 
 def given(config: RunConfig, dataset: Dataset, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,

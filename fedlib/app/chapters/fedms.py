@@ -1,7 +1,8 @@
 """The FedMS chapter: Maverick-Shapley valuation and FedMS client selection.
 
 Experiments (FedMS §5), each a list of run configs sharing one protocol (the MLP on MNIST,
-batch 64, SGD lr 0.05, the server's validation set held out of the training set):
+batch 64, SGD lr 0.05; the paper's reading: FedAvg weighs by n_i (Eq. 3) and the server's
+validation set is 20 % of the test set (§5.1), the other 80 % evaluated):
   table1          accuracy of 7 methods, 50 clients (48 + 2 Mavericks), 10 % per round,
                   Mavericks + Dir(10 / 1 / 0.1)                                  (Table 1)
   table1_cifar10  the same on CIFAR-10 with the CNN, when the data root has it    (Table 1)
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ...config import RunConfig, make_config
+from ...methods import METHODS
 from ...results import RunResult
 from .. import frames
 from ..book import load_profile
@@ -83,19 +85,28 @@ def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar
     """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round.
     ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``). The profile's ``table1_reading`` (a name of
     ``MAVERICK_RUN_READINGS``, calibrated on MNIST FedAvg; absent: the first, the chapter's original protocol)
-    sets the Mavericks' share of their class for every method, and FedAvg's weights and validation/test split
-    for FedAvg; CIFAR-10 keeps the first reading."""
+    sets, for the whole table (MNIST and CIFAR-10, every method), the Mavericks' share of their class and
+    where the validation set comes from, and FedAvg's weights."""
     method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
-    reading = next(iter(MAVERICK_RUN_READINGS)) if cifar10 else table1_reading(params)
-    spec, fields = MAVERICK_RUN_READINGS[reading], {}
+    reading = table1_reading(params)
+    spec = MAVERICK_RUN_READINGS[reading]
     if method == "fedavg":
         method = spec["method"]
-        if spec["validation"] == "test":
-            fields = {"server_val": None, "test_samples": int(round(TEST_SHARE * (params["test_samples"] or 10_000)))}
+    fields = validation_fields(params, method) if spec["validation"] == "test" else {}
     extra = {**params.get("method_params", {}).get(method, {}), **variant}
     return _config(params, seed, cifar10, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
                    split=maverick_split(params, split, maverick_share(params, reading)),
                    method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra), **fields)
+
+
+def validation_fields(params: dict[str, Any], method: str) -> dict[str, Any]:
+    """§5.1: "we randomly split 20 % of testing samples as validation dataset". The other 80 % is evaluated;
+    a method with a validation set takes ``server_val`` samples of the rest (``validation_from: test``),
+    one without trains on every training sample."""
+    n_test = int(round(TEST_SHARE * (params["test_samples"] or 10_000)))
+    if METHODS[method].needs_validation:
+        return {"validation_from": "test", "server_val": params["server_val"], "test_samples": n_test}
+    return {"server_val": None, "test_samples": n_test}
 
 
 def table1_reading(params: dict[str, Any]) -> str:
@@ -112,7 +123,7 @@ def table1_score(params: dict[str, Any], cifar10: bool = False):
     name = params.get("table1_score", "last round")
     if name not in MAVERICK_SCORE_READINGS:
         raise ValueError(f"table1_score: must be one of {', '.join(map(repr, MAVERICK_SCORE_READINGS))} (got {name!r})")
-    return None if cifar10 or name == "last round" else partial(reading_score, last=MAVERICK_SCORE_READINGS[name])
+    return None if name == "last round" else partial(reading_score, last=MAVERICK_SCORE_READINGS[name])
 
 
 def maverick_split(params: dict[str, Any], split: str, share: float = 1.0) -> dict[str, Any]:
@@ -386,18 +397,31 @@ class FedMS(Chapter):
         return (self.styled(rows) if rows else None), values
 
     def table1_cifar10_earlier(self):
-        """Table 1 (CIFAR-10) from the stored runs of the original recipe, once the paper profile has adopted
-        another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
+        """Table 1 (CIFAR-10) from stored runs the paper profile no longer backs, shown apart as stale: those
+        of the original recipe, once the profile has adopted another (``cifar10_reading``), and those run
+        under the earlier validation reading (held out of training, against §5.1). (None, values) when
+        neither applies or none is stored."""
         from .. import book
 
         earlier, values = readings.earlier_recipe(self.paper_params)
-        if earlier is None or not self.cifar_note():
+        if not self.cifar_note():
             return None, values
-        splits, methods = table1_grid(earlier, True)
-        stored = book.stored_results(self.name, [run_config(earlier, s, m, seed, True) for s in splits
-                                                 for m in methods for seed in earlier["seeds"]]).results
-        rows = self.table1_rows(True, [(f"{OURS_STORED}, earlier recipe (stale)", stored, earlier)])
-        values["t1c_earlier_n"] = len(stored)
+        sources = []
+        if earlier is not None:
+            sources.append((f"{OURS_STORED}, earlier recipe (stale)", {**earlier, "table1_reading": SCREEN_READING}))
+        if table1_reading(self.paper_params) != SCREEN_READING:
+            sources.append((f"{OURS_STORED}, validation held out of training (stale)",
+                            {**self.paper_params, "table1_reading": SCREEN_READING}))
+        found, n = [], 0
+        for label, params in sources:
+            splits, methods = table1_grid(params, True)
+            stored = book.stored_results(self.name, [run_config(params, s, m, seed, True) for s in splits
+                                                     for m in methods for seed in params["seeds"]]).results
+            n += len(stored)
+            if stored:
+                found.append((label, stored, params))
+        values["t1c_earlier_n"] = n
+        rows = self.table1_rows(True, found) if found else []
         return (self.comparison(rows) if rows else None), values
 
     def fig2(self):
@@ -596,23 +620,35 @@ def _integer_rounds(*axes) -> None:
 # Readings of FedMS §5.1 / Fig. 1 that change what FedAvg's Table 1 number is, calibrated on FedAvg
 # only (never on FedMS). Run readings change the run; score readings only how a run is read.
 MAVERICK_RUN_READINGS: dict[str, dict[str, Any]] = {
-    # the chapter's protocol: sample-count weights (Eq. 3), 2,000 training samples held out
-    # as the server's validation set, the whole test set, each Maverick holds its whole class
-    "n_i weights, validation held out of training": {"method": "fedavg", "validation": "train"},
+    # the paper's: sample-count weights (Eq. 3); §5.1: "we randomly split 20 % of testing samples as
+    # validation dataset" (every method: a fixed 2,000 of the 10,000 validate, the other 8,000 test);
+    # each Maverick holds its whole class
+    "n_i weights, validation from the test set": {"method": "fedavg", "validation": "test"},
+    # the chapter's earlier protocol: 2,000 training samples held out as the validation set
+    "n_i weights, validation held out of training": {"method": "fedavg", "validation": "train",
+                                                     "departs": "§5.1 (validation from 20 % of the test set)"},
     # Fig. 1's circle sizes read as a Maverick holding only part of its class (``maverick_share``;
     # the rest of the class is left out): 1/N, as much as an average client holds of a shared class
     # (equal circles), and 10 %; otherwise the chapter's protocol
     "Mavericks hold 1/N of their class, n_i weights": {"method": "fedavg", "validation": "train",
-                                                       "maverick_share": "1/N"},
+                                                       "maverick_share": "1/N",
+                                                       "departs": "§5.1 (validation from 20 % of the test set)"},
     "Mavericks hold 10 % of their class, n_i weights": {"method": "fedavg", "validation": "train",
-                                                        "maverick_share": 0.1},
+                                                        "maverick_share": 0.1,
+                                                        "departs": "§5.1 (validation from 20 % of the test set)"},
     # FedAvg averaging the K selected clients equally (1/K each)
-    "uniform weights, validation held out of training": {"method": "fedavg_uniform", "validation": "train"},
-    # §5.1: "we randomly split 20 % of testing samples as validation dataset": FedAvg trains on all
-    # 60,000 images and is tested on the other 80 % (a fixed random 8,000 of the 10,000)
-    "n_i weights, validation from the test set": {"method": "fedavg", "validation": "test"},
-    "uniform weights, validation from the test set": {"method": "fedavg_uniform", "validation": "test"},
+    "uniform weights, validation held out of training": {"method": "fedavg_uniform", "validation": "train",
+                                                         "departs": "Eq. 3 and Algorithm 2 line 16 (n_i weights); "
+                                                                    "§5.1 (validation from 20 % of the test set)"},
+    "uniform weights, validation from the test set": {"method": "fedavg_uniform", "validation": "test",
+                                                      "departs": "Eq. 3 and Algorithm 2 line 16 (n_i weights)"},
 }
+PAPER_READING = next(iter(MAVERICK_RUN_READINGS))  # the one no stated detail contradicts
+
+
+def departure(reading: str) -> str | None:
+    """The sentence or equation a run reading contradicts (None: the paper's reading, or one filling a gap)."""
+    return MAVERICK_RUN_READINGS[reading].get("departs")
 # name -> (rounds read from the end of the history, None = all rounds); the value is their mean accuracy
 MAVERICK_SCORE_READINGS: dict[str, int | None] = {"last round": 1, "mean of the last 10 rounds": 10,
                                                   "mean over all rounds": None}
@@ -664,9 +700,10 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
                                 seed: int | None = None):
     """Every candidate (run reading × score reading) of FedAvg against the paper's FedAvg row of Table 1.
 
-    Rule: calibrate on FedAvg only; choose the candidate with the smallest mean |ours − paper| over
-    the splits it has runs for, a tie going to the earlier candidate (the chapter's protocol and the
-    last round come first). ``results``: runs by key (a build's or the stored ones). Returns (frame of
+    Rule: calibrate on FedAvg only, and only among the readings the text permits (no ``departs``: a
+    reading contradicting Eq. 3 or §5.1 is shown, labelled, and never chosen); choose the candidate with
+    the smallest mean |ours − paper| over the splits it has runs for, a tie going to the earlier
+    candidate (the paper's reading and the last round come first). ``results``: runs by key (a build's or the stored ones). Returns (frame of
     every candidate: ours and the gap per split, the mean gap, whether Dir(10) is within 3 points;
     the chosen candidate's (run reading, score reading) or None when no candidate has a run)."""
     import pandas as pd
@@ -676,7 +713,8 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
         runs = {split: results.get(config.key()) for split, r, config in maverick_reading_configs(params, seed)
                 if r == reading}
         for score, last in MAVERICK_SCORE_READINGS.items():
-            line: dict[str, Any] = {"run reading": reading, "score reading": score}
+            line: dict[str, Any] = {"run reading": reading, "score reading": score,
+                                    "departs from": departure(reading) or "—"}
             gaps = []
             for split, run in runs.items():
                 paper = frames.paper_values(reference, "Table 1", f"MNIST {split}", ["fedavg"],
@@ -691,7 +729,7 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
                                                        - line.get("Dir(10) paper", np.nan)) <= 3.0)
             lines.append(line)
     frame = pd.DataFrame(lines).set_index(["run reading", "score reading"])
-    measured = frame["mean |ours − paper|"].dropna()
+    measured = frame.loc[frame["departs from"] == "—", "mean |ours − paper|"].dropna()
     chosen = None if measured.empty else measured.index[int(np.argmin(measured.to_numpy()))]
     return frame, chosen
 
@@ -701,13 +739,16 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
 # §5.1 names the CNN, 200 rounds, 1 local epoch, batch 64 and lr 0.05 for CIFAR-10, not the augmentation,
 # a weight decay or SGD's momentum: the readings of fedlib.app.chapters.readings, screened on FedAvg only.
 CIFAR10_READINGS = readings.CIFAR10_READINGS
+SCREEN_READING = "n_i weights, validation held out of training"  # the CIFAR-10 screen's runs (a model recipe)
 
 
 def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> list[tuple[str, str, RunConfig]]:
     """(split, reading, config): FedAvg's CIFAR-10 Table 1 run under each of ``CIFAR10_READINGS``, on one
     seed (default the profile's first); the first reading is Table 1's own FedAvg run."""
     seed = params["seeds"][0] if seed is None else seed
-    base = readings.screen_params(params)  # each reading changes the original recipe, whichever is adopted
+    # each reading changes the original recipe, whichever is adopted; the screen was run (issue 30) under the
+    # earlier validation reading, which for FedAvg only holds 2,000 training samples out, and stays on it
+    base = {**readings.screen_params(params), "table1_reading": SCREEN_READING}
     return readings.reading_configs(lambda split: run_config(base, split, "fedavg", seed, cifar10=True),
                                     params["cifar10_splits"])
 
@@ -729,7 +770,7 @@ class FedMSProfile(FederationProfile):
     model: str
     clients_per_round: int
     n_mavericks: int
-    server_val: int  # the server's validation set, held out of the training set
+    server_val: int  # the server's validation set (from the test set under the paper's reading)
     methods: Names
     method_params: dict[str, dict[str, Any]]  # method -> hyper-parameters over §5.1's
     experiments: Names

@@ -93,3 +93,22 @@ def test_a_damaged_or_oversized_compressed_entry_is_unreadable_and_left_in_place
     before = path.read_bytes()
     payload, problem = store.read("k")
     assert payload is None and problem.startswith("unreadable (") and path.read_bytes() == before
+
+
+def test_a_scan_lists_the_entries_a_reader_opens_and_leaves_out_the_rest_unopened(tmp_path):
+    import os
+
+    store = ResultCache(tmp_path, protect=True)
+    store.put("both", {"x": 1})
+    (tmp_path / "both.json").write_text("{}")  # the compressed form is the one read
+    ResultCache(tmp_path, compress=False).put("plain", {"x": 2})
+    (tmp_path / ".hidden.json").write_text("{}")  # temporaries and claims are not entries
+    (tmp_path / "notes.txt").write_text("not an entry")
+    os.mkfifo(tmp_path / "pipe.json.gz")
+    scan = store.scan()
+    assert [(key, path.name) for key, path in scan.entries] == [("both", "both.json.gz"), ("plain", "plain.json")]
+    assert scan.left_out == ["pipe.json.gz (a FIFO, not a regular file)"]
+    assert [store.path(key) for key, _ in scan.entries] == [path for _, path in scan.entries]
+    for key, path in scan.entries:  # what a scan lists reads as ResultCache.read reads it
+        assert ResultCache.parse(path, path.read_bytes()) == store.read(key)
+    assert ResultCache(tmp_path / "absent").scan().entries == []

@@ -442,3 +442,116 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
             f"{pending} run(s):") in out
     assert main(["results", "--list", "--only", "fedavg", "--profile", "smoke", "--budget", "1"]) == 0
     assert "would start 0 unit(s) of 0 run(s):" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------- the CLI's input (issue 43, point 5)
+
+
+@pytest.fixture()
+def empty_store(tmp_path, monkeypatch):
+    """The CLI queue on an empty store of its own (nothing read from the repository's results/)."""
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("nothing may run"))
+    return tmp_path
+
+
+def cli(capsys, *args):
+    from fedlib.__main__ import main
+
+    code = main(["results", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+SMOKE_FEDAVG = ("--only", "fedavg", "--profile", "smoke")
+
+
+@pytest.mark.parametrize("flags, line", [
+    (("--seed", "99"), "fedlib results: --seed: no run in this queue has seed 99 (its seeds: 0)"),
+    (("--seed", "0", "7"), "fedlib results: --seed: no run in this queue has seed 7 (its seeds: 0)"),
+    (("--seed", "-1"), "fedlib results: --seed: seeds are >= 0 (got -1)"),
+    (("--dataset", "cifar100"), "fedlib results: --dataset: no run in this queue is on 'cifar100' "
+                                "(its datasets: fmnist)"),
+    (("--dataset", "nope"), "fedlib results: --dataset: unknown dataset 'nope'; known: "),
+    (("--gpu-only",), "fedlib results: --gpu-only: no run in this queue is a GPU run"),
+])
+def test_queue_filters_that_match_nothing_say_so_in_one_line_and_exit_non_zero(empty_store, capsys, flags, line):
+    code, out, err = cli(capsys, "--list", *SMOKE_FEDAVG, *flags)
+    assert code == 2 and out == ""
+    assert err.startswith(line) and err.count("\n") == 1
+
+
+def test_filters_each_matching_something_but_nothing_together_are_one_line():
+    items = [fake_item("a", seed=0), fake_item("b", seed=1, dataset="mnist")]
+    with pytest.raises(ValueError) as info:
+        queue.plan(items=items, datasets=["mnist"], seeds=[0], cost_model=queue.CostModel())
+    assert str(info.value) == ("no run in this queue matches --dataset mnist with --seed 0 together "
+                               "(2 run(s) before filtering)")
+    assert [e.item.config.name for e in queue.plan(items=items, seeds=[1], cost_model=queue.CostModel())] == ["b"]
+    assert queue.plan(items=[], seeds=[5], cost_model=queue.CostModel()) == []  # an empty queue is not a filter's fault
+
+
+@pytest.mark.parametrize("workers, line", [
+    ("100000", "fedlib results: --workers: must be an integer in [1, 256] (got 100000)"),
+    ("257", "fedlib results: --workers: must be an integer in [1, 256] (got 257)"),
+    ("0", "fedlib results: --workers: must be an integer in [1, 256] (got 0)"),
+])
+def test_workers_beyond_reason_are_refused_in_one_line(empty_store, capsys, workers, line):
+    code, out, err = cli(capsys, *SMOKE_FEDAVG, "--workers", workers)
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+def fake_cuda(monkeypatch, count):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize("count, device, line", [
+    (0, "cuda:99", "fedlib results: --device: 'cuda:99' requested but CUDA is not available here"),
+    (0, "cuda", "fedlib results: --device: 'cuda' requested but CUDA is not available here"),
+    (1, "cuda:1", "fedlib results: --device: 'cuda:1' does not exist here (1 CUDA device(s): cuda:0 to cuda:0)"),
+    (2, "cuda:99", "fedlib results: --device: 'cuda:99' does not exist here (2 CUDA device(s): cuda:0 to cuda:1)"),
+    (0, "tpu", "fedlib results: --device: must be cpu, cuda or cuda:N (got 'tpu')"),
+])
+def test_a_device_that_is_not_here_is_refused_in_one_line_before_anything_runs(empty_store, capsys, monkeypatch,
+                                                                               count, device, line):
+    fake_cuda(monkeypatch, count)
+    code, out, err = cli(capsys, *SMOKE_FEDAVG, "--device", device)
+    assert (code, out, err) == (2, "", line + "\n")
+
+
+def test_devices_that_are_here_are_accepted(monkeypatch):
+    fake_cuda(monkeypatch, 2)
+    assert queue.check_device("cpu") == "cpu" and queue.check_device("cuda") == "cuda"
+    assert queue.check_device("cuda:1") == "cuda:1"
+    fake_cuda(monkeypatch, 0)
+    assert queue.check_device("cpu") == "cpu"
+    with pytest.raises(ValueError, match=r"^--device: 'cuda:0' requested but CUDA is not available here$"):
+        queue.run_one("fedavg", "anykey", "smoke", device="cuda:0")
+
+
+def test_a_list_for_a_device_not_here_is_an_estimate_with_a_note(empty_store, capsys, monkeypatch):
+    """``--list --device cuda`` on a CPU machine plans a GPU call (benchmarks/gpu_coverage.sh prepare)."""
+    fake_cuda(monkeypatch, 0)
+    code, out, err = cli(capsys, "--list", "--summary", *SMOKE_FEDAVG, "--device", "cuda:99")
+    assert code == 0 and "total" in out
+    assert err == ("fedlib results: note: --device: 'cuda:99' requested but CUDA is not available here; the list "
+                   "only estimates for it\n")
+
+
+def test_the_cli_lists_the_files_the_store_leaves_out_one_line_each(empty_store, capsys):
+    runs = empty_store / "runs"
+    runs.mkdir()
+    (runs / "loop.json.gz").symlink_to("loop.json.gz")
+    (runs / "folder.json").mkdir()
+    code, out, err = cli(capsys, "--list", "--summary", *SMOKE_FEDAVG)
+    assert code == 0 and "total" in out
+    assert err.splitlines() == [
+        "fedlib results: results/runs/folder.json (a directory, not a regular file): left out, not read (left as it is)"
+        .replace("results/runs", f"{empty_store.name}/runs"),
+        "fedlib results: results/runs/loop.json.gz (a symbolic link that loops, not a regular file): left out, not "
+        "read (left as it is)".replace("results/runs", f"{empty_store.name}/runs")]
+    assert (runs / "loop.json.gz").is_symlink() and (runs / "folder.json").is_dir()

@@ -851,8 +851,10 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     items = [i for i in every if (part == "all" or i.gpu == (part == "gpu"))
              and (not datasets or i.dataset in datasets) and (not tables or backs[i.key] & set(tables))
              and (seeds is None or i.seed in seeds)]
-    if every and not items:
-        raise ValueError(_nothing_matches(every, part, datasets, tables, seeds))
+    if every:  # a filter value no run has (a typo, a seed the profile does not run), or filters leaving nothing
+        problem = _unmatched_value(every, part, datasets, seeds)
+        if problem or not items:
+            raise ValueError(problem or _nothing_together(every, part, datasets, tables, seeds))
     model = cost_model or CostModel.from_results()
     missing = missing_data(items)
     entries = []
@@ -864,9 +866,9 @@ def plan(profile: str = "paper", only=None, device: str = "cpu", part: str = "al
     return entries
 
 
-def _nothing_matches(items: list[QueueItem], part: str, datasets, tables, seeds) -> str:
-    """The one-line error of filters that leave no run of ``items``: the first filter that matches
-    nothing by itself (with the values there are), else the combination."""
+def _unmatched_value(items: list[QueueItem], part: str, datasets, seeds) -> str | None:
+    """The one-line error of the first filter value that matches no run of ``items`` by itself, naming
+    the values there are; None when each matches some run."""
     known_seeds = sorted({i.seed for i in items})
     for seed in seeds if seeds is not None else []:
         if seed not in known_seeds:
@@ -880,6 +882,11 @@ def _nothing_matches(items: list[QueueItem], part: str, datasets, tables, seeds)
                     f"(its datasets: {', '.join(known_datasets)})")
     if part != "all" and not any(i.gpu == (part == "gpu") for i in items):
         return f"--{part}-only: no run in this queue is a {part.upper()} run"
+    return None
+
+
+def _nothing_together(items: list[QueueItem], part: str, datasets, tables, seeds) -> str:
+    """The one-line error of filters that each match some run of ``items`` but leave none together."""
     given = ([f"--{part}-only"] if part != "all" else []) + (["--dataset " + " ".join(datasets)] if datasets else []) \
         + (["--table " + " ".join(repr(t) for t in tables)] if tables else []) \
         + (["--seed " + " ".join(map(str, seeds))] if seeds is not None else [])

@@ -67,6 +67,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import shown as shown_value
 from ..population import LocalTraining, evaluate, flat_indices, predict
 
 
@@ -239,9 +240,8 @@ class Method:
         ``method '<name>': <field> must be <allowed> (got <value>)``."""
         for attr, ok, allowed in rules:
             if not ok:
-                value = getattr(self, attr)
-                shown = repr(value) if isinstance(value, str) else value
-                raise ValueError(f"method {self.name!r}: {attr} must be {allowed} (got {shown})")
+                value = getattr(self, attr)  # echoed short (fedlib.errors.shown)
+                raise ValueError(f"method {self.name!r}: {attr} must be {allowed} (got {shown_value(value)})")
 
     def check_run(self, rounds: int, n_clients: int) -> None:
         """Raise ValueError (one line) when the hyper-parameters do not fit the run (checked with the config)."""
@@ -375,21 +375,21 @@ def register(cls: type[Method]) -> type[Method]:
 def build_method(name: str, params: dict[str, Any] | None = None) -> Method:
     """Instantiate a registered method, with one-line errors for bad names and values."""
     if name not in METHODS:
-        raise ValueError(f"method: unknown method {name!r}; known: {', '.join(sorted(METHODS))}")
+        raise ValueError(f"method: unknown method {shown_value(name)}; known: {', '.join(sorted(METHODS))}")
     cls = METHODS[name]
     params = dict(params or {})
     allowed = cls.hyperparameters()
     unknown = sorted(set(params) - set(allowed))
     if unknown:
         hint = ", ".join(sorted(allowed)) or "none"
-        raise ValueError(f"method {name!r}: unknown hyper-parameter {unknown[0]!r}; allowed: {hint}")
+        raise ValueError(f"method {name!r}: unknown hyper-parameter {shown_value(unknown[0])}; allowed: {hint}")
     for key, value in params.items():
         default = allowed[key]
         if isinstance(default, bool) and not isinstance(value, bool):
-            raise ValueError(f"method {name!r}: {key} must be true or false (got {value!r})")
+            raise ValueError(f"method {name!r}: {key} must be true or false (got {shown_value(value)})")
         if isinstance(default, (int, float)) and not isinstance(default, bool):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"method {name!r}: {key} must be a number (got {value!r})")
+                raise ValueError(f"method {name!r}: {key} must be a number (got {shown_value(value)})")
     method = cls(**params)
     method.validate()
     return method

@@ -92,6 +92,27 @@ def test_unchanged_chapters_are_not_re_executed(tmp_path, monkeypatch):
         book.build("smoke", only=["nope"], html=False)
 
 
+def test_a_build_from_a_damaged_store_names_each_file_left_out_and_is_not_reused_once_repaired(tmp_path, monkeypatch):
+    import os
+
+    monkeypatch.setenv("FEDLIB_REPO", str(_mini_repo(tmp_path, "print('value', value)")))
+    monkeypatch.setenv("FEDLIB_BOOK_OUT", str(tmp_path / "out"))
+    runs = tmp_path / "results" / "runs"
+    runs.mkdir(parents=True)
+    (runs / "dangling.json.gz").symlink_to("nowhere")
+    with open(os.path.join(os.fsencode(runs), b"ab\xffcd.json.gz"), "wb") as fh:
+        fh.write(b"x")
+    lines = []
+    stage = book.build("smoke", html=False, log=lines.append)
+    assert [line for line in lines if line.startswith("results/runs/")] == [
+        "results/runs/ab\\xffcd.json.gz (its name is not valid UTF-8): left out, not read (left as it is)",
+        "results/runs/dangling.json.gz (a dangling symbolic link (to nowhere), not a regular file): left out, not read "
+        "(left as it is)"]
+    assert book.is_current("mini", "smoke", stage)
+    (runs / "dangling.json.gz").unlink()  # repaired: the page is executed again, not kept as unchanged
+    assert not book.is_current("mini", "smoke", stage)
+
+
 def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))

@@ -68,18 +68,39 @@ def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
     return g
 
 
+ATTACK_SCALE = 10.0  # scaled_update: the update times the default clip factor (issue 43)
+
+
+def alie_z(n: int, f: int) -> float:
+    """ALIE's z_max (Baruch et al. 2019, §3, Eq. 1 ff.): s = floor(n/2 + 1) - f supporters are needed;
+    z = Phi^-1((n - s) / n), clamped to [0, 3] (f >= n/2 + 1 would need no disguise)."""
+    from statistics import NormalDist
+
+    share = (n - (n // 2 + 1 - f)) / n
+    return float(min(max(NormalDist().inv_cdf(min(max(share, 0.5), 0.99865)), 0.0), 3.0))
+
+
 def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, global_flat: torch.Tensor,
                  generator: torch.Generator) -> torch.Tensor:
     """Behavioural roles: free-riders return the received model; random-update clients
     send the global model plus Gaussian noise with the global parameters' std; the fault
     roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``); sign-flippers
-    send ``2 w_g - w``, their update negated (``sign_flip``, issue 33)."""
+    send ``2 w_g - w``, their update negated (``sign_flip``, issue 33); ``scaled_update`` sends
+    ``w_g + 10 (w - w_g)``; ``alie`` clients all send ``w_g + mean - z std`` of the round's trained
+    updates, per coordinate (:func:`alie_z`; issue 43)."""
     selected_roles = roles[clients]
 
     def rows(role):
         return torch.from_numpy(selected_roles == role).to(flat.device)
 
-    free, noisy = rows("free_rider"), rows("random_update")
+    free, noisy, alie = rows("free_rider"), rows("random_update"), rows("alie")
+    if alie.any():  # from the updates as trained, before any other role changes them
+        delta = flat - global_flat
+        z = alie_z(len(clients), int(alie.sum()))
+        flat[alie] = global_flat + delta.mean(0) - z * delta.std(0, unbiased=False)
+    scaled = rows("scaled_update")
+    if scaled.any():
+        flat[scaled] = global_flat + ATTACK_SCALE * (flat[scaled] - global_flat)
     flat[rows("nan_update")] = float("nan")
     huge = rows("huge_update")
     if huge.any():
@@ -193,7 +214,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         # 3. server
         t0 = time.perf_counter()
         screened = screen_updates(selected, flat, bufs, global_flat,
-                                  clip_factor=cfg.update_clip if method.parameter_uploads else None)
+                                  clip_factor=cfg.update_clip if method.parameter_uploads else None,
+                                  sizes=sizes[selected])
         updates = ClientUpdates(clients=selected[screened.keep], flat=screened.flat,
                                 sizes=sizes[selected[screened.keep]], buffers=screened.buffers,
                                 extras={k: v[torch.as_tensor(screened.keep, device=v.device)]
@@ -224,7 +246,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
             "clipped": screened.clipped,
             "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
-            "time_train": t_train, "time_server": t_server, "similarity": similarity.cpu().tolist(),
+            "time_train": t_train, "time_server": t_server, "time_monitor": screened.monitor_time,
+            "similarity": similarity.cpu().tolist(),
         }
         scores = method.scores()
         if scores is not None:

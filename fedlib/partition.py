@@ -40,6 +40,8 @@ ROLES = (
     "random_data",
     "random_update",
     "sign_flip",  # sends 2 w_g - w (its update negated), every round: a poisoning attack (issue 33)
+    "scaled_update",  # sends w_g + 10 (w - w_g), its update scaled by the default clip factor (issue 43)
+    "alie",  # colluding "A little is enough" attackers: all send w_g + mean - z std of the round's updates (issue 43)
 )
 
 
@@ -662,6 +664,15 @@ def _poison(partition: Partition, labels, x, rng) -> Partition:
     return replace(partition, counts=counts, x=x_pool, y=y_pool)
 
 
+def _flip_labels(marked: Partition, before: Partition, y) -> Partition:
+    """``marked`` with the labels of its newly marked label_flip clients' samples flipped to C - 1 - y (issue 43)."""
+    new = [i for i, (a, b) in enumerate(zip(marked.roles, before.roles)) if a == "label_flip" != b]
+    pool_y = torch.as_tensor(marked.pool(None, y)[1]).cpu().clone()
+    flipped = _client_indices(marked, new)
+    pool_y[flipped] = marked.n_classes - 1 - pool_y[flipped]
+    return replace(marked, y=pool_y, counts=client_class_counts(marked.indices, pool_y.cpu().numpy(), marked.n_classes))
+
+
 def _role_indices(partition: Partition, role: str) -> torch.Tensor:
     return _client_indices(partition, np.flatnonzero(np.asarray(partition.roles, dtype=object) == role))
 
@@ -739,9 +750,13 @@ def feature_noise(
 
 
 SPLIT_MODIFIERS = ("free_riders", "covariate_shift", "label_noise", "feature_noise", "noisy_clients",
-                   "nan_updates", "huge_updates", "sign_flips")
-# faults and attacks for robustness tests: NaN uploads, uploads scaled by 1e6, sign-flipped uploads 2 w_g - w
-HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update", "sign_flips": "sign_flip"}
+                   "nan_updates", "huge_updates", "sign_flips", "scaled_updates", "noisy_updates", "alie",
+                   "label_flips")
+# faults and attacks for robustness tests: NaN uploads, uploads scaled by 1e6, sign-flipped uploads 2 w_g - w;
+# issue 43: updates scaled by 10, Gaussian-noise uploads, colluding ALIE uploads, flipped labels (C - 1 - y)
+HOSTILE_ROLES = {"nan_updates": "nan_update", "huge_updates": "huge_update", "sign_flips": "sign_flip",
+                 "scaled_updates": "scaled_update", "noisy_updates": "random_update", "alie": "alie",
+                 "label_flips": "label_flip"}
 
 
 def _call_with_params(fn: Callable, spec_name: str, params: dict, **fixed):
@@ -951,7 +966,8 @@ def make_partition(spec, n_clients: int, seed: int, x: torch.Tensor, y: torch.Te
             if count is not None and (isinstance(count, bool) or not isinstance(count, (int, np.integer))):
                 raise ConfigError(f"config: split.{modifier}: must be an integer (got {count!r})")
             if mods.get(modifier):
-                part = _mark_benign(part, mods[modifier], HOSTILE_ROLES[modifier], modifier)
+                marked = _mark_benign(part, mods[modifier], HOSTILE_ROLES[modifier], modifier)
+                part = _flip_labels(marked, part, y) if modifier == "label_flips" else marked
         clients = mods.get("noisy_clients")
         if mods.get("covariate_shift") is not None:
             part = covariate_shift(*part.pool(x, y), part, sigma=mods["covariate_shift"],

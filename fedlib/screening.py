@@ -22,6 +22,8 @@ different clients, cosine near 0, are not) or is more than ``clip_factor``
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,6 +44,7 @@ class Screened:
     # how far the kept updates disagree, before clipping (issue 33): {"cosine": [n], "norm_ratio": [n],
     # "anomalous": [client ids]}, rows as ``flat``; None when nothing was kept
     disagreement: dict | None = None
+    monitor_time: float = 0.0  # seconds spent on ``disagreement`` (the engine's ``time_monitor``)
 
 
 def stack_received(received: list[torch.Tensor], size: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -53,7 +56,8 @@ def stack_received(received: list[torch.Tensor], size: int) -> tuple[torch.Tenso
 
 def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, torch.Tensor],
                    global_flat: torch.Tensor, clip_factor: float | None = 10.0,
-                   wrong_shape: np.ndarray | None = None) -> Screened:
+                   wrong_shape: np.ndarray | None = None, sizes: np.ndarray | None = None) -> Screened:
+    """Rules 1-3 of the module docstring; ``sizes``: the rows' claimed sample counts (for the monitor)."""
     n = flat.shape[0]
     wrong = np.zeros(n, dtype=bool) if wrong_shape is None else wrong_shape
     finite = torch.isfinite(flat).all(1)
@@ -79,7 +83,10 @@ def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, t
             how_far = f"{ratio:.3g} times farther" if np.isfinite(ratio) else "so much farther (its norm overflows)"
             notes.append(f"client(s) {suspects} sent an update {how_far} from the global model than the other; "
                          f"with two updates it cannot be told which is faulty")
-    disagreement = update_disagreement(kept_clients, flat, global_flat, clip_factor, suspects)
+    t0 = time.perf_counter()
+    disagreement = update_disagreement(kept_clients, flat, global_flat, suspects,
+                                       None if sizes is None else np.asarray(sizes)[finite])
+    monitor_time = time.perf_counter() - t0
     if clip_factor is not None and flat.shape[0] >= 3:
         delta = flat - global_flat
         dist = delta.norm(dim=1)
@@ -90,21 +97,47 @@ def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, t
             flat = global_flat + delta * scale.unsqueeze(1)
             clipped = kept_clients[over.cpu().numpy()].astype(int).tolist()
     return Screened(keep=finite, flat=flat, buffers=buffers, dropped=dropped, clipped=clipped, notes=notes,
-                    suspects=suspects, disagreement=disagreement)
+                    suspects=suspects, disagreement=disagreement, monitor_time=monitor_time)
 
 
 # ----------------------------------------------------------------------------- poisoning (issue 33)
 
-ANOMALY_COSINE = -0.05  # an update pointing against the round's median update (beyond noise) is anomalous
-ANOMALY_NORM = 10.0  # ... or one this many times the median norm (the clip factor when clipping is on)
-POISONED_SHARE = 0.25  # a round is contested when at least this share of its updates is anomalous
-CONTESTED_ROUNDS = 0.3  # the run warns when at least this share of its rounds is contested
-MIN_CONTESTED = 3  # ... and at least this many (two rounds of a short run with extreme label skew are no attack)
+ANOMALY_COSINE = -0.1  # core cosine below this: against the majority (Eq. 2)
+ANOMALY_NORM = 4.0  # norm ratio above this: outsized; strictly below the default clip factor 10 (issue 43)
+POISONED_SHARE = 0.2  # a statistical anomaly counts only in a group: >= 2 clients and >= this share of the round
+COHERENT_NORMS = 1.5  # ... an outsized group's norm ratios within this factor of each other
+TIGHT_COSINE = 0.2  # ... and only when the rest agree: their cosines' 90th - 10th percentile at most this
+TIGHT_NORM = 1.5  # ... and their norm ratios' 90th / 10th percentile at most this
+CONTESTED_ROUNDS = 0.5  # the run warns when at least this share of its rounds is contested
+MIN_CONTESTED = 3  # ... and at least this many
 COLLAPSE_DROP = 0.2  # ... or when accuracy falls this much (absolute) below its best so far
 COLLAPSE_RATIO = 0.5  # ... to at most this fraction of it, in a round with (or after) anomalous updates
+# roles that attack or free-ride (``fedlib.partition``): a run without them is clean and must not warn
+HOSTILE_ROLES = frozenset({"free_rider", "label_flip", "random_data", "random_update", "sign_flip", "nan_update",
+                           "huge_update", "scaled_update", "alie"})
 
 
-DISAGREEMENT_BLOCK = 2**24  # elements of [n, P] per block of columns: bounded memory for large models
+MONITOR_SAMPLE = 8192  # coordinates the statistics are computed on (all of them in a smaller model)
+MONITOR_SEED = 43  # the sample is fixed: the same coordinates every round, run and machine
+
+
+def monitor_sample(size: int) -> np.ndarray | None:
+    """The sorted coordinates (int64) the monitor reads of a model with ``size`` parameters; None: all."""
+    if size <= MONITOR_SAMPLE:
+        return None
+    return np.sort(np.random.default_rng(MONITOR_SEED).choice(size, MONITOR_SAMPLE, replace=False))
+
+
+def fixed_sum(values: torch.Tensor) -> torch.Tensor:
+    """Row sums of ``values`` [n, k] as a pairwise tree of elementwise float64 additions in a fixed
+    order (pairs (0, 1), (2, 3), ... then the pairs of those): the result does not depend on torch's
+    thread plan, its vector width or the CPU, unlike ``sum`` or a matmul."""
+    x = values.double()
+    width = 1 << max(x.shape[1] - 1, 0).bit_length()
+    x = torch.nn.functional.pad(x, (0, width - x.shape[1]))
+    while x.shape[1] > 1:
+        x = x[:, 0::2] + x[:, 1::2]
+    return x[:, 0]
 
 
 def _middle(values: torch.Tensor) -> torch.Tensor:
@@ -114,49 +147,123 @@ def _middle(values: torch.Tensor) -> torch.Tensor:
     return 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
 
 
+def _identical_groups(sampled: torch.Tensor, flat: torch.Tensor) -> list[list[int]]:
+    """Groups (row positions, >= 2) of exactly equal rows of ``flat``: rows with equal sampled values
+    (``torch.unique``) that equal their group's first row on every coordinate."""
+    _, group, counts = torch.unique(sampled, dim=0, return_inverse=True, return_counts=True)
+    rows = torch.nonzero(counts[group] > 1).squeeze(1)
+    if rows.numel() == 0:
+        return []
+    first = torch.full((len(counts),), len(group), dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, group[rows], rows, reduce="amin")[group[rows]]
+    equal = (flat[rows] == flat[first]).all(1).cpu().numpy()
+    rows, first = rows.cpu().numpy()[equal], first.cpu().numpy()[equal]
+    return [g for g in (rows[first == f].tolist() for f in np.unique(first)) if len(g) > 1]
+
+
 def update_disagreement(clients: np.ndarray, flat: torch.Tensor, global_flat: torch.Tensor,
-                        clip_factor: float | None, suspects: list[int]) -> dict | None:
-    """How far the updates ``flat - global_flat`` [n, P] of ``clients`` disagree (module docstring).
-    Blocks of columns at a time (the coordinate-wise median sorts; no [n, P] copy of the whole);
-    sums in float64, so an outsized update's norm does not overflow."""
+                        suspects: list[int], sizes: np.ndarray | None = None) -> dict | None:
+    """How far the updates ``flat - global_flat`` [n, P] of ``clients`` disagree (module docstring),
+    on the fixed coordinate sample :func:`monitor_sample`, in float64 with :func:`fixed_sum`: the
+    stored numbers are the same whatever the thread plan, CPU or executor (issue 43)."""
     n, size = flat.shape
     if n == 0:
         return None
-    step = max(1, DISAGREEMENT_BLOCK // n)
-    blocks = [slice(start, min(start + step, size)) for start in range(0, size, step)]
-    median_update = torch.empty(size, dtype=flat.dtype, device=flat.device)
-    squares = torch.zeros(n, dtype=torch.float64, device=flat.device)
-    for block in blocks:  # blocks of parameters, not clients
-        delta = flat[:, block] - global_flat[block]
-        median_update[block] = _middle(delta)
-        squares += delta.double().square().sum(1)
-    dots = torch.zeros(n, dtype=torch.float64, device=flat.device)
-    for block in blocks:
-        dots += (flat[:, block] - global_flat[block]).double() @ median_update[block].double()
+    sample = monitor_sample(size)
+    index = None if sample is None else torch.as_tensor(sample, device=flat.device)
+    picked = flat if index is None else flat[:, index]
+    delta = picked - (global_flat if index is None else global_flat[index])  # float32, elementwise
+    median_update = _middle(delta).double()
+    wide = delta.double()  # float32 products are exact in float64; only the sums round, in a fixed order
+    squares = fixed_sum(wide * wide)
+    dots = fixed_sum(wide * median_update)
     norms = squares.sqrt()
-    scale = norms * median_update.double().norm()
+    scale = norms * fixed_sum(median_update.square().unsqueeze(0))[0].sqrt()
     cosine = torch.where(scale > 0, dots / scale.clamp(min=1e-300), torch.zeros_like(norms))
+    if n >= 3:  # leave-one-out cosine to the core: the half most aligned with the median (issue 43)
+        k = (n + 1) // 2
+        core = torch.argsort(-cosine, stable=True)[:k]
+        member = torch.zeros(n, dtype=torch.float64, device=flat.device).index_fill_(0, core, 1.0)
+        total = fixed_sum(wide[core].T)  # [S]: the core's sum, clients added in a fixed order
+        dot_total = fixed_sum(wide * total)
+        left = (fixed_sum(total.square().unsqueeze(0))[0] - member * (2 * dot_total - squares)).clamp(min=0)
+        scale = norms * left.sqrt()
+        core_cosine = torch.where(scale > 0, (dot_total - member * squares) / scale.clamp(min=1e-300),
+                                  torch.zeros_like(norms))
     median_norm = _middle(norms.unsqueeze(1))[0]
     ratio = norms / median_norm if median_norm > 0 else torch.zeros_like(norms)
-    if n >= 3:
-        limit = ANOMALY_NORM if clip_factor is None else clip_factor
-        bad = ((cosine < ANOMALY_COSINE) | (ratio > limit)).cpu().numpy()
-        anomalous = np.asarray(clients)[bad].astype(int).tolist()
-    else:  # two updates: no majority to compare with; only an update far larger than the other
-        anomalous = list(suspects)
-    return {"cosine": cosine.cpu().tolist(), "norm_ratio": ratio.cpu().tolist(), "anomalous": anomalous}
+    kept = np.asarray(clients)
+    zero = (squares == 0).cpu().numpy()  # candidates; confirmed on every coordinate
+    if zero.any():
+        rows = torch.as_tensor(np.flatnonzero(zero), device=flat.device)
+        zero[zero] = (flat[rows] == global_flat).all(1).cpu().numpy()
+    groups = _identical_groups(delta, flat) if n > 1 else []
+    record = {"cosine": cosine.cpu().tolist(), "norm_ratio": ratio.cpu().tolist(),
+              "core_cosine": (core_cosine if n >= 3 else cosine).cpu().tolist(),
+              "unchanged": kept[zero].astype(int).tolist(),
+              "identical": [kept[g].astype(int).tolist() for g in groups],
+              "coordinates": size if sample is None else len(sample)}
+    by_id = None if sizes is None else dict(zip(kept.tolist(), np.asarray(sizes).tolist()))
+    record["anomalous"] = round_anomalies(record, kept, by_id)[0] if n >= 3 else list(suspects)
+    return record
+
+
+def round_anomalies(found: dict, clients, sizes=None) -> tuple[list[int], dict[str, list[int]]]:
+    """The anomalous clients of one round's ``disagreement`` record ``found`` (rows as ``clients``) and
+    why, by kind (module docstring, rules A-D); ``sizes``: every client's claimed sample count, by id.
+    Reads only stored numbers, so a stored run can be judged again (:func:`judge`); a record made
+    before issue 43 has no ``core_cosine``, ``unchanged`` or ``identical``: its cosine to the median
+    and ``norm_ratio == 0`` stand in."""
+    clients = np.asarray(clients, dtype=np.int64)
+    cosine = np.asarray(found.get("core_cosine", found["cosine"]), dtype=float)
+    ratio = np.asarray(found["norm_ratio"], dtype=float)
+    n = len(clients)
+    unchanged = found.get("unchanged", clients[ratio == 0].tolist())
+    if sizes is not None:  # a client without samples has nothing to train on: its unchanged upload is honest
+        unchanged = [c for c in unchanged if sizes[c] > 0]
+    kinds = {"unchanged": sorted(int(c) for c in unchanged),
+             "identical": sorted({int(c) for group in found.get("identical", []) for c in group})}
+    exact = np.isin(clients, kinds["unchanged"] + kinds["identical"])
+    against, outsized = cosine < ANOMALY_COSINE, ratio > ANOMALY_NORM
+    rest = ~(exact | against | outsized)
+    kinds["against"], kinds["outsized"] = [], []
+    if n >= 3 and rest.sum() >= 2:
+        low, high = np.quantile(cosine[rest], [0.1, 0.9])
+        small, large = np.quantile(ratio[rest], [0.1, 0.9])
+        need = max(2, math.ceil(POISONED_SHARE * n - 1e-9))
+        if high - low <= TIGHT_COSINE and large <= TIGHT_NORM * small:  # the rest agree (rule D)
+            if against.sum() >= need:
+                kinds["against"] = clients[against].tolist()
+            big = outsized & ~exact
+            if big.sum() >= need and ratio[big].max() <= COHERENT_NORMS * ratio[big].min():
+                kinds["outsized"] = clients[big].tolist()
+    anomalous = sorted({int(c) for cs in kinds.values() for c in cs})
+    return anomalous, kinds
+
+
+def judge(history: list[dict], sizes=None) -> dict | None:
+    """The ``poisoning_warning`` a run's stored ``history`` earns under today's rule (:class:`PoisoningMonitor`),
+    each round's ``disagreement`` judged again by :func:`round_anomalies`; ``sizes``: the run's
+    ``meta["client_sizes"]``."""
+    monitor = PoisoningMonitor()
+    for record in history:
+        found = record.get("disagreement")
+        if found is not None and len(found["cosine"]) >= 3:
+            record = {**record, "disagreement": {**found, "anomalous": round_anomalies(
+                found, record.get("aggregated", record.get("selected")), sizes)[0]}}
+        monitor.add(record)
+    return monitor.report()
 
 
 class PoisoningMonitor:
-    """Watches a run's rounds for poisoning and reports it (issue 33). The engine calls
+    """Watches a run's rounds for poisoning and reports it (issues 33, 43). The engine calls
     :meth:`observe` with each round's record (``accuracy`` filled in when evaluated) and its
     screening, which adds the round's ``disagreement``; then :meth:`finish` with the run's
     ``final`` block, which gets ``poisoning_warning`` (None when nothing was found) and, when
     something was, a RuntimeWarning. Two rules:
 
-    * **contested**: in at least ``CONTESTED_ROUNDS`` of the rounds, at least ``POISONED_SHARE``
-      of the screened updates, and at least two, were anomalous (one odd client, e.g. a Maverick
-      among four, is not an attack; with fewer than three updates, the one outsized update is);
+    * **contested**: in at least ``CONTESTED_ROUNDS`` of the rounds, and at least ``MIN_CONTESTED``,
+      the round had anomalous clients (:func:`round_anomalies`: an exact sign, or a coherent group);
     * **collapse**: an evaluated accuracy fell by ``COLLAPSE_DROP`` or more below the best so far,
       to at most ``COLLAPSE_RATIO`` of it, with anomalous updates in that round or since the last
       evaluation (e.g. one unclipped outsized update in a sampled run's last round).
@@ -175,15 +282,17 @@ class PoisoningMonitor:
     def observe(self, record: dict, screened: Screened) -> None:
         if not self.enabled:
             return
+        if screened.disagreement is not None:
+            record["disagreement"] = screened.disagreement
+        self.add(record)
+
+    def add(self, record: dict) -> None:
+        """One round's record, its ``disagreement`` (with ``anomalous``) already in it."""
         self.rounds += 1
-        t, found = record["round"], screened.disagreement
-        if found is not None:
-            record["disagreement"] = found
-            if found["anomalous"]:
-                self.pending[t] = found["anomalous"]
-                k, n = len(found["anomalous"]), len(found["cosine"])
-                if k >= POISONED_SHARE * n and (k >= 2 or n < 3):  # one odd client of many is no attack
-                    self.contested[t] = found["anomalous"]
+        t, found = record["round"], record.get("disagreement")
+        if found is not None and found["anomalous"]:
+            self.pending[t] = found["anomalous"]
+            self.contested[t] = found["anomalous"]
         accuracy = record.get("accuracy")
         if accuracy is None:
             return
@@ -204,8 +313,8 @@ class PoisoningMonitor:
         if contested:
             rounds |= set(self.contested)
             clients |= {c for cs in self.contested.values() for c in cs}
-            reasons.append(f"in {len(self.contested)} of {self.rounds} rounds at least {POISONED_SHARE:.0%} of the "
-                           f"updates were anomalous (against the round's median update or outsized)")
+            reasons.append(f"in {len(self.contested)} of {self.rounds} rounds some updates were anomalous (unchanged, "
+                           f"identical to another, or a group against or far larger than an agreeing majority)")
         for c in self.collapses:
             rounds |= set(c["rounds"]) | {c["round"]}
             clients |= set(c["clients"])
@@ -227,3 +336,4 @@ class PoisoningMonitor:
         if found is not None:
             warnings.warn(f"{label}: {found['message']}", RuntimeWarning, stacklevel=3)
         return found
+

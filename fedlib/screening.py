@@ -11,13 +11,27 @@ Rules, in order (each decision is recorded in the round's history):
    times farther than the nearest one is named in ``suspects`` (the engine's stop message then
    points at it rather than at the learning rate).
 
-Disagreement (issue 33). Before clipping, each finite update d_i = w_i - w_g is compared with the
-round's coordinate-wise median update m (the mean of the two middle values when n is even):
-``cosine`` cos(d_i, m) and ``norm_ratio`` ||d_i|| / median_j ||d_j||. An update is *anomalous*
-when it points against the median (cosine < ``ANOMALY_COSINE`` = -0.05; orthogonal updates of very
-different clients, cosine near 0, are not) or is more than ``clip_factor``
-(10 when clipping is off) times the median norm; with fewer than three updates, only the
-``suspects`` above. :class:`PoisoningMonitor` turns these per-round records into a run's warning.
+Disagreement (issues 33, 43). Before clipping, each finite update d_i = w_i - w_g is compared with the
+round's others on a fixed, seeded sample of ``MONITOR_SAMPLE`` coordinates (all of a smaller model), in
+float64 summed by :func:`fixed_sum` (a fixed pairwise order), so the stored numbers do not depend on
+the thread plan, the CPU or an executor:
+  (1) ``cosine``       cos(d_i, m), m the coordinate-wise median update (mean of the two middle values);
+  (2) ``core_cosine``  cos(d_i, c_-i), c_-i the mean of the half most aligned with m, leaving d_i out;
+  (3) ``norm_ratio``   ||d_i|| / median_j ||d_j||;
+plus ``unchanged`` (uploads equal to w_g) and ``identical`` (groups of bit-equal uploads), checked on
+every coordinate. A round's anomalous clients (:func:`round_anomalies`), n >= 3:
+  A. an unchanged upload of a client that claims samples, and every member of an identical group (exact);
+  B. a group against the majority: core cosine < ``ANOMALY_COSINE`` (-0.1);
+  C. a coherent outsized group: norm ratio > ``ANOMALY_NORM`` (4, below the clip factor 10, so an update
+     scaled to the clip limit is flagged), the group's ratios within ``COHERENT_NORMS`` of each other;
+  D. B and C count only for >= 2 clients and >= ``POISONED_SHARE`` of the round, and only when the rest
+     agree (their cosines' 10-90 % spread <= ``TIGHT_COSINE``, norm ratios' <= ``TIGHT_NORM`` times).
+With fewer than three updates, only the ``suspects`` above. The thresholds are calibrated on the
+committed runs: no run without a hostile client warns (tests/test_screening.py). What they cannot
+separate, they leave alone: one odd client (a Maverick's update points against the median and can be
+100 times the median norm, like one sign-flipper or one noise upload), and label flipping, whose
+updates still point with the majority (core cosine about half the benign clients') as label-skewed
+clients' do; under label skew (PLS, Dirichlet) the rest do not agree and B and C are silent.
 """
 
 from __future__ import annotations
@@ -102,7 +116,7 @@ def screen_updates(clients: np.ndarray, flat: torch.Tensor, buffers: dict[str, t
 
 # ----------------------------------------------------------------------------- poisoning (issue 33)
 
-ANOMALY_COSINE = -0.1  # core cosine below this: against the majority (Eq. 2)
+ANOMALY_COSINE = -0.1  # core cosine (2) below this: against the majority (rule B)
 ANOMALY_NORM = 4.0  # norm ratio above this: outsized; strictly below the default clip factor 10 (issue 43)
 POISONED_SHARE = 0.2  # a statistical anomaly counts only in a group: >= 2 clients and >= this share of the round
 COHERENT_NORMS = 1.5  # ... an outsized group's norm ratios within this factor of each other

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -507,6 +508,8 @@ def _one_line(err: ValidationError, source: str, model: type[BaseModel] | None =
     got = first.get("input")
     echo = "" if isinstance(got, dict) or msg.endswith(")") else f" (got {shown(got)})"
     prefix = f"{field}: " if first["loc"] and not msg.startswith(f"{field}:") else ""
+    if prefix and field in ("split", "method") and re.match(r"[^\s:'.]+: ", msg):  # a spec's parameter: split.alpha
+        prefix = f"{field}."
     return ConfigError(f"{source}: {prefix}{msg}{echo}".replace("\n", " "))
 
 
@@ -530,9 +533,13 @@ def parse_yaml(text: str, source: str) -> Any:
     """Safe YAML without aliases, within the size limit; errors are one ConfigError line."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{source}: too large ({len(text)} characters; at most {MAX_CONFIG_BYTES})")
-    loader = _NoAliasLoader(text)
+    loader = None
     try:
+        loader = _NoAliasLoader(text)  # (already reads: a control character is refused here)
         return loader.get_single_data()
+    except yaml.reader.ReaderError as err:
+        raise ConfigError(f"{source}: malformed YAML at character {err.position + 1}: character "
+                          f"#x{err.character:04x} is not allowed") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -541,7 +548,8 @@ def parse_yaml(text: str, source: str) -> Any:
     except RecursionError:
         raise ConfigError(f"{source}: YAML nested too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_config(path: str | Path, **overrides) -> RunConfig:

@@ -78,3 +78,18 @@ def test_changing_the_seed_and_pressing_run_redraws_the_curves_and_contributions
     assert new_accuracy != accuracy and new_contribution != contribution and new_split != split
     wait.until(lambda d: "Done in" in _status(d))
     assert "Final test accuracy: fedavg" in _status(browser)
+
+
+def test_its_pages_send_no_referrer(served):
+    """Issue 43: ``Referrer-Policy: no-referrer`` on the pages Voilà serves (the login page, the redirect
+    to it), so the token in the URL never travels in a Referer header to another site."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    port = urlsplit(served).port
+    for path, status in (("/", 302), ("/login", 200)):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        connection.request("GET", path, headers={"Host": f"127.0.0.1:{port}"})
+        response = connection.getresponse()
+        assert (response.status, response.getheader("Referrer-Policy")) == (status, "no-referrer"), path
+        connection.close()

@@ -166,3 +166,111 @@ def test_small_federations_also_compute_the_true_contribution():
     assert Explorer(n_clients=5).config("fedavg")["reference_values"] is True
     assert Explorer(n_clients=40).config("fedavg")["reference_values"] is False  # 2^40 coalitions
     assert Explorer(n_clients=5, dataset="synthetic").config("fedavg")["reference_values"] is False
+
+
+# ------------------------------------------------------------------- the served explorer (issue 43, point 6)
+
+
+def _parsed_voila_app(folder):
+    """Voilà's own app, reading the explorer's command line and private config file."""
+    voila_app = pytest.importorskip("voila.app")
+    from fedlib.app import explore
+
+    app = voila_app.Voila()
+    app.parse_command_line(explore.voila_command(9999, folder)[1:])
+    app.load_config_file("voila", path=app.config_file_paths)
+    return app
+
+
+def test_the_explorer_caps_its_kernels_and_sends_no_referrer():
+    """The generated configuration, read back by Voilà: a kernel manager that keeps at most MAX_KERNELS
+    kernels (one per browser connection, the oldest shut down first, idle ones culled) and pages with
+    ``Referrer-Policy: no-referrer`` (the token in the URL leaks through no Referer header)."""
+    pytest.importorskip("voila.app")
+    import shutil
+
+    from voila.configuration import VoilaConfiguration
+    from voila.voila_kernel_manager import voila_kernel_manager_factory
+
+    from fedlib.app import explore
+
+    config = explore.voila_config("t" * 43)
+    assert config["Voila"]["tornado_settings"]["headers"] == {"Referrer-Policy": "no-referrer"}
+    assert config["VoilaConfiguration"] == {"multi_kernel_manager_class": "fedlib.app.explore.CappedKernelManager"}
+    assert config["CappedKernelManager"] == {"max_kernels": explore.MAX_KERNELS} and 2 <= explore.MAX_KERNELS <= 3
+    folder = explore.write_config("t" * 43)
+    try:
+        app = _parsed_voila_app(folder)
+    finally:
+        shutil.rmtree(folder)
+    assert app.tornado_settings["headers"] == {"Referrer-Policy": "no-referrer"}
+    assert app.tornado_settings["allow_remote_access"] is False
+    voila_config = VoilaConfiguration(parent=app)
+    assert voila_config.multi_kernel_manager_class is explore.CappedKernelManager
+    assert voila_config.preheat_kernel is False  # no pool of kernels started ahead of the pages
+    manager_class = voila_kernel_manager_factory(voila_config.multi_kernel_manager_class, False, 0)
+    manager = manager_class(parent=app)  # as Voilà builds it
+    assert isinstance(manager, explore.CappedKernelManager) and manager.max_kernels == explore.MAX_KERNELS
+    assert manager.cull_idle_timeout == explore.CULL_IDLE_S and manager.cull_connected is False
+
+
+class _FakeKernels:
+    """The part of a kernel manager that ``make_room`` uses, without kernels."""
+
+    def __init__(self, ids):
+        import logging
+
+        self.ids, self.shut, self.log = list(ids), [], logging.getLogger("fake-kernels")
+
+    def list_kernel_ids(self):
+        return list(self.ids)
+
+    async def shutdown_kernel(self, kernel_id, now=False):
+        assert now is True
+        self.ids.remove(kernel_id)
+        self.shut.append(kernel_id)
+
+
+def test_making_room_shuts_the_oldest_kernels_down_first():
+    import asyncio
+
+    from fedlib.app.explore import make_room
+
+    kernels, order = _FakeKernels(["a", "b", "c"]), ["a", "b", "c"]
+    assert asyncio.run(make_room(kernels, order, 3)) == ["a"] and order == ["b", "c"] and kernels.ids == ["b", "c"]
+    assert asyncio.run(make_room(kernels, order, 3)) == [] and kernels.shut == ["a"]  # room for one more already
+    kernels.ids.remove("b")  # closed by its page (Voilà shut it down): forgotten, not shut twice
+    kernels.ids.append("x")  # started by someone else: counted, as the newest unknown
+    assert asyncio.run(make_room(kernels, order, 2)) == ["c"] and order == ["x"]
+    assert asyncio.run(make_room(kernels, order, 1)) == ["x"] and kernels.ids == [] and order == []
+
+
+def test_the_capped_kernel_manager_shuts_the_oldest_real_kernel_down():
+    """Three kernels started with room for two: the first is gone, the other two run."""
+    pytest.importorskip("jupyter_server")
+    pytest.importorskip("ipykernel")
+    import asyncio
+
+    from fedlib.app.explore import CappedKernelManager
+
+    manager = CappedKernelManager(max_kernels=2)
+
+    async def start_three():
+        started = [await manager.start_kernel(kernel_name="python3") for _ in range(3)]
+        running = manager.list_kernel_ids()
+        await manager.shutdown_all(now=True)
+        return started, running
+
+    started, running = asyncio.run(start_three())
+    assert sorted(running) == sorted(started[1:]) and started[0] not in running
+
+
+@pytest.mark.parametrize("port", [70000, 0, -1, "x", 65536, 1.5])
+def test_serving_on_a_bad_port_is_refused_in_one_line(port, capsys):
+    from fedlib.app import explore
+
+    never = ["/bin/sh", "-c", "echo started >&2; exit 3"]  # would print if a server were started
+    assert explore.serve(port, command=never) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedlib explore: --port: must be an integer in [1, 65535] (got ") and err.count("\n") == 1
+    assert "started" not in err

@@ -1,5 +1,7 @@
 """The CPU plan (LocalTraining.balance): steps that skip finished clients and worker threads balanced
-by steps give the plain masked plan's numbers, bit for bit."""
+by steps give the plain masked plan's numbers, within the determinism contract (fedlib.determinism):
+the same plan repeated is bit for bit; another plan (other client groups per worker, so batched
+kernels over other batch counts) agrees within ``PLAN``, on any CPU and any worker count."""
 
 from dataclasses import replace
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from fedlib.determinism import PLAN
 from fedlib.layers import MaskedBatchNorm
 from fedlib.models import FedModel, build_model
 from fedlib.population import (
@@ -49,11 +52,18 @@ def _train(model, x, y, indices, cfg, augment=False):
 
 
 def _assert_same(a, b, rel=0.0):
+    """Bit for bit (``rel`` 0), else parameters and BatchNorm statistics within ``rel`` of the largest value."""
+    assert a[1].keys() == b[1].keys()
     if rel:
         assert float((a[0] - b[0]).abs().max() / b[0].abs().max()) < rel
+        for k in a[1]:
+            if a[1][k].is_floating_point():
+                assert float((a[1][k] - b[1][k]).abs().max()) <= rel * max(float(b[1][k].abs().max()), 1.0), k
+            else:
+                assert torch.equal(a[1][k], b[1][k]), k
     else:
         assert torch.equal(a[0], b[0])
-    assert a[1].keys() == b[1].keys() and all(torch.equal(a[1][k], b[1][k]) for k in a[1])
+        assert all(torch.equal(a[1][k], b[1][k]) for k in a[1])
 
 
 SIZES = [70, 9, 33, 2, 51, 17, 5]  # unequal: most steps have finished clients
@@ -69,13 +79,33 @@ CONFIG_IDS = ["sgd", "momentum-wd-prox", "per-client-lr"]
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
-def test_balanced_plan_equals_the_masked_plan_bit_for_bit(cfg, workers):
+def test_balanced_plan_agrees_with_the_masked_plan_within_the_plan_tolerance(cfg, workers):
+    """Another plan: within ``PLAN`` (on some CPUs bit for bit, on others the batched kernels of other
+    group sizes round differently: 1.4e-8 to 2.8e-8 relative seen with 3 workers on 2 cores)."""
     torch.manual_seed(0)
     model = TinyBN()
     x, y, indices = _federation(SIZES, (12,), 3)
     cfg = replace(cfg, workers=workers, compile="off")
-    _assert_same(_train(model, x, y, indices, replace(cfg, balance=True)),
-                 _train(model, x, y, indices, replace(cfg, balance=False)))
+    balanced_run = _train(model, x, y, indices, replace(cfg, balance=True))
+    masked_run = _train(model, x, y, indices, replace(cfg, balance=False))
+    _assert_same(balanced_run, masked_run, rel=PLAN.parameters)
+    moved = float((balanced_run[0] - model_start(model)).abs().max())
+    assert moved > 100 * PLAN.parameters * float(masked_run[0].abs().max())  # the tolerance is far below training
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+@pytest.mark.parametrize("balance", [True, False])
+def test_the_same_plan_repeated_is_bit_for_bit(balance, workers):
+    """The bitwise half of the contract: the same machine, plan and worker count give identical bits."""
+    torch.manual_seed(0)
+    model = TinyBN()
+    x, y, indices = _federation(SIZES, (12,), 3)
+    cfg = replace(CONFIGS[1], workers=workers, compile="off", balance=balance)
+    _assert_same(_train(model, x, y, indices, cfg), _train(model, x, y, indices, cfg))
+
+
+def model_start(model):
+    return ParamLayout(model).flat_of(model)
 
 
 def extra_loss_federation():

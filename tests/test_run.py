@@ -19,7 +19,7 @@ SYNTH = dict(dataset="synthetic", model="mlp", n_clients=6, rounds=3, batch_size
 def _strip_timing(result):
     data = result.to_dict()
     for h in data["history"]:
-        for k in ("time_train", "time_server", "time_eval", "time_round"):
+        for k in ("time_train", "time_server", "time_eval", "time_round", "time_monitor"):
             h.pop(k, None)
     data.pop("meta")
     return data

@@ -147,9 +147,11 @@ def check_sample(keys: list[str], rounds: int, store: ResultCache | None = None,
     return out
 
 
-def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool = False, log=print) -> Comparison:
+def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool = False, log=print,
+                      scratch: ResultCache | None = None) -> Comparison:
     """Re-compute a stored run whole; with ``replace``, store today's run in its place when they differ
-    beyond the tolerance (``meta.recomputed`` records the earlier final accuracy and the first departure)."""
+    beyond the tolerance (``meta.recomputed`` records the earlier final accuracy and the first departure).
+    ``scratch``: a cache (never the store) of today's runs, so a re-computation done earlier is reused."""
     import fedlib
 
     store = store or ResultCache(runs_dir(), protect=True)
@@ -157,7 +159,7 @@ def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool 
     if entry is None:
         raise FileNotFoundError(f"{key}: not readable ({problem or 'absent'})")
     old = run_of(entry)
-    fresh = fedlib.run(make_config(entry["config"]), cache=False, progress=False)
+    fresh = fedlib.run(make_config(entry["config"]), cache=scratch if scratch is not None else False, progress=False)
     comparison = compare(key, old["history"], fresh.history)
     comparison.final_stored = old.get("final", {}).get("accuracy")
     comparison.final_fresh = fresh.final.get("accuracy")
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rekeyed", action="store_true", help="re-compute in full the runs re-keyed on an assertion")
     ap.add_argument("--store", action="store_true", help="with --rekeyed: replace each run that differs")
     ap.add_argument("--keys", nargs="*", default=None, help="these stored keys instead of a sample")
+    ap.add_argument("--scratch", default=None, help="with --rekeyed: a cache folder of today's runs to reuse")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.sample < 0:
         ap.error("--rounds must be >= 1 and --sample >= 0")
@@ -192,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
         keys = args.keys if args.keys else sample_keys(store, args.sample, args.seed)
         failed += sum(not c.agrees for c in check_sample(keys, args.rounds, store))
     if args.rekeyed:
+        scratch = ResultCache(Path(args.scratch)) if args.scratch else None
         for key in asserted_rekeys(store):
-            failed += not recompute_in_full(key, store, replace=args.store).agrees
+            failed += not recompute_in_full(key, store, replace=args.store, scratch=scratch).agrees
     if not (args.sample or args.keys or args.rekeyed):
         ap.error("nothing to do: give --sample N, --keys K ... or --rekeyed")
     return 1 if failed else 0

@@ -36,6 +36,7 @@ clients' do; under label skew (PLS, Dirichlet) the rest do not agree and B and C
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -135,11 +136,14 @@ MONITOR_SAMPLE = 8192  # coordinates the statistics are computed on (all of them
 MONITOR_SEED = 43  # the sample is fixed: the same coordinates every round, run and machine
 
 
+@functools.lru_cache(maxsize=8)
 def monitor_sample(size: int) -> np.ndarray | None:
     """The sorted coordinates (int64) the monitor reads of a model with ``size`` parameters; None: all."""
     if size <= MONITOR_SAMPLE:
         return None
-    return np.sort(np.random.default_rng(MONITOR_SEED).choice(size, MONITOR_SAMPLE, replace=False))
+    chosen = np.sort(np.random.default_rng(MONITOR_SEED).choice(size, MONITOR_SAMPLE, replace=False))
+    chosen.flags.writeable = False  # shared by every call (cached)
+    return chosen
 
 
 def fixed_sum(values: torch.Tensor) -> torch.Tensor:
@@ -155,10 +159,16 @@ def fixed_sum(values: torch.Tensor) -> torch.Tensor:
 
 
 def _middle(values: torch.Tensor) -> torch.Tensor:
-    """Median over dim 0, the mean of the two middle values when the count is even (as np.median)."""
-    ordered = values.sort(dim=0).values
+    """Median over dim 0, the mean of the two middle values when the count is even (as np.median).
+    On the CPU a selection (``np.partition``) of the transposed rows: the same values, 5x faster than
+    sorting along dim 0."""
     n = values.shape[0]
-    return 0.5 * (ordered[(n - 1) // 2] + ordered[n // 2])
+    low, high = (n - 1) // 2, n // 2
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        chosen = np.partition(values.T.contiguous().numpy(), [low, high], axis=1)
+        return torch.from_numpy(0.5 * (chosen[:, low] + chosen[:, high]))
+    ordered = values.sort(dim=0).values
+    return 0.5 * (ordered[low] + ordered[high])
 
 
 def _identical_groups(sampled: torch.Tensor, flat: torch.Tensor) -> list[list[int]]:
@@ -184,8 +194,8 @@ def update_disagreement(clients: np.ndarray, flat: torch.Tensor, global_flat: to
     if n == 0:
         return None
     sample = monitor_sample(size)
-    index = None if sample is None else torch.as_tensor(sample, device=flat.device)
-    picked = flat if index is None else flat[:, index]
+    index = None if sample is None else torch.tensor(sample, device=flat.device)  # a copy: the cache is read-only
+    picked = flat if index is None else flat.index_select(1, index)
     delta = picked - (global_flat if index is None else global_flat[index])  # float32, elementwise
     median_update = _middle(delta).double()
     wide = delta.double()  # float32 products are exact in float64; only the sums round, in a fixed order

@@ -1224,10 +1224,11 @@ def test_33_3_disagreement_statistics_by_hand():
     assert s.clipped == [4]  # the statistics are of the updates as sent, before clipping
 
 
-BAD_SIGN_FLIPS = [(-1, "sign_flips must be in [0, 9]"), (11, "sign_flips must be in [0, 9]"),
-                  (1.5, "split.sign_flips: must be an integer (got 1.5)"),
-                  (True, "split.sign_flips: must be an integer (got True)"),
-                  ("2", "split.sign_flips: must be an integer (got '2')")]
+BAD_SIGN_FLIPS = [(-1, "split.sign_flips: split 'iid' needs an integer in [0, 100000] or null (got -1)"),
+                  (11, "sign_flips must be in [0, 9]"),  # more than the benign clients: when the split is made
+                  (1.5, "split.sign_flips: split 'iid' needs an integer in [0, 100000] or null (got 1.5)"),
+                  (True, "split.sign_flips: split 'iid' needs an integer in [0, 100000] or null (got True)"),
+                  ("2", "split.sign_flips: split 'iid' needs an integer in [0, 100000] or null (got '2')")]
 
 
 @pytest.mark.parametrize("value, text", BAD_SIGN_FLIPS)

@@ -220,3 +220,17 @@ def test_means_and_bests_compare_methods_on_the_federations_all_of_them_ran():
     assert list(shared["seed"]) == [1, 1]
     means = shared.groupby("method")["accuracy"].mean()
     assert means["B"] > means["A"] and frame.groupby("method")["accuracy"].mean()["A"] > 75.0
+
+
+def test_poisoning_metrics_and_the_note_name_what_the_monitor_cannot_tell():
+    """Two of four clients flip signs; the warning names one of them and one benign client."""
+    from types import SimpleNamespace
+
+    run = SimpleNamespace(meta={"client_roles": ["benign", "sign_flip", "benign", "sign_flip"]},
+                          final={"accuracy": 0.5, "poisoning_warning": {"clients": [0, 3]}})
+    assert lb.poisoning_metrics(run) == {"accuracy": 50.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
+    silent = SimpleNamespace(meta=run.meta, final={"accuracy": 0.25, "poisoning_warning": None})
+    assert lb.poisoning_metrics(silent) == {"accuracy": 25.0, "warned": False, "flippers_named": 0.0,
+                                            "benign_named": 0}
+    for claim in ("label skew", "Maverick", "label flipping", "Krum", "no committed run without a hostile client"):
+        assert claim in lb.POISONING_NOTE

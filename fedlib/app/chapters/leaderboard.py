@@ -18,7 +18,10 @@ Poisoning (issue 33): on one more federation (IID, ``poisoning.n_clients`` clien
 list and the robust aggregation rules (coordinate-wise median, trimmed mean, Krum, multi-Krum, each
 told the attacker count f) run once more: final accuracy, whether the run warned of poisoning
 (``final["poisoning_warning"]``, ``fedlib.screening``), and which clients the warning named; a
-clean FedAvg run on the same federation is the reference.
+clean FedAvg run on the same federation is the reference. The monitor (issue 43) warns on exact signs
+(unchanged or bit-identical uploads) and on a group of >= 2 clients, >= 20 % of a round, against or far
+larger than a majority that agrees; calibrated so that no committed run without a hostile client
+warns. It stays silent where its statistics cannot tell an attack from label skew (:data:`POISONING_NOTE`).
 
 Logit-based UWA cannot enter a parameter-averaging federation (clients share logits on a public
 set, not models), so it gets its own rows on the logit protocol's federation (``uwa_configs``):
@@ -67,6 +70,13 @@ ROBUST: dict[str, tuple[str, Callable[[int, int], dict[str, Any]], str]] = {
     "multi_krum": ("krum", lambda n, f: {"num_malicious_clients": f, "num_clients_to_keep": n - f}, "multi-Krum (keep n − f)"),
 }
 CLEAN = "FedAvg, no attack"  # the poisoning table's reference row
+POISONING_NOTE = (  # what the poisoning table's "warned" column cannot show (fedlib.screening, issue 43)
+    "The warning is calibrated, not complete: no committed run without a hostile client warns. It cannot tell "
+    "one attacker from a Maverick (both point against the median; a Maverick's update can be 100 times the "
+    "median norm), nor label flipping from label skew (flipped clients still point with the majority), and "
+    "under label skew (PLS, Dirichlet) the rest of a round do not agree, so it stays silent there. Krum keeps "
+    "identical uploads (free-riders, colluders): they are each other's nearest neighbours at distance 0, as in "
+    "Flower's aggregate_krum.")
 
 SPLITS: dict[str, dict[str, Any]] = {
     "IID": {"name": "iid"},
@@ -526,7 +536,8 @@ class Leaderboard(Chapter):
         if frame.empty:
             return frame, {"lb_poison_best": Markdown("none"), "lb_poison_best_value": float("nan"),
                            "lb_poison_fedavg": float("nan"), "lb_poison_clean": float("nan"),
-                           "lb_poison_warned": 0, "lb_poison_runs": 0, "lb_poison_setting": Markdown("not run")}
+                           "lb_poison_warned": 0, "lb_poison_runs": 0, "lb_poison_setting": Markdown("not run"),
+                           "lb_poison_note": Markdown(POISONING_NOTE)}
         frame["warned"] = frame["warned"].astype(float)
         out = frame.groupby("method", sort=False)[["accuracy", "warned", "flippers_named", "benign_named"]].mean()
         attacked = out.drop(index=[CLEAN], errors="ignore").sort_values("accuracy", ascending=False)
@@ -537,7 +548,8 @@ class Leaderboard(Chapter):
                   attacked.index else float("nan"),
                   "lb_poison_clean": float(out.loc[CLEAN, "accuracy"]) if CLEAN in out.index else float("nan"),
                   "lb_poison_warned": int(under_attack["warned"].sum()), "lb_poison_runs": len(under_attack),
-                  "lb_poison_setting": Markdown(f"{p['poisoning']['sign_flips']} of {p['poisoning']['n_clients']}")}
+                  "lb_poison_setting": Markdown(f"{p['poisoning']['sign_flips']} of {p['poisoning']['n_clients']}"),
+                  "lb_poison_note": Markdown(POISONING_NOTE)}
         out = out.rename(columns={"accuracy": "accuracy %", "warned": "warned (share of seeds)",
                                   "flippers_named": "sign-flippers named", "benign_named": "benign clients named"})
         style = out.style.format({"accuracy %": "{:.2f}", "warned (share of seeds)": "{:.2f}",

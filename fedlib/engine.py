@@ -246,7 +246,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
             "clipped": screened.clipped,
             "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
-            "time_train": t_train, "time_server": t_server, "time_monitor": screened.monitor_time,
+            "time_train": t_train, "time_server": t_server,  # time_monitor: the poisoning monitor, in time_server
+            "time_monitor": screened.monitor_time,
             "similarity": similarity.cpu().tolist(),
         }
         scores = method.scores()

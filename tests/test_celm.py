@@ -476,3 +476,66 @@ def test_table_2_takes_the_profiles_maverick_reading():
     assert {c.split.name for c in shared} == {"celm_maverick_shared"} and len(shared) == len(default)
     with pytest.raises(ValueError, match="table2_reading: must be one of"):
         chapter.experiment_configs({**params, "table2_reading": "half"}, "table2")
+
+
+# ----------------------------------------------------------------------------- Table 7, EMNIST (issue 44.6)
+
+
+def test_table7_is_transcribed_from_the_paper():
+    """App. B.3's Table 7: 5 splits x 5 methods, read off the paper's text (celm.txt, lines 380-384)."""
+    from fedlib.app.book import load_reference, reference_value
+
+    ref = load_reference("celm")
+    t7 = ref[ref.table == "Table 7"]
+    assert len(t7) == 25 and set(t7.row) == {f"EMNIST {s}" for s in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)",
+                                                                       "PLS", "SLS")}
+    assert set(t7.column) == {"FedAvg", "CFFL", "CGSV", "ShapFed", "CELM"}
+    assert reference_value(ref, "Table 7", "EMNIST Dir. (0.01)", "CELM") == (82.42, 0.32)
+    assert reference_value(ref, "Table 7", "EMNIST Dir. (0.10)", "CFFL") == (85.0, 0.12)
+    assert reference_value(ref, "Table 7", "EMNIST SLS", "CGSV") == (31.34, 14.28)
+    assert reference_value(ref, "Table 7", "EMNIST PLS", "FedAvg") == (82.02, 0.92)
+    # the printed means summed per row by hand: 82.12 + 81.67 + 15.02 + 82.23 + 82.42 = 343.46, ...
+    sums = {"Dir. (0.01)": 343.46, "Dir. (0.05)": 354.34, "Dir. (0.10)": 372.06, "PLS": 364.31, "SLS": 370.15}
+    assert {r.removeprefix("EMNIST "): v for r, v in t7.groupby("row").value.sum().items()} == pytest.approx(sums)
+
+
+def test_table7_runs_are_the_paper_protocol_on_emnist_with_the_step_rule_for_pls_and_sls():
+    """75 runs (5 splits x 5 methods x 3 seeds) on EMNIST under the chapter's protocol; PLS and SLS by the
+    step rule k_i = 1 + floor(i (47 - 1) / 4 + 1/2) = 1, 13, 24, 36, 47 (the 10-class allocation would cover
+    only 2 + 3 + 4 + 5 + 9 = 23 of the 47 classes)."""
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm as chapter
+
+    params = load_profile("celm", "paper")
+    runs = chapter.experiment_configs(params, "table7")
+    assert len(runs) == 75 and {c.dataset for c in runs} == {"emnist"}
+    assert {(c.model, c.rounds, c.lr, c.n_clients, c.batch_size) for c in runs} == {("mlp", 100, 0.1, 5, 128)}
+    assert chapter.table7_split("PLS") == {"name": "pls"} and chapter.table7_split("SLS") == {"name": "sls"}
+    assert chapter.table7_split("Dir(0.05)") == {"name": "dirichlet", "alpha": 0.05}
+    counts = chapter.split_counts(chapter.table7_split("PLS"), 100, n_classes=47)
+    assert sorted((counts > 0).sum(1).tolist()) == [1, 13, 24, 36, 47]
+    cffl = {c.split.name: c.method.params.get("split_kind") for c in runs if c.method.name == "cffl"}
+    assert cffl == {"dirichlet": None, "pls": "label_imbalance", "sls": "label_imbalance"}
+
+
+def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeypatch):
+    from fedlib.app import coverage, queue
+    from fedlib.app.book import load_profile
+    from fedlib.app.chapters import celm as chapter
+
+    items = [i for i in chapter.queue_items(load_profile("celm", "paper")) if i.table == "Table 7"]
+    assert len(items) == 75 and {i.dataset for i in items} == {"emnist"}
+    assert {i.cells[0] for i in items if i.seed == 0} == {
+        ("Table 7", f"EMNIST {r}", m) for r in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")
+        for m in ("FedAvg", "CFFL", "CGSV", "ShapFed", "CELM")}
+    monkeypatch.setattr(queue, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
+    cells = [c for c in coverage.coverage("celm", "smoke", stored=set()) if c.table == "Table 7"]
+    assert len(cells) == 25 and {c.level for c in cells} == {"not runnable here"}
+    assert {c.detail for c in cells} == {"needs EMNIST (not on this machine): python -m fedlib results --chapter celm "
+                                         "--table 'Table 7' where it is present"}
+    # the page: the paper's rows only, and the note with the same command
+    page = chapter.CELM("smoke", load_profile("celm", "smoke"))  # nothing run, nothing stored
+    table, note, values = page.table7()
+    assert note.startswith("needs EMNIST") and "--table 'Table 7'` makes and stores its 75 paper-protocol runs" in note
+    assert values == {"t7_best": 0, "t7_paper": 0, "t7_n": 0}
+    assert list(table.data.index.get_level_values("source").unique()) == ["paper"]

@@ -55,7 +55,9 @@ def test_levels_from_stored_seeds_build_profile_and_missing_data(monkeypatch):
     assert cells[("Table 1", "F.MNIST SLS", "FedAvg")].level == "queued, not run yet"
     assert cells[("Table 1", "F.MNIST SLS", "FedAvg")].detail == "2 run(s) queued"
     assert cells[("Table 1", "CIFAR-10 PLS", "CELM")].level == "not runnable here"
-    assert cells[("Table 1", "CIFAR-10 PLS", "CELM")].detail == "cifar10 data absent"
+    assert cells[("Table 1", "CIFAR-10 PLS", "CELM")].detail == (
+        "needs CIFAR-10 (not on this machine): python -m fedlib results --chapter celm --table 'Table 1' where it is "
+        "present")
     assert cells[("Table 1", "FedISIC Natural", "CELM")].detail == "FedISIC-2019 data absent"
     # one run backs every column of its Table 4 row ("*")
     assert {cells[("Table 4", "F.MNIST PLS", c)].detail for c in ("JSD CELM", "EMD CELM")} == {"1 of 3 seeds stored"}
@@ -105,3 +107,25 @@ def test_the_repository_coverage_is_the_same_without_any_data(tmp_path, monkeypa
         levels[name] = {(c.table, c.row, c.column): c.level for paper in ("celm", "logitfl", "fedms")
                         for c in coverage.coverage(paper, "smoke") if c.level in coverage.LEVELS[:2]}
     assert levels["here"] and levels["here"] == levels["empty"]
+
+
+def test_every_count_of_the_papers_cells_is_the_reference_yamls_total():
+    """The papers' cells are every distinct (table, row, column) of book/reference/*.yaml, counted here from
+    the files themselves (627 since CELM's Table 7: 222 + 77 + 156 + 169 + 3): the coverage of each paper
+    has exactly its YAML's cells as paper cells, and ``per_level`` counts them all."""
+    import yaml
+
+    from fedlib.app.book import book_dir
+
+    from_files = {}
+    for path in sorted((book_dir() / "reference").glob("*.yaml")):
+        entries = yaml.safe_load(path.read_text())["entries"]
+        from_files[path.stem] = len({(e["table"], e["row"], e["column"]) for e in entries})
+    assert sum(from_files.values()) == 627 and from_files["celm"] == 222
+    by_paper = coverage.reference_cells()
+    assert {chapters.record(p).reference: n for p, n in by_paper.items()} == from_files
+    cells = {paper: coverage.coverage(paper, "smoke", stored=set()) for paper in chapters.papers()}
+    assert {p: sum(c.in_paper for c in cs) for p, cs in cells.items()} == by_paper
+    _, values = coverage.per_level(cells)
+    assert values["n_paper_cells"] == sum(from_files.values()) and values["n_stored_paper_cells"] == 0
+    assert values["n_cells"] >= values["n_paper_cells"]  # and our own tables' cells

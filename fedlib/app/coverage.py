@@ -10,6 +10,12 @@ say which runs back which cells; a cell's level is:
   queued, not run yet          in the paper profile's queue, not in the build profile
   not runnable here            nothing stored, and its data is absent here or no run of ours backs it
 
+A cell whose runs' data is absent says what it needs and the command that stores its runs where the
+data is present ("needs EMNIST (not on this machine): python -m fedlib results --chapter celm --table
+'Table 7' where it is present"). The papers' cells are those of the reference YAMLs, all of them
+(``reference_cells``: every entry of the five YAMLs, CELM's Table 7 included); ``per_level`` counts them apart
+from our own tables' cells.
+
 A stored run counts whether or not its data is on this machine (``claims.StoredIndex``: judged by
 the data fingerprint the run recorded); such cells say "data not on this machine (fingerprint
 recorded)". The data only decides what can be re-run here.
@@ -29,6 +35,30 @@ COLOURS = dict(zip(LEVELS, ("#2e7d32", "#a5d6a7", "#fff59d", "#ffe0b2", "#e0e0e0
 SHORT = dict(zip(LEVELS, ("all seeds", "fewer seeds", "reduced", "queued", "absent")))  # a grid cell's text
 # first words of reference rows/columns naming data we do not have anywhere
 DATA_NAMES = {"CIFAR-100": "cifar100", "EuroSAT": "eurosat", "SVHN": "svhn", "FedISIC": "FedISIC-2019"}
+# how a cell's note names a dataset its runs need (fedlib.data's names; others as they are)
+DATA_LABELS = {"mnist": "MNIST", "fmnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
+               "svhn": "SVHN", "emnist": "EMNIST", "eurosat": "EuroSAT"}
+
+
+def needs(dataset: str, chapter: str, table: str) -> str:
+    """A cell's note when its runs' data is absent here: the data it needs and the command that stores its runs."""
+    return (f"needs {DATA_LABELS.get(dataset, dataset)} (not on this machine): python -m fedlib results "
+            f"--chapter {chapter} --table '{table}' where it is present")
+
+
+def reference_cells(papers: list[str] | None = None) -> dict[str, int]:
+    """The papers' cells per paper (None: every paper with a reference YAML): its distinct (table, row,
+    column) entries, read from ``book/reference/<paper>.yaml``."""
+    from .book import load_reference
+    from .chapters import record
+
+    out = {}
+    for paper in _papers(papers):
+        name = record(paper).reference
+        if name is not None:
+            ref = load_reference(name)
+            out[paper] = len(set(zip(ref.table, ref.row, ref.column)))
+    return out
 
 
 def _matches(pattern: tuple[str, str, str], cell: tuple[str, str, str]) -> bool:
@@ -91,16 +121,16 @@ def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build
     out = []
     for cell, in_paper in [(c, True) for c in dict.fromkeys(ref_cells)] + [(c, False) for c in own]:
         backing = [i for i in paper_items if _backs(i, cell, in_paper)]
-        out.append(Cell(*cell, *_level(cell, backing, build_items, stored, missing, in_paper), in_paper))
+        out.append(Cell(*cell, *_level(cell, backing, build_items, stored, missing, in_paper, chapter), in_paper))
     return out
 
 
-def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, str]:
+def _level(cell, backing, build_items, stored, missing, in_paper, chapter) -> tuple[str, str]:
     if not backing:
         name = next((n for label, n in DATA_NAMES.items() if cell[1].startswith(label) or cell[2].startswith(label)),
                     None)
         return LEVELS[4], f"{name} data absent" if name else "no run of ours backs it"
-    absent = sorted({missing[i.dataset] for i in backing if missing.get(i.dataset)})
+    absent = sorted({i.dataset for i in backing if missing.get(i.dataset)})
     seeds = sorted({i.seed for i in backing})
     have = [i for i in backing if stored(i)]
     if have:
@@ -108,7 +138,7 @@ def _level(cell, backing, build_items, stored, missing, in_paper) -> tuple[str, 
         detail = f"{len({i.seed for i in have})} of {len(seeds)} seeds stored"
         return level, detail + (f"; {DATA_ABSENT}" if any(missing.get(i.dataset) for i in have) else "")
     if absent and len(absent) == len({i.dataset for i in backing}):
-        return LEVELS[4], "; ".join(absent)
+        return LEVELS[4], "; ".join(needs(d, chapter, cell[0]) for d in absent)
     if any(_backs(i, cell, in_paper) for i in build_items):
         return LEVELS[2], "the build profile's run"
     return LEVELS[3], f"{len(backing)} run(s) queued"
@@ -195,11 +225,15 @@ def reproduction(papers: list[str] | None, build_profile: str = "quick"):
 
 
 def per_level(cells_by_paper: dict[str, list[Cell]]):
-    """Cells per paper and level; glue values: cells in all, and those backed by stored paper-protocol runs."""
+    """Cells per paper and level; glue values: cells in all, those backed by stored paper-protocol runs, and
+    the papers' cells (``n_paper_cells``, every cell of the reference YAMLs) with their stored share
+    (``n_stored_paper_cells``)."""
     import pandas as pd
 
     total = pd.concat({paper: frame(cells).groupby("level").size() for paper, cells in cells_by_paper.items()},
                       axis=1).T
     total = total.reindex(columns=[lv for lv in LEVELS if lv in total.columns]).fillna(0).astype(int)
     stored = int(total.reindex(columns=list(LEVELS[:2]), fill_value=0).values.sum())
-    return total, {"n_cells": int(total.values.sum()), "n_stored_cells": stored}
+    paper = [c for cells in cells_by_paper.values() for c in cells if c.in_paper]
+    return total, {"n_cells": int(total.values.sum()), "n_stored_cells": stored, "n_paper_cells": len(paper),
+                   "n_stored_paper_cells": sum(c.level in LEVELS[:2] for c in paper)}

@@ -10,6 +10,7 @@ decayed x0.1 at half the rounds):
   table4  fidelity of CELM's evidence to the true client-class counts (Table 4, Fig. 5)
   table5  an IID federation, Dir(100)                               (Table 5)
   table6  20 clients                                                (Table 6)
+  table7  EMNIST (balanced, 47 classes) under the same splits, when the data root has it (Table 7)
   table8  the warm-up horizon T_w / T                               (Table 8)
   fig6    sensitivity to the probe steps L and Adam step size eta   (Fig. 6)
   fig7    the final probe images                                    (Fig. 7)
@@ -22,6 +23,11 @@ decayed x0.1 at half the rounds):
 PLS holds the class allocation ``PLS_ALLOCATION`` (k_i classes for client i), the one chosen by
 ``choose_pls_allocation`` among those that reproduce Table 4's Uniform column; CFFL runs with
 ``split_kind = "label_imbalance"`` (its authors' 1/6 removal coefficient) on PLS and SLS.
+
+Table 7 (App. B.3) states only EMNIST's 47 classes and 5 clients; the rest of its protocol is our reading:
+the chapter's own (the profile's model, rounds, lr schedule, batch, seeds and Table 1's splits) on
+EMNIST balanced, PLS and SLS by the partition's step rule over the 47 classes (``PLS_ALLOCATION`` is a
+10-class allocation), see ``table7_split``.
 """
 
 from __future__ import annotations
@@ -64,24 +70,42 @@ SPLITS: dict[str, tuple[dict[str, Any], str]] = {
 # where their removal coefficient is 1/6 (fedlib.methods.fairness.CFFL.split_kind).
 LABEL_IMBALANCE_SPLITS = ("pls", "sls")
 MAVERICK = {"name": "celm_maverick"}
+# Table 7 (App. B.3): EMNIST balanced, 47 classes (fedlib.data's ``emnist``), as the paper's rows name it.
+TABLE7_DATASET, TABLE7_PREFIX = "emnist", "EMNIST"
 DETECTION_SPLITS = {"FR": {"name": "celm_free_rider"}, "FRM": {"name": "celm_free_rider", "with_maverick": True}}
 
 
 def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_clients: int | None = None,
-               cifar10: bool = False, **method_params) -> RunConfig:
+               cifar10: bool = False, dataset: str | None = None, **method_params) -> RunConfig:
     """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1,
-    the CNN with its own data fraction, rounds and lr milestones)."""
+    the CNN with its own data fraction, rounds and lr milestones; ``dataset``: another dataset under
+    the profile's own protocol, e.g. Table 7's EMNIST)."""
     spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
     if method == "cffl" and split["name"] in LABEL_IMBALANCE_SPLITS:
         spec.setdefault("split_kind", "label_imbalance")
     data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "lr_milestones")}
     fields = dict(
-        **data, dataset="cifar10" if cifar10 else params["dataset"], model="cnn" if cifar10 else params["model"],
+        **data, dataset="cifar10" if cifar10 else (dataset or params["dataset"]),
+        model="cnn" if cifar10 else params["model"],
         n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
         server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
     )
     return make_config(**{**fields, **(readings.recipe(params) if cifar10 else {})})
+
+
+def table7_split(split: str) -> dict[str, Any]:
+    """Table 7's spec of a split label: ``SPLITS``' own, except PLS and SLS, whose class counts follow the
+    partition's step rule over EMNIST's 47 classes (k = 1, 13, 24, 36, 47 for 5 clients; ``partition.pls``):
+    ``PLS_ALLOCATION`` covers only 23 classes, and the paper gives no EMNIST allocation."""
+    spec = SPLITS[split][0]
+    return {"name": spec["name"]} if spec["name"] in LABEL_IMBALANCE_SPLITS else spec
+
+
+def table7_configs(params: dict[str, Any]) -> list[RunConfig]:
+    """Table 7's runs: every method and seed of the profile on EMNIST under each of its ``splits``."""
+    return [run_config(params, table7_split(s), m, seed, dataset=TABLE7_DATASET)
+            for s in params["splits"] for m in params["methods"] for seed in params["seeds"]]
 
 
 def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfig]:
@@ -102,6 +126,8 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     if experiment == "table6":
         return [run_config(params, SPLITS[s][0], m, seed, n_clients=params["many_clients"])
                 for s in params["many_client_splits"] for m in methods for seed in seeds]
+    if experiment == "table7":
+        return table7_configs(params)
     if experiment == "table8":
         return [run_config(params, SPLITS[s][0], "celm", seed, warmup_fraction=f)
                 for s in params["warmup_splits"] for f in params["warmup_fractions"] for seed in seeds]
@@ -526,6 +552,7 @@ def queue_items(params: dict[str, Any]) -> list:
         backs=lambda c: [("Table 4", row(c), "*")])
     add("table5", "Table 5", lambda c: f"{prefix} IID", method, rank=2)
     add("table6", "Table 6", row, method, rank=2, headline=f"{prefix} Dir. (0.05)")
+    add("table7", "Table 7", lambda c: row(c, TABLE7_PREFIX), method, rank=2, headline=f"{TABLE7_PREFIX} Dir. (0.05)")
     add("table8", "Table 8", row, lambda c: f"{round(100 * c.method.params.get('warmup_fraction', 0.05)):d}%", rank=2)
     add("fig6", "Fig. 6", lambda c: f"L = {c.method.params.get('lm_steps')}",
         lambda c: f"η = {c.method.params.get('lm_lr')}", rank=3)
@@ -552,7 +579,7 @@ def method_configs(spec, methods, **options):
 
 
 class CELM(Chapter):
-    """The CELM page: Tables 1-6 and 8, Figs. 4-7 and why a baseline falls short of FedAvg."""
+    """The CELM page: Tables 1-8, Figs. 4-7 and why a baseline falls short of FedAvg."""
 
     name = "celm"
     labels = METHOD_LABELS
@@ -663,6 +690,33 @@ class CELM(Chapter):
                               for split, by in made.items()])
         values["t1c_earlier_n"] = len(stored)
         return (self.comparison(rows) if rows else None), values
+
+    def table7(self):
+        """Table 7, EMNIST (47 classes): the paper's five splits, ours beside them from this build's and the stored
+        paper-profile runs where there are any. (styled frame, note, numbers); the note says what the rows need
+        when no EMNIST run exists: the data (absent here) and the command that makes them."""
+        from .. import queue
+
+        methods = self.params["methods"]
+        splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
+        rows = [(f"{TABLE7_PREFIX} {split}",
+                 self.paper_values("Table 7", f"{TABLE7_PREFIX} {SPLITS[split][1]}", methods),
+                 self.sources(method_configs(table7_split(split), methods, dataset=TABLE7_DATASET)))
+                for split in splits]
+        measured = self.measured(rows)
+        best, paper, n = best_counts(measured, self.ours) if measured else (0, 0, 0)
+        values = {"t7_best": best, "t7_paper": paper, "t7_n": n}
+        source = self.data_source(TABLE7_DATASET)
+        if measured:
+            return self.styled(measured), f"data: {source}", values
+        missing = queue.data_missing(TABLE7_DATASET)
+        runs = len(table7_configs(self.paper_params))
+        note = (f"needs {TABLE7_PREFIX}: " + ("it is not under the data root here (torchvision's EMNIST/raw layout, "
+                                               "README 'Choosing a data root')" if missing else
+                                               "no Table 7 run is stored yet")
+                + f"; where it is present, `python -m fedlib results --chapter celm --table 'Table 7'` makes and "
+                  f"stores its {runs} paper-protocol runs. The rows show the paper's values only.")
+        return self.styled([(label, paper, {}) for label, paper, _ in rows]), note, values
 
     def table2(self):
         """Table 2, balanced and rare-class accuracy: the styled frame, the Maverick's classes, the numbers."""

@@ -501,3 +501,78 @@ def test_celm_page_reads_cffl_removals_and_cgsv_concentration_from_the_history()
     text, table = diagnose_baseline(_fake_run("cgsv", scores, counts), "cgsv")
     # 1 / (0.8² + 0.1² + 0.1²) = 1 / 0.66 = 1.5; first round above one half: round 2
     assert "client 0 holds 0.80" in text and "effective number of clients 1.5 of 3" in text and "round 2" in text
+
+
+def _label_imbalance_federation(split_kind="label_imbalance", **params):
+    """Four clients holding 1, 2, 3 and 4 of the C = 5 classes, with 40, 10, 20 and 10 samples (so sizing by
+    classes and by samples differ), reputations r = (0.5, 0.25, 0.125, 0.125): r / max r = (1, 0.5, 0.25, 0.25)."""
+    from fedlib.methods import ClientData
+
+    fed = _federation()
+    classes = [[0], [0, 1], [0, 1, 2], [0, 1, 2, 3]]
+    sizes = [40, 10, 20, 10]
+    y = torch.cat([torch.tensor(held * n)[:n] for held, n in zip(classes, sizes)])
+    bounds = np.cumsum([0] + sizes)
+    indices = [np.arange(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    x = torch.zeros(len(y), 1, 4, 4)
+    fed.client_sizes = np.asarray(sizes)
+    fed.client_data = lambda c: ClientData(x, y, [indices[i] for i in c], torch.Generator().manual_seed(0))
+    method = build_method("cffl", {"split_kind": split_kind, **params})
+    method.setup(fed)
+    method.reputation = torch.tensor([0.5, 0.25, 0.125, 0.125], dtype=torch.float64)
+    method.seen[:] = True
+    return fed, method
+
+
+@pytest.mark.parametrize("split_kind,counts", [
+    # their lines 549-554: int(r_i / max r · c_i / C · P), c = (1, 2, 3, 4), C = 5, P = 45,829 (the tiny MLP:
+    # 16·256 + 256 + 256·128 + 128 + 128·64 + 64 + 64·5 + 5): 1 · 0.2 · P = 9165.8, 0.5 · 0.4 · P = 9165.8,
+    # 0.25 · 0.6 · P = 6874.35, 0.25 · 0.8 · P = 9165.8
+    ("label_imbalance", [9165, 9165, 6874, 9165]),
+    # other splits: int(r_i / max r · n_i / max n · P), n / max n = (1, 0.25, 0.5, 0.25): P, 0.125 P = 5728.625,
+    # 0.125 P, 0.0625 P = 2864.3125
+    ("other", [45829, 5728, 5728, 2864]),
+])
+def test_cffl_download_sizes_follow_the_authors_formula_by_hand(split_kind, counts):
+    fed, method = _label_imbalance_federation(split_kind)
+    layout = ParamLayout(fed.model)
+    assert layout.size == 45829
+    global_flat = layout.flat_of(fed.model)
+    updates = _updates(np.arange(N), global_flat.repeat(N, 1) + 0.001)
+    state = _state(0, global_flat)
+    state.updates, state.client_state = updates, method.init_client_state(fed, global_flat, {})
+    seen, masks = [], method.download_masks
+    method.download_masks = lambda s, aggregate, c: (seen.append(c.tolist()), masks(s, aggregate, c))[1]
+    method.update_client_state(state, None, global_flat + 0.01, {})
+    assert seen == [counts]
+
+
+def test_cffl_mean_aggregation_on_label_imbalance_weighs_by_classes_held_by_hand():
+    """'mean' (their lines 467-474 and 509-514): the step weighs upload i by c_i / C = (0.2, 0.4, 0.6, 0.8) and
+    client i takes back b_i = c_i / max c = (0.25, 0.5, 0.75, 1) of its own upload; other splits n_i / Σ n =
+    (0.5, 0.125, 0.25, 0.125) and n_i / max n = (1, 0.25, 0.5, 0.25)."""
+    _, method = _label_imbalance_federation(aggregation="mean")
+    clients = torch.arange(N)
+    assert method.classes_held().tolist() == [1, 2, 3, 4]
+    assert method.step_weights(clients).tolist() == pytest.approx([0.2, 0.4, 0.6, 0.8])
+    assert method.own_share().tolist() == [0.25, 0.5, 0.75, 1.0]
+    _, other = _label_imbalance_federation("other", aggregation="mean")
+    assert other.step_weights(clients).tolist() == [0.5, 0.125, 0.25, 0.125]
+    assert other.own_share().tolist() == [1.0, 0.25, 0.5, 0.25]
+
+
+def test_cffl_on_label_imbalance_needs_the_clients_labels():
+    fed = _federation()
+    method = build_method("cffl", {"split_kind": "label_imbalance"})
+    method.setup(fed)  # the threshold alone needs no labels
+    with pytest.raises(ValueError, match="needs the clients' labels") as info:
+        method.download_share()
+    assert "\n" not in str(info.value)
+
+
+def test_a_label_imbalance_cffl_run_finishes():
+    config = {"dataset": "synthetic", "method": {"name": "cffl", "split_kind": "label_imbalance"}, "n_clients": 4,
+              "rounds": 2, "batch_size": 16, "fraction": 0.25, "server_val": 100, "test_samples": 100,
+              "split": {"name": "pls"}}
+    r = fedlib.run(config, cache=False, progress=False)
+    assert len(r.history) == 2 and all(np.isfinite(h["weights"]).all() for h in r.history)

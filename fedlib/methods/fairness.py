@@ -18,6 +18,16 @@ classes. Here ``split_kind = "label_imbalance"`` selects 1/6 (the chapter sets i
 PLS and SLS splits, where clients hold different numbers of classes); ``"other"`` (default)
 uses ``threshold``. ``threshold = 0`` switches removal off.
 
+On that split their code also sizes by the classes a party holds, not its sample count (their parties
+hold equal counts): the reward download is int(r_i / max r · c_i / C · P) entries
+(``assign_updates_with_filter``, ``Federated_Learner.py`` at 5c8f854 lines 549-554, and 568-573 for their
+pretrained twin), with c_i = class_sizes[i] from linspace(1, C, N) and C = 10; with 'mean' aggregation
+the server step weighs an upload by c_i / C (``aggregate_gradients_and_update_federated_model`` lines
+467-474, 489-497 for the twin) and a party takes back b_i = c_i / max c of its own upload (lines
+509-514). Here ``split_kind = "label_imbalance"`` does the same with c_i the number of classes client i
+holds (from its own labels, ``Federation.client_data``) and C the federation's classes; other splits
+size by n_i / max n (downloads and b_i) and n_i / Σ n (the 'mean' step), as theirs does.
+
 Every client keeps its own model θ_i (the engine's ``ClientState``); the server holds θ_g and
 a labelled validation set V (``needs_validation``). Round t (T rounds), reputable set R:
 
@@ -30,10 +40,11 @@ a labelled validation set V (``needs_validation``). Round t (T rounds), reputabl
             r <- r / Σ r and r_th = coef / |R|           (r_th = coef / N at the start;
                                                           coef = 1/6 on a label-imbalance split)
     θ_g  <- θ_g + Σ_{i∈R} a_i f_i                         a_i = 1 ('sum'), r_i ('reputation_sum'),
-                                                         n_i / Σ n ('mean')
+                                                         n_i / Σ n ('mean'; c_i / C on label imbalance)
     θ_i  <- θ_i + D_i(θ_g^new - θ_g^old) - b_i f_i,  i ∈ R     reward download of
-            int(r_i / max r · n_i / max n · P) entries: a random subset ('random', one
-            permutation per round) or the largest ('topk'); b_i = n_i / max n for 'mean', else 1
+            int(r_i / max r · n_i / max n · P) entries (label imbalance: c_i / C for
+            n_i / max n): a random subset ('random', one permutation per round) or the
+            largest ('topk'); b_i = n_i / max n (c_i / max c) for 'mean', else 1
 
 Clipping and sparsification DO change the reputations: the validation accuracy is that of
 θ_g plus the clipped, sparsified upload, not of the client's full model. The engine evaluates
@@ -87,7 +98,7 @@ class CFFL(Method):
     """Validation-accuracy reputations, removal threshold and reputation-sized downloads (see the module)."""
 
     name = "cffl"
-    rule_version = "3"  # 3: coefficient 1/6 on a label-imbalance split (split_kind)
+    rule_version = "4"  # 3: coefficient 1/6 on a label-imbalance split (split_kind); 4: there, sizes by classes held
     needs_validation = True
     alpha: float = 5.0
     alpha_growth: bool = True
@@ -116,6 +127,41 @@ class CFFL(Method):
         self.seen = torch.zeros(fed.n_clients, dtype=torch.bool)
         self.reputable = torch.ones(fed.n_clients, dtype=torch.bool)
         self.removed_round = np.full(fed.n_clients, -1)
+        self._classes_held = None
+
+    @property
+    def label_imbalance(self) -> bool:
+        return self.split_kind == "label_imbalance"
+
+    def classes_held(self) -> torch.Tensor:
+        """c_i [N]: how many classes client i holds (float64), from the clients' own labels; computed once."""
+        if self._classes_held is None:
+            fed = self.fed
+            if fed.client_data is None:
+                raise ValueError("method 'cffl': split_kind 'label_imbalance' sizes by the classes each client "
+                                 "holds and needs the clients' labels (Federation.client_data)")
+            data = fed.client_data(np.arange(fed.n_clients))
+            index, owner, _ = flat_indices(data.indices)
+            labels = data.y[index.to(data.y.device)].cpu().long()
+            cells = torch.zeros(fed.n_clients * fed.n_classes, dtype=torch.bool)
+            cells[owner * fed.n_classes + labels] = True
+            self._classes_held = cells.view(fed.n_clients, fed.n_classes).sum(1).double()
+        return self._classes_held
+
+    def download_share(self) -> torch.Tensor:
+        """[N] the size factor of each client's reward download: c_i / C on a label-imbalance split (their
+        lines 549-554), else n_i / max n."""
+        if self.label_imbalance:
+            return self.classes_held() / self.fed.n_classes
+        sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
+        return sizes / sizes.max() if sizes.max() > 0 else torch.ones_like(sizes)
+
+    def own_share(self) -> torch.Tensor:
+        """[N] b_i, the share of its own upload a client takes back under 'mean' aggregation: c_i / max c on a
+        label-imbalance split (their lines 509-514), else n_i / max n."""
+        held = self.classes_held() if self.label_imbalance else torch.as_tensor(
+            np.asarray(self.fed.client_sizes, dtype=float))
+        return held / held.max() if held.max() > 0 else torch.ones_like(held)
 
     @property
     def coefficient(self) -> float:
@@ -145,6 +191,8 @@ class CFFL(Method):
             return inside
         if self.aggregation == "reputation_sum":
             return inside * self.reputation[clients]
+        if self.label_imbalance:  # their lines 467-474: c_i / C
+            return inside * self.classes_held()[clients] / self.fed.n_classes
         sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
         return inside * sizes[clients] / sizes.sum()
 
@@ -210,9 +258,8 @@ class CFFL(Method):
         cs, updates = state.client_state, state.updates
         n_params = global_flat.numel()
         clipped, upload = self.uploads(state, updates)
-        sizes = torch.as_tensor(np.asarray(self.fed.client_sizes, dtype=float))
-        relative_size = sizes / sizes.max() if sizes.max() > 0 else torch.ones_like(sizes)
-        own = relative_size[updates.clients] if self.aggregation == "mean" else torch.ones(len(updates.clients))
+        share = self.download_share()
+        own = self.own_share()[updates.clients] if self.aggregation == "mean" else torch.ones(len(updates.clients))
         inside = self.reputable[updates.clients].to(clipped)
         start = state.global_flat if updates.start is None else updates.start
         flat = cs.flat.clone()
@@ -221,7 +268,7 @@ class CFFL(Method):
         members = torch.nonzero(self.reputable).squeeze(1)
         r = self.reputation
         if len(members) and r.max() > 0:
-            counts = (r[members] / r.max() * relative_size[members] * n_params).long()
+            counts = (r[members] / r.max() * share[members] * n_params).long()
             aggregate = global_flat - state.global_flat
             masks = self.download_masks(state, aggregate, counts)
             flat[members.to(flat.device)] += masks * aggregate

@@ -313,9 +313,11 @@ def gtg_shapley(utility: Callable, n: int, rng=None, eps_between: float = 0.001,
       at least ``min_iterations`` and at most ``max_iterations`` iterations.
 
     ``stopping = "original"`` and ``rescale = True`` follow the GTG-Shapley authors' code
-    instead (github.com/cyyever/torch_algorithm, ``cyy_torch_algorithm/shapely_value/
-    gtg_shapley_value.py``, ``compute`` and ``not_convergent``; ``shapley_value.py``
-    ``normalize_shapley_values``):
+    instead (github.com/cyyever/torch_algorithm at d09097c; the folder was ``shapely_value/``
+    before it became ``cyy_torch_algorithm/shapley_value/``: ``gtg_shapley_value.py``
+    ``GTGShapleyValue.__init__`` lines 19-31 (budget), ``_compute_impl`` lines 34-142 and
+    ``not_convergent`` lines 153-179; ``shapley_value.py`` ``RoundBasedShapleyValue.compute``
+    lines 94-114 (between-round truncation) and ``normalize_shapley_values`` lines 56-69):
     - budget: at least max(30, n) and at most min(2^n, max(30, 0.8 · 2^n)) permutations
       (theirs adds a random ±5 to 0.8 · 2^n), checked after each iteration of n orders;
     - stop when, over the running means φ^[r-k] of the last 10 permutations,

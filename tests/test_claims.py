@@ -1,6 +1,7 @@
 """Claims judged on synthetic stored runs with known margins: each verdict class as constructed, the
 spread and interval texts, and which stored runs count (never another protocol's or a superseded rule's)."""
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -319,3 +320,168 @@ def test_fedms_table1_claim_reads_a_run_as_the_page_does():
     assert claims.metric("fedms_table1")(cifar) == pytest.approx(90.0)
     claim = next(c for c in claims.claims_of("fedms") if "beats FedAvg" in c.text)
     assert {side.metric for comp in claim.comparisons for side in (comp.better, comp.worse)} == {"fedms_table1"}
+
+
+# ----------------------------------------------------------------------------- the paper's margin, rejected or not
+# Margins of 3 seeds, by hand (t(0.975, 2) = 4.302653): [2, 3, 4] -> 3 ± 2.484 = [0.516, 5.484];
+# [-2, -3, -4] -> [-5.484, -0.516]; [-1, 1, 3] -> 1 ± 4.968 = [-3.968, 5.968]; [5, 6, 7] -> [3.516, 8.484].
+
+
+@pytest.mark.parametrize("values, paper, verdict, check", [
+    ([2.0, 3.0, 4.0], 3.0, claims.HOLDS, claims.INSIDE),  # above 0, the paper's margin inside
+    ([2.0, 3.0, 4.0], 0.4, claims.HOLDS, claims.REJECTED),  # above 0, the paper's margin below our interval
+    ([5.0, 6.0, 7.0], 1.43, claims.HOLDS, claims.REJECTED),  # much larger than the paper's (the logit meta-model)
+    ([-2.0, -3.0, -4.0], -1.0, claims.FAILS, claims.INSIDE),  # below 0, and so is the paper's margin
+    ([-2.0, -3.0, -4.0], 3.08, claims.FAILS, claims.REJECTED),  # below 0, the paper's margin far above
+    ([-1.0, 1.0, 3.0], 3.08, claims.NOISE, claims.INSIDE),  # sign open, the paper's margin inside: not rejected
+    ([-1.0, 1.0, 3.0], 9.01, claims.NOISE, claims.REJECTED),  # sign open, yet the paper's +9 is excluded
+    ([-1.0, 1.0, 3.0], -5.0, claims.NOISE, claims.REJECTED),  # excluded from below
+    ([-1.0, 1.0, 3.0], None, claims.NOISE, None),  # no margin from the paper: nothing to reject
+    ([10.0, 11.0], 100.0, "indicative (2 seeds)", None),  # 2 seeds: indicative, no verdict of either kind
+    ([], 3.0, None, None),  # not measured
+])
+def test_the_sign_verdict_and_the_paper_margin_verdict_are_orthogonal(values, paper, verdict, check):
+    m = claims.Margin("r", values, paper)
+    assert m.verdict == verdict and m.paper_check == check and m.rejected is (check == claims.REJECTED)
+    assert claims.paper_margin_check(values, paper) == check
+    assert m.verdict_text() == (verdict or claims.UNMEASURED) + (f"; {check}" if check else "")
+
+
+def test_the_interval_bounds_themselves_do_not_reject():
+    lo, hi = 3.0 - T_2 / math.sqrt(3), 3.0 + T_2 / math.sqrt(3)  # [2, 3, 4]'s interval
+    assert claims.paper_margin_check([2.0, 3.0, 4.0], lo + 1e-9) == claims.INSIDE
+    assert claims.paper_margin_check([2.0, 3.0, 4.0], hi + 1e-6) == claims.REJECTED
+
+
+def test_a_claim_in_one_line():
+    M = claims.Margin
+    # the issue's case: does not hold on 2 of 3, the third's sign open; the paper's margin rejected on all 3
+    assert claims.summary_line([M("a", [-2.0, -3.0, -4.0], 3.08), M("b", [-2.0, -3.0, -4.0], 3.87),
+                                M("c", [-1.0, 1.0, 3.0], 9.01)]) == \
+        "does not hold on 2 of 3, sign open on 1 of 3; the paper's margin is rejected on 3 of 3"
+    # every class at once; only the 3 comparisons with a paper margin and 3 seeds judge the paper's margin
+    assert claims.summary_line([M("a", [2.0, 3.0, 4.0], 3.0), M("b", [-2.0, -3.0, -4.0], 3.08),
+                                M("c", [-1.0, 1.0, 3.0], 2.0), M("d", [10.0, 11.0], 5.0), M("e", [], 1.0),
+                                M("f", [-1.0, 1.0, 3.0], None)]) == \
+        ("holds on 1 of 6, does not hold on 1 of 6, sign open on 2 of 6, indicative (< 3 seeds) on 1 of 6, "
+         "no runs yet on 1 of 6; the paper's margin is rejected on 1 of 3")
+    assert claims.summary_line([M("a", [2.0, 3.0, 4.0], 3.0)]) == \
+        "holds on 1 of 1; the paper's margin is inside our interval on 1 of 1"
+    assert claims.summary_line([M("a", [2.0, 3.0, 4.0])]) == "holds on 1 of 1; the paper states no margin"
+    assert claims.summary_line([M("a", [10.0, 11.0], 3.0), M("b", [], 2.0)]) == \
+        "indicative (< 3 seeds) on 1 of 2, no runs yet on 1 of 2; the paper's margin is not testable yet (< 3 seeds)"
+
+
+def test_a_judged_claim_carries_its_summary_and_its_rejections():
+    # r1: margins 2, 3, 4 against the paper's +2 (inside); r2: 2, 3, 4 against the paper's -1 (rejected)
+    v = claims.judge(CLAIM, three_seeds([2.0, 3.0, 4.0], [2.0, 3.0, 4.0]), reference=REFERENCE)
+    assert v.verdict == claims.HOLDS and (v.n_testable, v.n_rejected) == (2, 1)
+    assert v.summary == "holds on 2 of 2; the paper's margin is rejected on 1 of 2"
+    assert claims.table([v]).loc[0, "summary"] == v.summary
+    comps = claims.comparisons([v]).set_index("comparison")
+    assert comps.loc["r1", "the paper's margin"] == claims.INSIDE and comps.loc["r2", "the paper's margin"] == \
+        claims.REJECTED
+    tally = claims.count([v])
+    assert (tally["n_comparisons"], tally["n_testable"], tally["n_rejected"], tally["n_claims_rejected"]) == (2, 2, 1, 1)
+
+
+def test_the_claims_html_shows_the_margins_the_verdict_and_the_summary():
+    import html
+
+    v = claims.judge(CLAIM, three_seeds([-2.0, -3.0, -4.0], [2.0, 3.0, 4.0]), reference=REFERENCE)
+    page = html.unescape(claims.claims_html([v], page="celm.html"))
+    # the deciding comparison r1: ours -3 ± 1 (3) in [-5.48, -0.52]; the paper's +2 rejected
+    assert "-3.00 ± 1.00 (3)" in page and "[-5.48, -0.52]" in page and "+2.00" in page
+    assert "rejected by our interval" in page and '<a href="celm.html#table-1">Table 1</a>' in page
+    assert claims.FAILS in page and v.summary in page and "its 2 comparisons" in page
+    assert v.summary == "holds on 1 of 2, does not hold on 1 of 2; the paper's margin is rejected on 2 of 2"
+    unmeasured = html.unescape(claims.claims_html([claims.judge(CLAIM, {})]))
+    assert "from: no runs yet" in unmeasured and claims.UNMEASURED in unmeasured
+
+
+# ----------------------------------------------------------------------------- "in most settings"
+
+
+def _rows(n):
+    return Claim("A beats B in most settings", "Table 1", "table-1",
+                 tuple(Comparison(f"r{i}", Side(("Table 1", f"r{i}", "A")), Side(("Table 1", f"r{i}", "B")))
+                       for i in range(1, n + 1)), quantifier=claims.MOST)
+
+
+def _evidence_of(*rows):
+    """Evidence whose row r<i> has the per-seed margins rows[i-1] (points; [] for no runs)."""
+    cells = {}
+    for i, ms in enumerate(rows, 1):
+        if ms:
+            cells[(f"r{i}", "B")] = {s: 0.5 for s in range(len(ms))}
+            cells[(f"r{i}", "A")] = {s: 0.5 + m / 100 for s, m in enumerate(ms)}
+    return evidence(cells)
+
+
+H, F, N = [2.0, 3.0, 4.0], [-2.0, -3.0, -4.0], [-1.0, 1.0, 3.0]
+
+
+@pytest.mark.parametrize("rows, most, every", [
+    ((H, H, H, F), claims.HOLDS, claims.FAILS),  # 3 of 4 hold: a majority, though one does not
+    ((H, H, F, F), claims.FAILS, claims.FAILS),  # 2 of 4 do not: a majority can no longer hold
+    ((H, H, N, F), claims.NOISE, claims.FAILS),  # 2 hold, 1 fails, 1 open: undecided
+    ((H, H, H, []), claims.HOLDS, claims.PARTIAL),  # the majority holds already
+    ((H, F, [], []), claims.PARTIAL, claims.FAILS),  # undecided until the rest is run
+    ((H, [10.0, 11.0], H, []), "indicative (2 seeds)", "indicative (2 seeds)"),
+])
+def test_a_claim_in_most_settings_needs_a_majority(rows, most, every):
+    ev = _evidence_of(*rows)
+    assert claims.judge(_rows(len(rows)), ev).verdict == most
+    assert claims.judge(dataclasses.replace(_rows(len(rows)), quantifier=claims.EVERY), ev).verdict == every
+
+
+def test_the_papers_own_verdict_on_a_claim_in_most_settings():
+    M = claims.Margin
+    assert claims.paper_verdict([M("a", [], 1.0), M("b", [], 2.0), M("c", [], -1.15)], claims.MOST) == "holds (2 of 3)"
+    assert claims.paper_verdict([M("a", [], 1.0), M("b", [], -2.0)], claims.MOST) == "does not hold (1 of 2)"
+    assert claims.paper_verdict([M("a", [], 1.0), M("b", [], -2.0)]) == "does not hold (1 of 2)"
+    with pytest.raises(ValueError, match="quantifier"):
+        Claim("x", "Table 1", "t", (), quantifier="some")
+
+
+# ----------------------------------------------------------------------------- every baseline the text claims against
+
+
+def _paper_margins(chapter, text):
+    from fedlib.app.sources import load_reference
+
+    claim = next(c for c in claims.claims_of(chapter) if c.text.startswith(text))
+    v = claims.judge(claim, {}, reference=load_reference(chapter))
+    return claim, v, {m.label: round(m.paper, 2) for m in v.margins}
+
+
+def test_fedms_is_judged_against_every_table1_baseline_in_most_settings():
+    """FedMS §5.2: "better model performance than baselines in most settings": a claim per baseline of
+    Table 1, on its six splits, the paper's margins from its Table 1 (FedMS minus the baseline)."""
+    rows = ["MNIST Dir(10)", "MNIST Dir(1)", "MNIST Dir(0.1)", "CIFAR-10 Dir(10)", "CIFAR-10 Dir(1)",
+            "CIFAR-10 Dir(0.1)"]
+    for baseline in ("FedAvg", "FedProx", "PoC", "FedEMD", "S-FedAvg", "GreedyFed"):
+        claim = next(c for c in claims.claims_of("fedms") if c.text.startswith(f"FedMS beats {baseline} "))
+        assert [c.label for c in claim.comparisons] == rows
+        assert {(c.better.cell[2], c.worse.cell[2], c.better.metric) for c in claim.comparisons} == \
+            {("FedMS", baseline, "fedms_table1")}
+        assert claim.quantifier == (claims.EVERY if baseline == "FedAvg" else claims.MOST)
+    _, v, paper = _paper_margins("fedms", "FedMS beats PoC ")
+    # 92.96 - 91.27, 65.92 - 67.07 (PoC ahead on CIFAR-10 Dir(10)), 89.62 - 54.63
+    assert (paper["MNIST Dir(10)"], paper["CIFAR-10 Dir(10)"], paper["MNIST Dir(0.1)"]) == (1.69, -1.15, 34.99)
+    assert v.paper_verdict == "holds (5 of 6)" and v.verdict == claims.UNMEASURED
+    _, v, paper = _paper_margins("fedms", "FedMS beats GreedyFed ")
+    assert paper["MNIST Dir(0.1)"] == -0.11 and v.paper_verdict == "holds (5 of 6)"  # 89.62 - 89.73
+    _, v, paper = _paper_margins("fedms", "FedMS beats FedProx ")
+    assert paper["CIFAR-10 Dir(0.1)"] == 18.69 and v.paper_verdict == "holds (6 of 6)"  # 59.75 - 41.06
+
+
+def test_celm_is_judged_against_cffl_and_cgsv_on_table1():
+    """CELM §6: top score in four of five F.MNIST splits (CFFL is best on SLS) and in all five CIFAR-10 splits."""
+    claim, v, paper = _paper_margins("celm", "CELM beats CFFL ")
+    assert "F.MNIST SLS" not in paper and len(paper) == 9 and v.paper_verdict == "holds"
+    assert paper["F.MNIST PLS"] == 2.75 and paper["CIFAR-10 Dir. (0.10)"] == 8.8  # 83.70 - 80.95, 69.21 - 60.41
+    assert {(c.better.cell, c.worse.cell[2]) for c in claim.comparisons if c.label == "CIFAR-10 SLS"} == \
+        {(("Table 1", "CIFAR-10 SLS", "CELM"), "CFFL")}
+    claim, v, paper = _paper_margins("celm", "CELM beats CGSV ")
+    assert len(paper) == 10 and paper["CIFAR-10 SLS"] == 38.38 and v.paper_verdict == "holds"  # 71.96 - 33.58

@@ -8,12 +8,22 @@ t-interval (``fedlib.stats``). The same comparison is made on the paper's publis
 where the reference YAML has both cells.
 
 A comparison's verdict (``stats.margin_verdict``): with n ≥ 3 paired seeds it *holds* when
-the interval lies above 0, *does not hold* when it lies below, is *within noise* when it
-contains 0; with fewer it is *indicative (n seeds)*. A claim's verdict (:func:`judge`), the
-first that applies: *not yet measured* (no comparison measured), *does not hold* (one
-comparison does not), *within noise* (one is), *indicative (n seeds)* (one rests on fewer
-than 3 seeds; n the fewest), *partly measured* (the measured ones hold, others are not
-measured), *holds* (every comparison holds).
+the interval lies above 0, *does not hold* when it lies below, is *within noise* (its sign is
+open) when it contains 0; with fewer it is *indicative (n seeds)*. Orthogonal to those, with
+n ≥ 3 and a margin the paper reports, **the paper's margin is rejected** when our interval
+excludes it (below it, or above it: a margin much larger than the paper's rejects it too), and
+*inside our interval* otherwise (:func:`paper_margin_check`); below 3 seeds there is no
+verdict of either kind.
+
+A claim's verdict (:func:`judge`), the first that applies: *not yet measured* (no comparison
+measured), *does not hold* (one comparison does not), *within noise* (one is), *indicative
+(n seeds)* (one rests on fewer than 3 seeds; n the fewest), *partly measured* (the measured
+ones hold, others are not measured), *holds* (every comparison holds). A claim of the paper's
+text over "most settings" (``Claim.quantifier == MOST``) holds when more than half of its
+comparisons hold and does not hold when at least half do not (a majority can no longer hold);
+otherwise the same order applies. :attr:`Verdict.summary` states the claim in one line: on how
+many comparisons it holds, does not hold, has its sign open, is indicative or has no runs, and
+on how many the paper's margin is rejected.
 
 Evidence comes from stored paper-profile runs (``results/runs/``) first; where a claim
 has none, from the build profile's runs in the result cache, labelled as reduced. A stored
@@ -37,6 +47,8 @@ from . import chapters, queue
 from .queue import StoredIndex  # noqa: F401 - read here, defined with the queue's store
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
+REJECTED, INSIDE = "the paper's margin is rejected", "the paper's margin is inside our interval"
+EVERY, MOST = "every", "most"  # a claim's quantifier over its comparisons
 DATA_ABSENT = "data not on this machine (fingerprint recorded)"
 
 Cell = tuple[str, str, str]
@@ -98,6 +110,11 @@ class Claim:
     anchor: str  # the section id of that table on the chapter page
     comparisons: tuple[Comparison, ...]
     unit: str = "points"
+    quantifier: str = EVERY  # MOST: the paper claims it "in most settings" (more than half of the comparisons)
+
+    def __post_init__(self):
+        if self.quantifier not in (EVERY, MOST):
+            raise ValueError(f"Claim: quantifier must be {EVERY!r} or {MOST!r}, not {self.quantifier!r}")
 
 
 @dataclass
@@ -131,6 +148,21 @@ class Margin:
     def verdict(self) -> str | None:
         return stats.margin_verdict(self.values)
 
+    @property
+    def paper_check(self) -> str | None:
+        """REJECTED / INSIDE (:func:`paper_margin_check`); None without a paper margin or 3 seeds."""
+        return paper_margin_check(self.values, self.paper)
+
+    @property
+    def rejected(self) -> bool:
+        return self.paper_check == REJECTED
+
+    def verdict_text(self) -> str:
+        """The sign verdict and, where it can be judged, the paper's margin's: "within noise; the paper's
+        margin is rejected"."""
+        verdict = self.verdict or UNMEASURED
+        return verdict + (f"; {self.paper_check}" if self.paper_check else "")
+
     def text(self, digits: int = 2) -> str:
         """"+1.23 ± 0.45 (3)": mean ± sample std (seeds); "—" when not measured."""
         if not self.measured:
@@ -160,8 +192,28 @@ class Verdict:
         return f"{w.text(digits)} ({w.label})"
 
     def paper_margin_text(self, digits: int = 2) -> str:
-        w = self.worst if self.worst is not None else (self.margins[0] if self.margins else None)
+        w = self.shown
         return "—" if w is None or w.paper is None else f"{w.paper:+.{digits}f}"
+
+    @property
+    def shown(self) -> Margin | None:
+        """The comparison a claim's row shows: the deciding one, else (none measured) the first."""
+        return self.worst if self.worst is not None else (self.margins[0] if self.margins else None)
+
+    @property
+    def n_rejected(self) -> int:
+        return sum(m.rejected for m in self.margins)
+
+    @property
+    def n_testable(self) -> int:
+        """Comparisons whose paper margin can be judged: one the paper reports, on ≥ 3 paired seeds."""
+        return sum(m.paper_check is not None for m in self.margins)
+
+    @property
+    def summary(self) -> str:
+        """The claim in one line: "does not hold on 2 of 3, sign open on 1 of 3; the paper's margin is
+        rejected on 3 of 3" (:func:`summary_line`)."""
+        return summary_line(self.margins)
 
 
 def cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table 1",
@@ -259,12 +311,55 @@ def margins(claim: Claim, evidence: Evidence, reference=None) -> list[Margin]:
     return out
 
 
-def _verdict(ms: list[Margin]) -> tuple[str, Margin | None]:
+def paper_margin_check(values: Iterable[float], paper: float | None) -> str | None:
+    """Whether our 95 % interval of a paired margin excludes the margin the paper reports: REJECTED
+    when it does (whichever side), INSIDE when it contains it; None without a paper margin or below
+    ``stats.MIN_SEEDS`` seeds (indicative: no verdict of either kind)."""
+    values = [v for v in values if v == v]
+    if paper is None or paper != paper or len(values) < stats.MIN_SEEDS:
+        return None
+    lo, hi = stats.interval(values)
+    return INSIDE if lo <= paper <= hi else REJECTED
+
+
+def summary_line(ms: list[Margin]) -> str:
+    """A claim's comparisons in one line: on how many of them it holds, does not hold, has its sign open
+    (within noise), is indicative (fewer than 3 seeds) or has no runs yet, then on how many of those the
+    paper reports a margin for (with ≥ 3 seeds) our interval rejects the paper's margin (or that it
+    rejects none, or that none can be judged yet)."""
+    n = len(ms)
+    if not n:
+        return "no comparison"
+    classes = [m.verdict if m.verdict in (HOLDS, FAILS, NOISE) else INDICATIVE if m.measured else None for m in ms]
+    parts = [f"{label} on {k} of {n}" for label, k in (
+        ("holds", classes.count(HOLDS)), ("does not hold", classes.count(FAILS)), ("sign open", classes.count(NOISE)),
+        ("indicative (< 3 seeds)", classes.count(INDICATIVE)), ("no runs yet", classes.count(None))) if k]
+    testable = [m for m in ms if m.paper_check is not None]
+    rejected = sum(m.rejected for m in testable)
+    if rejected:
+        tail = f"the paper's margin is rejected on {rejected} of {len(testable)}"
+    elif testable:
+        tail = f"the paper's margin is inside our interval on {len(testable)} of {len(testable)}"
+    elif all(m.paper is None for m in ms):
+        tail = "the paper states no margin"
+    else:
+        tail = f"the paper's margin is not testable yet (< {stats.MIN_SEEDS} seeds)"
+    return ", ".join(parts) + "; " + tail
+
+
+def _verdict(ms: list[Margin], quantifier: str = EVERY) -> tuple[str, Margin | None]:
     """The claim's verdict from its comparisons' (module docstring) and the comparison deciding it."""
     measured = [m for m in ms if m.measured]
     if not measured:
         return UNMEASURED, None
-    for verdict in (FAILS, NOISE):
+    if quantifier == MOST:
+        holding = [m for m in measured if m.verdict == HOLDS]
+        failing = [m for m in measured if m.verdict == FAILS]
+        if 2 * len(holding) > len(ms):
+            return HOLDS, min(holding, key=lambda m: m.interval[0])
+        if 2 * len(failing) >= len(ms):
+            return FAILS, min(failing, key=lambda m: m.mean)
+    for verdict in (FAILS, NOISE) if quantifier == EVERY else (NOISE,):  # MOST: a failing one alone does not decide
         hit = [m for m in measured if m.verdict == verdict]
         if hit:
             return verdict, min(hit, key=lambda m: m.mean)
@@ -276,11 +371,17 @@ def _verdict(ms: list[Margin]) -> tuple[str, Margin | None]:
     return (HOLDS if len(measured) == len(ms) else PARTIAL), weakest
 
 
-def paper_verdict(ms: list[Margin]) -> str:
+def paper_verdict(ms: list[Margin], quantifier: str = EVERY) -> str:
+    """The same claim on the paper's own numbers: "holds", "does not hold (k of n)" (k cells against
+    it); for a MOST claim, "holds (k of n)" / "does not hold (k of n)" (k cells for it)."""
     known = [m.paper for m in ms if m.paper is not None]
     if not known:
         return "stated in the text"
-    verdict = "holds" if all(v > 0 for v in known) else f"does not hold ({sum(v <= 0 for v in known)} of {len(known)})"
+    if quantifier == MOST:
+        k = sum(v > 0 for v in known)
+        verdict = f"{'holds' if 2 * k > len(known) else 'does not hold'} ({k} of {len(known)})"
+    else:
+        verdict = "holds" if all(v > 0 for v in known) else f"does not hold ({sum(v <= 0 for v in known)} of {len(known)})"
     return verdict + ("" if len(known) == len(ms) else f" on the {len(known)} cells it reports")
 
 
@@ -294,12 +395,13 @@ def judge(claim: Claim, stored: Evidence, build: Evidence | None = None, profile
         ms_build = margins(claim, build, reference)
         if any(m.measured for m in ms_build):
             ms, source = ms_build, f"{profile} profile (reduced protocol)"
-    verdict, worst = _verdict(ms)
+    verdict, worst = _verdict(ms, claim.quantifier)
     measured = [m for m in ms if m.measured]
     seeds = max((m.n for m in measured), default=0)
     cells = {side.cell for comp in claim.comparisons for side in (comp.better, comp.worse) if side is not None}
     note = DATA_ABSENT if source == "stored paper profile" and measured and cells & (absent or set()) else ""
-    return Verdict(claim, verdict, ms, source if measured else "—", paper_verdict(ms), worst, seeds, note)
+    return Verdict(claim, verdict, ms, source if measured else "—", paper_verdict(ms, claim.quantifier), worst, seeds,
+                   note)
 
 
 def _inputs(chapter: str, profile: str | None, stored: Evidence | None, build: Evidence | None,
@@ -327,13 +429,13 @@ def verdicts(chapter: str, profile: str | None = None, stored: Evidence | None =
 
 
 TABLE_COLUMNS = ["claim", "decided by", "paper", "paper's margin", "ours", "our margin ± sd (n)", "95 % interval",
-                 "from"]
+                 "summary", "from"]
 
 
 def table(results: list[Verdict], links: bool = False, page: str = ""):
     """One row per claim: claim, decided by (a link when ``links``), the paper's verdict and
-    margin, ours, our deciding margin (mean ± sample std (seeds)) with its 95 % t-interval,
-    and the evidence (with the data note)."""
+    margin, ours, our deciding margin (mean ± sample std (seeds)) with its 95 % t-interval, the
+    one-line summary (:attr:`Verdict.summary`) and the evidence (with the data note)."""
     import pandas as pd
 
     rows = []
@@ -345,29 +447,39 @@ def table(results: list[Verdict], links: bool = False, page: str = ""):
         rows.append({"claim": v.claim.text, "decided by": where, "paper": v.paper_verdict,
                      "paper's margin": v.paper_margin_text(), "ours": v.verdict,
                      "our margin ± sd (n)": v.margin_text(),
-                     "95 % interval": v.worst.interval_text() if v.worst is not None else "—", "from": source})
+                     "95 % interval": v.worst.interval_text() if v.worst is not None else "—",
+                     "summary": v.summary, "from": source})
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
+COMPARISON_COLUMNS = ["claim", "comparison", "paper's margin", "our margin ± sd (n)", "95 % interval", "verdict",
+                      "the paper's margin"]
+
+
 def comparisons(results: list[Verdict]):
-    """Every comparison of every claim: the paper's margin, ours (mean ± sample std (seeds)),
-    its 95 % t-interval and its verdict."""
+    """Every comparison of every claim: the paper's margin, ours (mean ± sample std (seeds)), its
+    95 % t-interval, its verdict and whether the paper's margin is rejected (:func:`paper_margin_check`;
+    "—" without a paper margin or 3 seeds)."""
     import pandas as pd
 
     rows = [{"claim": v.claim.text, "comparison": m.label,
              "paper's margin": "—" if m.paper is None else f"{m.paper:+.2f}", "our margin ± sd (n)": m.text(),
-             "95 % interval": m.interval_text(), "verdict": m.verdict or UNMEASURED}
+             "95 % interval": m.interval_text(), "verdict": m.verdict or UNMEASURED,
+             "the paper's margin": m.paper_check or "—"}
             for v in results for m in v.margins]
-    return pd.DataFrame(rows, columns=["claim", "comparison", "paper's margin", "our margin ± sd (n)",
-                                       "95 % interval", "verdict"])
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 
 
 COLOURS = {HOLDS: "#d9f2d9", FAILS: "#f8d7d7", NOISE: "#fde2c4", INDICATIVE: "#e8e0f5", PARTIAL: "#fff3cd",
            UNMEASURED: "#eeeeee"}
+REPRODUCES_COLOURS = {"yes": COLOURS[HOLDS], "no": COLOURS[FAILS], INDICATIVE: COLOURS[INDICATIVE],
+                      "—": COLOURS[UNMEASURED]}
 METHOD_NOTE = (f"Margins are ours, paired on the seeds both cells have: mean ± sample std (ddof 1) with the number "
                f"of seeds in brackets; the interval is the {stats.INTERVAL_NAME}. A comparison holds when the "
-               f"interval lies above 0, does not hold when it lies below, is within noise when it contains 0; "
-               f"below {stats.MIN_SEEDS} seeds it is only indicative.")
+               f"interval lies above 0, does not hold when it lies below, is within noise (its sign is open) when "
+               f"it contains 0. Orthogonal to those, the paper's margin is rejected when our interval excludes the "
+               f"margin the paper reports, on either side (a margin much larger than the paper's rejects it too). "
+               f"Below {stats.MIN_SEEDS} seeds a comparison is only indicative, with no verdict of either kind.")
 
 
 def colour(verdict: str) -> str:
@@ -379,46 +491,152 @@ def _coloured(frame, column: str = "ours"):
     return frame.style.hide(axis="index").map(lambda v: f"background-color: {colour(v)}", subset=[column])
 
 
+# ----------------------------------------------------------------------------- HTML (the status page, the scorecards)
+# Tables that fit the text column (about 650 px in a 1280 px window): a few columns whose long texts wrap
+# (book/_static/fedlib.css, class fedlib-claims); a number "mean ± sd (n)" or an interval never wraps apart.
+
+
+def _e(text: Any) -> str:
+    import html
+
+    return html.escape(str(text), quote=True)
+
+
+def _sub(inner_html: str) -> str:
+    return f'<div class="fedlib-sub">{inner_html}</div>'
+
+
+def _nw(text: Any) -> str:
+    return f'<span class="fedlib-nowrap">{_e(text)}</span>'
+
+
+def _check_badge(m: Margin | None) -> str:
+    """"rejected by ours" / "inside our interval" under a paper's margin (nothing where it cannot be judged)."""
+    check = None if m is None else m.paper_check
+    if check == REJECTED:
+        return _sub('<span class="fedlib-rejected">rejected by our interval</span>')
+    return _sub("inside our interval") if check == INSIDE else ""
+
+
+def _table(columns: list[tuple[str, int]], body: str, cls: str = "fedlib-claims") -> str:
+    """A fixed-layout table: ``columns`` are (header html, width in %)."""
+    cols = "".join(f'<col style="width: {w}%">' for _, w in columns)
+    head = "".join(f"<th>{h}</th>" for h, _ in columns)
+    return (f'<div class="fedlib-table-wrap"><table class="{cls}"><colgroup>{cols}</colgroup>'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>")
+
+
+def _margin_cells(m: Margin | None) -> str:
+    """The paper's margin (and whether ours rejects it), then ours ± sd (n) over its 95 % interval."""
+    paper = "—" if m is None or m.paper is None else f"{m.paper:+.2f}"
+    ours = "—" if m is None else m.text()
+    interval = "" if m is None or not m.measured else _sub(_nw(m.interval_text()))
+    return (f'<td class="fedlib-num">{_nw(paper)}{_check_badge(m)}</td>'
+            f'<td class="fedlib-num">{_nw(ours)}{interval}</td>')
+
+
+def comparisons_html(v: Verdict) -> str:
+    """Every comparison of one claim: its label, the paper's margin, ours ± sd (n) with its interval, and
+    its verdict (the sign's, then the paper's margin's)."""
+    body = ""
+    for m in v.margins:
+        verdict = m.verdict or UNMEASURED
+        check = _sub(_e(m.paper_check)) if m.paper_check else ""
+        body += (f"<tr><td>{_e(m.label)}</td>{_margin_cells(m)}"
+                 f'<td style="background-color: {colour(verdict)}">{_e(verdict)}{check}</td></tr>')
+    return _table([("comparison", 27), ("paper's margin", 19), ("ours ± sd (n)<br>95 % interval", 24),
+                   ("verdict", 30)], body, "fedlib-claims fedlib-comparisons")
+
+
+def claims_html(results: list[Verdict], page: str = "") -> str:
+    """One row per claim that fits the text column: the claim (what decides it, which comparison the row
+    shows, the evidence), the paper's margin (and whether ours rejects it), our margin ± sd (n) with its
+    95 % interval, and the verdict with the one-line summary; under it, a details row with every
+    comparison (:func:`comparisons_html`)."""
+    body = ""
+    for v in results:
+        shown = v.shown
+        source = "no runs yet" if v.source == "—" else v.source + (f"; {v.data_note}" if v.data_note else "")
+        about = (f'decided by <a href="{_e(page)}#{_e(v.claim.anchor)}">{_e(v.claim.decided_by)}</a>'
+                 + (f" · row: {_e(shown.label)}" if shown is not None and len(v.margins) > 1 else "")
+                 + f" · from: {_e(source)}")
+        paper = "—" if shown is None or shown.paper is None else f"{shown.paper:+.2f}"
+        ours = "—" if shown is None else shown.text()
+        interval = "" if shown is None or not shown.measured else _sub(_nw(shown.interval_text()))
+        body += (f'<tr class="fedlib-claim"><td>{_e(v.claim.text)}{_sub(about)}</td>'
+                 f'<td class="fedlib-num">{_nw(paper)}{_check_badge(shown)}{_sub("paper: " + _e(v.paper_verdict))}</td>'
+                 f'<td class="fedlib-num">{_nw(ours)}{interval}</td>'
+                 f'<td class="fedlib-verdict" style="background-color: {colour(v.verdict)}"><b>{_e(v.verdict)}</b>'
+                 f"{_sub(_e(v.summary))}</td></tr>"
+                 f'<tr class="fedlib-details"><td colspan="4"><details><summary>its {len(v.margins)} '
+                 f"comparison{'s' if len(v.margins) != 1 else ''}</summary>{comparisons_html(v)}</details></td></tr>")
+    return _table([("claim", 32), ("paper's margin", 15), ("our margin ± sd (n)<br>95 % interval", 23),
+                   ("verdict", 30)], body)
+
+
+def numbers_html(frames: dict[str | None, Any]) -> str:
+    """The numbers behind the claims (:func:`numbers` frames, by paper name; None: no group row): the cell
+    (table · row · column, then the metric and where ours comes from, wrapping), the paper's value,
+    ours ± sd (n), and whether ours reproduces the paper's, on its colour."""
+    body = ""
+    for name, frame in frames.items():
+        if name is not None:
+            body += f'<tr class="fedlib-group"><th colspan="4">{_e(name)}</th></tr>'
+        for r in frame.to_dict("records"):
+            cell = f"{_e(r['table'])} · {_e(r['row'])} · {_e(r['column'])}"
+            reproduces = r["reproduces"]
+            key = "yes" if reproduces == "yes" else "no" if reproduces == "no" else (
+                INDICATIVE if INDICATIVE in reproduces else "—")
+            body += (f"<tr><td>{cell}{_sub(_e(r['metric']) + ' · from: ' + _e(r['from']))}</td>"
+                     f'<td class="fedlib-num">{_nw(r["paper ± std"])}</td>'
+                     f'<td class="fedlib-num">{_nw(r["ours ± sd (n)"])}</td>'
+                     f'<td style="background-color: {REPRODUCES_COLOURS[key]}">{_e(reproduces)}</td></tr>')
+    return _table([("cell", 46), ("paper", 16), ("ours ± sd (n)", 20), ("reproduces", 18)], body,
+                  "fedlib-claims fedlib-numbers")
+
+
 def scorecard(chapter: str, profile: str | None = None):
-    """The chapter's claims and our verdicts, as an HTML table linking to the deciding table,
-    then every comparison with its margin, interval and seeds."""
+    """The chapter's claims and our verdicts, as an HTML table linking to the deciding table (every
+    comparison one click away under each claim), then the numbers behind them."""
     from IPython.display import HTML
 
     results = verdicts(chapter, profile)
-    frame = table(results, links=True)
-    n_holds = int((frame["ours"] == HOLDS).sum())
-    head = (f"<p><b>Scorecard.</b> {len(frame)} claim(s) of the paper, judged on stored paper-profile runs "
-            f"(the build profile's runs only where none is stored): {n_holds} hold(s). {METHOD_NOTE} The deciding "
-            f"comparison is shown; every comparison follows, then the numbers behind them.</p>")
-    cells = numbers(chapter, profile)[NUMBER_COLUMNS].drop(columns="paper").rename(columns={"paper ± std": "paper"})
-    return HTML(head + _coloured(frame).to_html() + _coloured(comparisons(results), "verdict").to_html()
-                + f"<p>{REPRODUCTION_NOTE}</p>" + cells.style.hide(axis="index").to_html())
+    tally = count(results)
+    head = (f"<p><b>Scorecard.</b> {tally['n_claims']} claim(s) of the paper, judged on stored paper-profile runs "
+            f"(the build profile's runs only where none is stored): {tally['n_hold']} hold(s); the paper's margin "
+            f"is rejected on {tally['n_rejected']} of the {tally['n_testable']} comparison(s) where it can be "
+            f"judged. {_e(METHOD_NOTE)} Each claim's row shows the comparison that decides it; every comparison "
+            f"is under it, then the numbers behind them.</p>")
+    return HTML(head + claims_html(results) + f"<p>{_e(REPRODUCTION_NOTE)}</p>"
+                + numbers_html({None: numbers(chapter, profile)}))
 
 
 def count(judged: list[Verdict]) -> dict[str, int]:
-    """Claims per verdict, and how many rest on stored paper-profile runs (and of those, how many
-    on runs whose data is not on this machine)."""
+    """Claims per verdict, how many rest on stored paper-profile runs (and of those, how many on runs
+    whose data is not on this machine), and the paper's margins: comparisons where it can be judged
+    (``n_testable``), where ours rejects it (``n_rejected``), claims with at least one rejected."""
     from collections import Counter
 
     c = Counter(v.verdict.split(" (")[0] if v.verdict.startswith(INDICATIVE) else v.verdict for v in judged)
     return {"n_claims": len(judged), "n_hold": c[HOLDS], "n_fail": c[FAILS], "n_noise": c[NOISE],
             "n_indicative": c[INDICATIVE], "n_partial": c[PARTIAL], "n_open": c[UNMEASURED],
             "n_stored": sum(v.source == "stored paper profile" for v in judged),
-            "n_data_absent": sum(bool(v.data_note) for v in judged)}
+            "n_data_absent": sum(bool(v.data_note) for v in judged),
+            "n_comparisons": sum(len(v.margins) for v in judged),
+            "n_testable": sum(v.n_testable for v in judged), "n_rejected": sum(v.n_rejected for v in judged),
+            "n_claims_rejected": sum(v.n_rejected > 0 for v in judged)}
 
 
 def show_verdicts(profile: str | None = None) -> dict[str, int]:
-    """Shows every paper's claims table (the status page), each linking to its chapter, and its
-    comparisons; returns :func:`count`."""
+    """Shows every paper's claims table (the status page), each linking to its chapter, with every
+    comparison one click away; returns :func:`count`."""
     from IPython.display import HTML, Markdown, display
 
     judged = []
     display(Markdown(METHOD_NOTE))
     for chapter, label in papers().items():
         judged += (results := verdicts(chapter, profile))
-        display(Markdown(f"**{label}**"), HTML(_coloured(table(results, links=True, page=f"{chapter}.html")).to_html()),
-                HTML(f"<details><summary>{label}: every comparison</summary>"
-                     + _coloured(comparisons(results), "verdict").to_html() + "</details>"))
+        display(Markdown(f"**{label}**"), HTML(claims_html(results, page=f"{chapter}.html")))
     return count(judged)
 
 
@@ -468,11 +686,9 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
 
 
 def all_numbers(profile: str | None = None):
-    """:func:`numbers` of every paper (the status page), a column naming the paper; each value of
-    ours is one text "mean ± sd (n)" beside the paper's on the same scale (percent for accuracies)."""
-    import pandas as pd
+    """:func:`numbers` of every paper (the status page), grouped by paper: each cell (wrapping), the
+    paper's value, ours "mean ± sd (n)" on the same scale (percent for accuracies), and whether ours
+    reproduces it (:func:`numbers_html`)."""
+    from IPython.display import HTML
 
-    frame = pd.concat([numbers(chapter, profile).assign(**{"paper (name)": name})
-                       for chapter, name in papers().items()])
-    shown = ["paper (name)", "table", "row", "column", "metric", "paper ± std", "ours ± sd (n)", "reproduces", "from"]
-    return frame[shown].rename(columns={"paper ± std": "paper"}).style.hide(axis="index")
+    return HTML(numbers_html({name: numbers(chapter, profile) for chapter, name in papers().items()}))

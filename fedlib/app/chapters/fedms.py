@@ -828,6 +828,12 @@ CLAIMS = (
                                                      ref=("Table 2", "FedMS", "Mavericks")),
                       Side(("Table 2", "FedAvg", "participation"), "maverick_participation",
                            ref=("Table 2", "FedAvg", "Mavericks"))),), unit="% of rounds"),
+    # §5.2: "our proposed FedMS maintains high accuracy and achieves better model performance than baselines in
+    # most settings": every baseline of Table 1, judged on more than half of its six splits
+    *(Claim(f"FedMS beats {baseline} in most Table 1 settings (§5.2)", "Table 1",
+            "table-1-accuracy-with-two-mavericks-mnist",
+            cells_row(table1_claim_rows(), "FedMS", baseline, metric="fedms_table1"), quantifier="most")
+      for baseline in ("FedProx", "PoC", "FedEMD", "S-FedAvg", "GreedyFed")),
 )
 
 PAPER = Paper("fedms", "FedMS", FedMSProfile, configs, queue_items, reference="fedms", claims=CLAIMS,

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 
 from .app import queue
-from .app.book import PROFILES, BookError, build, load_profile
+from .app.book import EVIDENCE, PROFILES, BookError, build, load_profile
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
 from .data import DataCorruptError, DataNotFoundError
@@ -70,8 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rounds=5")
     p_run.add_argument("--no-cache", action="store_true", help="recompute even if a cached result exists")
     p_run.add_argument("--json", metavar="FILE", help="also write the result as JSON")
-    p_book = sub.add_parser("book", help="execute the chapters with papermill and build the HTML")
-    p_book.add_argument("--profile", default="quick", choices=PROFILES)
+    about_book = ("execute the chapters with papermill and build the HTML (profile evidence by default, as "
+                  "`make book`: every page from the stored paper-protocol runs, nothing trains)")
+    p_book = sub.add_parser("book", help=about_book, description=about_book)
+    p_book.add_argument("--profile", default=EVIDENCE, choices=PROFILES,
+                        help="evidence: the stored paper-protocol runs only; quick: re-execute every chapter at a "
+                             "reduced protocol; paper: the papers' protocols; smoke: seconds, for the tests "
+                             "(default: %(default)s, the Makefile's PROFILE)")
     p_book.add_argument("--only", nargs="+", metavar="CHAPTER", help="re-execute only these chapters")
     p_book.add_argument("--force", action="store_true", help="re-execute even if nothing changed")
     p_book.add_argument("--no-html", action="store_true", help="execute only; skip the Jupyter Book build")

@@ -551,3 +551,33 @@ def test_a_broken_profile_is_one_line_naming_file_and_key(change, line):
         profiles.check(profiles.schema_of("celm"), params, "params/celm/quick.yaml")
     assert str(info.value).startswith(f"params/celm/quick.yaml: {line}") and "\n" not in str(info.value)
     profiles.check(profiles.schema_of("celm"), book.load_profile("celm", "quick"), "params/celm/quick.yaml")
+
+
+# ----------------------------------------------------------------------------- profile names and default (#44)
+
+STALE_INTRO = """  - `smoke` — seconds; run by the test suite;
+  - `quick` — the default build, sized for a 2-core CPU; a **reduced protocol**
+make book                                   # every chapter, profile quick, then the HTML"""  # before issue 44
+
+
+def test_the_readme_the_intro_and_the_cli_agree_with_the_makefiles_default_profile():
+    assert book.default_profile() == "evidence"  # the Makefile's PROFILE ?= evidence
+    assert "(default: evidence" in " ".join(book.cli_book_help().split())  # argparse prints the real default
+    assert book.profile_drift() == []
+
+
+def test_the_profile_drift_check_catches_a_stale_default_and_wrong_names():
+    assert book.profile_drift({"book/intro.md": STALE_INTRO}, default="evidence") == [
+        "book/intro.md: says the default profile is 'quick'; the Makefile's (PROFILE ?= evidence) is the default"]
+    assert book.profile_drift({"fedlib book --help": "--profile {smoke,quick,paper,evidence}\n  (default:\n quick)"},
+                              default="evidence") == [
+        "fedlib book --help: says the default profile is 'quick'; the Makefile's (PROFILE ?= evidence) is the default",
+        "fedlib book --help: states no default profile (the Makefile's is 'evidence')"]
+    assert book.profile_drift({"README.md": "`params/<chapter>/{smoke,quick,paper}.yaml`; make book PROFILE=fast"},
+                              default="evidence") == [
+        "README.md: names the profile 'fast', not one of smoke, quick, paper, evidence",
+        "README.md: lists the profiles {smoke,quick,paper}; they are smoke, quick, paper, evidence"]
+    # agreeing texts: a default stated as the Makefile's, a command choosing another profile explicitly
+    assert book.profile_drift({"README.md": "- **`make book`** (profile `evidence`, the default)\n"
+                                            "make book PROFILE=quick   # profile quick, reduced"},
+                              default="evidence") == []

@@ -990,3 +990,69 @@ def prose_drift(chapter: str, text: str | None = None, profile: str = "paper") -
                         found.append(f"{chapter}: the text states {method} {m.group(1)} = {m.group(2).rstrip('.,;')}, "
                                      f"its {profile}-profile runs use {m.group(1)} = {runs}")
     return found
+
+
+# The texts that name the book's profiles and its default one (repository paths; and the CLI's help, read live).
+PROFILE_TEXTS = ("README.md", "book/intro.md")
+CLI_BOOK_HELP = "fedlib book --help"
+_PROFILE = r"(" + "|".join(PROFILES) + r")"
+_DEFAULT_CLAIMS = (  # "`quick` — the default build", "(profile `evidence`, the default)", "default: evidence"
+    re.compile(r"\b" + _PROFILE + r"\b`?[^.;\n`]{0,15}?\bthe default\b"),
+    re.compile(r"\b" + _PROFILE + r"\b`? by default\b"),  # "profile evidence by default"
+    re.compile(r"\bdefault\b[^.;\n`(]{0,12}?`?\b" + _PROFILE + r"\b"),
+    re.compile(r"\bmake book\b(?![^\n]*PROFILE=)[^\n#]*#[^\n]*?\bprofile `?" + _PROFILE + r"\b"),  # a command's comment
+)
+_NAMED = re.compile(r"(?:--profile[ =]|PROFILE=)`?(\w+)")  # a profile a command line names
+_LISTS = re.compile(r"\{(\w+(?:,\w+)+)\}|PROFILE=(\w+(?:\|\w+)+)")  # {smoke,quick,...} or PROFILE=a|b|...
+
+
+def default_profile() -> str:
+    """The book's default profile: the Makefile's ``PROFILE ?= ...`` (what ``make book`` builds), the one source
+    the CLI's default (``python -m fedlib book``), the README and the intro must agree with."""
+    found = re.search(r"(?m)^PROFILE\s*\?=\s*(\S+)", (repo_root() / "Makefile").read_text())
+    if found is None:
+        raise ValueError("Makefile: no 'PROFILE ?= ...' line (the book's default profile)")
+    return found.group(1)
+
+
+def cli_book_help() -> str:
+    """``python -m fedlib book --help`` as the CLI prints it (argparse fills in the real default)."""
+    import contextlib
+    import io
+
+    from ..__main__ import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        try:
+            main(["book", "--help"])
+        except SystemExit:
+            pass
+    return out.getvalue()
+
+
+def profile_drift(texts: dict[str, str] | None = None, default: str | None = None) -> list[str]:
+    """What the README, the intro and the CLI's help say of the book's profiles that differs from the code, one
+    line each (empty: they agree): a default other than ``default`` (the Makefile's, :func:`default_profile`) in a
+    sentence saying so or in a ``make book`` comment; a profile a command names (``--profile x``, ``PROFILE=x``)
+    that does not exist; a list of profiles (``{a,b}``, ``PROFILE=a|b``) other than all of ``PROFILES``; and a CLI
+    help stating no default. ``texts``: {name: text}, default those files and :func:`cli_book_help`."""
+    default = default_profile() if default is None else default
+    if texts is None:
+        texts = {name: (repo_root() / name).read_text() for name in PROFILE_TEXTS}
+        texts[CLI_BOOK_HELP] = cli_book_help()
+    found = []
+    for name, text in texts.items():
+        flat = " ".join(text.split()) if name == CLI_BOOK_HELP else text  # argparse wraps its lines
+        claims = [m.group(1) for pattern in _DEFAULT_CLAIMS for m in pattern.finditer(flat)]
+        found += [f"{name}: says the default profile is {c!r}; the Makefile's (PROFILE ?= {default}) is the default"
+                  for c in dict.fromkeys(claims) if c != default]
+        if name == CLI_BOOK_HELP and default not in claims:
+            found.append(f"{name}: states no default profile (the Makefile's is {default!r})")
+        found += [f"{name}: names the profile {p!r}, not one of {', '.join(PROFILES)}"
+                  for p in dict.fromkeys(m.group(1) for m in _NAMED.finditer(flat)) if p not in PROFILES]
+        for m in _LISTS.finditer(flat):
+            listed = re.split(r"[,|]", m.group(1) or m.group(2))
+            if set(listed) & set(PROFILES) and sorted(listed) != sorted(PROFILES):
+                found.append(f"{name}: lists the profiles {m.group(0)}; they are {', '.join(PROFILES)}")
+    return found

@@ -304,6 +304,11 @@ class RunConfig(ExperimentConfig):
                                                  "'crop_flip' (random crop, zero padding 4, and horizontal flip)")
     reference_values: bool = Field(False, description="after the last round, exact Shapley and leave-one-out "
                                    "values of its clients on the server's validation set (final['reference'])")
+    precision: Literal["float32", "bfloat16"] = Field("float32", description="local training's arithmetic: "
+                                                      "'bfloat16' runs the clients' forward and backward under "
+                                                      "bfloat16 autocast (parameters, optimiser step, BatchNorm "
+                                                      "statistics, aggregation, valuation and evaluation stay "
+                                                      "float32); in the key unless float32")
 
     @field_validator("lr_milestones", mode="before")
     @classmethod
@@ -370,6 +375,8 @@ class RunConfig(ExperimentConfig):
         for later in ("augment", "validation_from"):  # added later: unset leaves every earlier key as it was
             if data.get(later) is None:
                 data.pop(later, None)
+        if data.get("precision") == "float32":  # added later: the default leaves every earlier key as it was
+            data.pop("precision")
         data["server_val"] = self.validation_samples(method)
         return _plain(data)
 

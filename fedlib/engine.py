@@ -173,7 +173,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         # 1. plan
         selected = np.asarray(method.select_clients(state), dtype=np.int64)
         base = LocalTraining(epochs=cfg.local_epochs, batch_size=cfg.batch_size, lr=lr, momentum=cfg.momentum,
-                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk, augment_fill=augment_fill)
+                             weight_decay=cfg.weight_decay, chunk_size=cfg.client_chunk, augment_fill=augment_fill,
+                             precision=cfg.precision)  # bfloat16: the clients' forward/backward under autocast
         local = method.local_training(state, base, selected)
         # 2. local training of all selected clients at once
         t0 = time.perf_counter()

@@ -91,7 +91,8 @@ class MaskedBatchNorm(nn.BatchNorm2d):
 
     With a mask of shape [B]: mean and biased variance over masked samples (and spatial
     positions); running statistics move by ``momentum`` toward (mean, unbiased variance);
-    a batch with no real sample leaves the running statistics unchanged.
+    a batch with no real sample leaves the running statistics unchanged. A bfloat16 input (local
+    training under bfloat16 autocast) is normalised in float32, so the statistics stay float32.
     """
 
     def _check_input_dim(self, x):
@@ -100,6 +101,14 @@ class MaskedBatchNorm(nn.BatchNorm2d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self._check_input_dim(x)
+        if x.dtype in (torch.bfloat16, torch.float16) and self.running_mean is not None and \
+                self.running_mean.dtype == torch.float32:
+            # a low-precision activation (bfloat16 autocast, LocalTraining.precision): statistics, running
+            # statistics and the normalisation in float32, the output back in the activation's precision
+            return self._forward(x.float()).to(x.dtype)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         mask = _SAMPLE_MASK.get()
         if not self.training or mask is None:
             return super().forward(x)

@@ -49,10 +49,11 @@ def pack_signature(config) -> tuple:
     device, augmentation and optimiser constants, so their requests share one call in every round
     (others still pack correctly, but their rounds drift apart and fewer requests meet; runs with other
     augmentation, momentum or weight decay never share a training call (``train_signature``): on the
-    H100 a pack of 3 such CIFAR-10 runs took 62.6 s per run, a pack of 2 mergeable ones 43.2 s)."""
+    H100 a pack of 3 such CIFAR-10 runs took 62.6 s per run, a pack of 2 mergeable ones 43.2 s). Runs of
+    another ``precision`` (float32, bfloat16 autocast) are never packed together."""
     return (config.dataset, config.data_root, config.fraction, config.model, config.batch_size,
             config.local_epochs, config.rounds, config.device, config.test_samples, config.augment,
-            config.momentum, config.weight_decay)
+            config.momentum, config.weight_decay, getattr(config, "precision", "float32"))
 
 
 def make_packs(configs: Sequence, max_rows: int | None = None) -> list[list[int]]:
@@ -127,6 +128,7 @@ def train_signature(request: TrainRequest) -> tuple:
     return ("train", _model_signature(request.model), tuple(request.x.shape[1:]), request.x.dtype,
             tuple(request.y.shape[1:]), request.y.dtype, str(request.x.device), request.batches.index.shape[2],
             t.momentum, t.weight_decay, t.prox_mu, t.augment_fill, t.compile, t.workers, t.conv, t.extra_loss_inputs,
+            t.precision, t.memory_format,
             None if t.extra_loss is None else request.loss_key, t.client_context is None)
 
 

@@ -176,6 +176,8 @@ def _provenance(p, wall: float) -> dict[str, Any]:
         "engine_version": ENGINE_VERSION, "client_sizes": np.asarray(p.partition.sizes).tolist(),
         "client_roles": list(p.partition.roles), "client_class_counts": np.asarray(p.partition.counts).tolist(),
         "model_parameters": sum(t.numel() for t in p.model.parameters()),
+        # local training's arithmetic (RunConfig.precision; float32 unless the config says bfloat16)
+        "precision": getattr(p.config, "precision", "float32"),
     }
 
 

@@ -426,7 +426,7 @@ def test_evaluation_holds_at_most_its_memory_budget_of_activations(monkeypatch):
     assert population.eval_model_chunk(model, x, 2048, 7) == 2  # 2600 // (4 x 32 x 10)
     seen = []
     forward = population._forward_many
-    monkeypatch.setattr(population, "_forward_many", lambda m, l, f, b, xb, w: seen.append(f.shape[0]) or forward(m, l, f, b, xb, w))
+    monkeypatch.setattr(population, "_forward_many", lambda m, l, f, *rest: seen.append(f.shape[0]) or forward(m, l, f, *rest))
     parts = population.evaluate(model, flat, {}, x, y, 2)
     assert seen == [2, 2, 2, 1]
     assert torch.equal(parts.confusion, whole.confusion) and torch.allclose(parts.loss, whole.loss, atol=1e-6)

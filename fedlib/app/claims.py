@@ -587,7 +587,8 @@ def numbers_html(frames: dict[str | None, Any]) -> str:
             reproduces = r["reproduces"]
             key = "yes" if reproduces == "yes" else "no" if reproduces == "no" else (
                 INDICATIVE if INDICATIVE in reproduces else "—")
-            body += (f"<tr><td>{cell}{_sub(_e(r['metric']) + ' · from: ' + _e(r['from']))}</td>"
+            source = "no runs yet" if r["from"] == "—" else r["from"]
+            body += (f"<tr><td>{cell}{_sub(_e(r['metric']) + ' · from: ' + _e(source))}</td>"
                      f'<td class="fedlib-num">{_nw(r["paper ± std"])}</td>'
                      f'<td class="fedlib-num">{_nw(r["ours ± sd (n)"])}</td>'
                      f'<td style="background-color: {REPRODUCES_COLOURS[key]}">{_e(reproduces)}</td></tr>')

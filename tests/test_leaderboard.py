@@ -223,14 +223,23 @@ def test_means_and_bests_compare_methods_on_the_federations_all_of_them_ran():
 
 
 def test_poisoning_metrics_and_the_note_name_what_the_monitor_cannot_tell():
-    """Two of four clients flip signs; the warning names one of them and one benign client."""
+    """Two of four clients flip signs: 3 rounds in which they point against an agreeing majority (core
+    cosine -0.5 against 0.9). The table judges the stored statistics with today's rule (not the warning the
+    run stored): both flippers named, no benign client; one such round is not enough (3 rounds needed)."""
     from types import SimpleNamespace
 
-    run = SimpleNamespace(meta={"client_roles": ["benign", "sign_flip", "benign", "sign_flip"]},
-                          final={"accuracy": 0.5, "poisoning_warning": {"clients": [0, 3]}})
-    assert lb.poisoning_metrics(run) == {"accuracy": 50.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
-    silent = SimpleNamespace(meta=run.meta, final={"accuracy": 0.25, "poisoning_warning": None})
-    assert lb.poisoning_metrics(silent) == {"accuracy": 25.0, "warned": False, "flippers_named": 0.0,
-                                            "benign_named": 0}
+    def history(rounds, flipper_cosine=-0.5):
+        cos = [0.9, flipper_cosine, 0.9, flipper_cosine]
+        return [{"round": t, "aggregated": [0, 1, 2, 3], "accuracy": 0.5,
+                 "disagreement": {"cosine": cos, "core_cosine": cos, "norm_ratio": [1.0] * 4, "unchanged": [],
+                                  "identical": [], "anomalous": []}} for t in range(rounds)]
+
+    meta = {"client_roles": ["benign", "sign_flip", "benign", "sign_flip"], "client_sizes": [10] * 4}
+    run = SimpleNamespace(meta=meta, history=history(3), final={"accuracy": 0.5, "poisoning_warning": None})
+    assert lb.poisoning_metrics(run) == {"accuracy": 50.0, "warned": True, "flippers_named": 1.0, "benign_named": 0}
+    short = SimpleNamespace(meta=meta, history=history(2), final={"accuracy": 0.25, "poisoning_warning": {"clients": [0]}})
+    assert lb.poisoning_metrics(short) == {"accuracy": 25.0, "warned": False, "flippers_named": 0.0, "benign_named": 0}
+    agreeing = SimpleNamespace(meta=meta, history=history(3, 0.9), final={"accuracy": 0.5, "poisoning_warning": None})
+    assert lb.poisoning_metrics(agreeing)["warned"] is False
     for claim in ("label skew", "Maverick", "label flipping", "Krum", "no committed run without a hostile client"):
         assert claim in lb.POISONING_NOTE

@@ -39,6 +39,7 @@ import numpy as np
 
 from ... import contributions
 from ...config import RunConfig, make_config
+from ...screening import judge
 from . import Paper, run_options
 from . import celm as celm_chapter
 from .base import Chapter, queue_item
@@ -160,9 +161,11 @@ def poisoning_configs(params: dict[str, Any]) -> list[RunConfig]:
 
 
 def poisoning_metrics(result) -> dict[str, Any]:
-    """Accuracy, whether the run warned of poisoning, and the sign-flippers / benign clients it named."""
+    """Accuracy, whether the run warns of poisoning under today's rule (``fedlib.screening.judge`` on its
+    stored per-round statistics, so a run stored under an earlier rule is judged again), and the
+    sign-flippers / benign clients it named."""
     roles = np.asarray(result.meta["client_roles"])
-    found = result.final.get("poisoning_warning")
+    found = judge(result.history, result.meta.get("client_sizes"))
     named = set(found["clients"]) if found else set()
     flippers = set(np.flatnonzero(roles == "sign_flip").tolist())
     return {"accuracy": 100 * result.final["accuracy"], "warned": found is not None,

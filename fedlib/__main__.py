@@ -111,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     p_res.add_argument("--max-rows", type=int, metavar="N",
                        help="with packs: at most N client rows per round in one pack (default: 32 on CUDA, 64 on "
                             "a CPU; each pack process still bounds it by the device's free memory)")
+    p_res.add_argument("--scheduler", metavar="ADDRESS", default=os.environ.get("DASK_SCHEDULER_ADDRESS"),
+                       help="run the units on the Dask cluster of this scheduler (e.g. tcp://host:8786; default: "
+                            "$DASK_SCHEDULER_ADDRESS) instead of local processes; --workers is then the cluster's "
+                            "threads, --device only what estimates assume (see book/cluster.md)")
+    p_res.add_argument("--retries", type=int, default=1, metavar="N",
+                       help="with --scheduler: more tries of a unit whose task raised (a lost worker's unit is "
+                            "rescheduled by Dask anyway)")
+    p_res.add_argument("--scheduler-wait", type=float, default=60.0, metavar="SECONDS",
+                       help="with --scheduler: how long to wait for the scheduler and a first worker")
     p_exp = sub.add_parser("explore", help="serve the live explorer (book/explore.ipynb) with Voila on localhost")
     p_exp.add_argument("--port", type=_flag(check_port, "--port"), default=8866,
                        help="port on localhost, 1-65535 (Voila moves to the next free one when it is taken)")
@@ -195,8 +204,12 @@ def _check_queue_flags(args) -> None:
         raise ValueError(f"--max-rows: must be >= 1 (got {args.max_rows})")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", args.device):
         raise ValueError(f"--device: must be cpu, cuda or cuda:N (got {args.device[:60]!r})")
-    if not args.list:  # runs start: the device must be here (--list only estimates for it, e.g. a GPU call's plan)
-        queue.check_device(args.device)
+    if args.retries < 0:
+        raise ValueError(f"--retries: must be >= 0 (got {args.retries})")
+    if not (math.isfinite(args.scheduler_wait) and args.scheduler_wait > 0):
+        raise ValueError(f"--scheduler-wait: must be a positive number of seconds (got {args.scheduler_wait})")
+    if not args.list and not args.scheduler:  # runs start here: the device must be here (--list only estimates for
+        queue.check_device(args.device)       # it, e.g. a GPU call's plan; a cluster's workers resolve their own)
     for seed in args.seed or []:
         if seed < 0:
             raise ValueError(f"--seed: seeds are >= 0 (got {seed})")
@@ -274,13 +287,30 @@ def _results(args) -> int:
     if args.list:  # with --budget: what a call with this budget would start, by the estimates
         print(queue.format_preview(queue.preview(entries, args.budget, args.workers), args.budget, args.workers))
         return 0
-    print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {len(pending)} pending, "
-          f"{sum(e.stored for e in entries)} stored, {sum(bool(e.missing) for e in entries)} not runnable here"
-          + (f"; budget {args.budget:.0f} s" if args.budget else ""), flush=True)
-    outcome = queue.run_queue(entries, args.profile, budget=args.budget, workers=args.workers, device=args.device,
-                              log=lambda line: print(line, flush=True), cost_model=cost_model)
+    counts = (f"{len(pending)} pending, {sum(e.stored for e in entries)} stored, "
+              f"{sum(bool(e.missing) for e in entries)} not runnable here"
+              + (f"; budget {args.budget:.0f} s" if args.budget else ""))
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    if args.scheduler:
+        from .app import cluster
+
+        try:
+            client = cluster.connect(args.scheduler, args.scheduler_wait)
+        except ValueError as err:
+            print(f"fedlib results: {err}", file=sys.stderr)
+            return 2
+        with client:
+            print(f"results queue ({args.profile} profile, the cluster at {args.scheduler}: "
+                  f"{cluster.describe_cluster(client)}): {counts}", flush=True)
+            outcome = cluster.run_queue(entries, client, args.profile, retries=args.retries, budget=args.budget,
+                                        device=args.device, log=log, cost_model=cost_model)
+    else:
+        print(f"results queue ({args.profile} profile, {args.device}, {args.workers} worker(s)): {counts}", flush=True)
+        outcome = queue.run_queue(entries, args.profile, budget=args.budget, workers=args.workers, device=args.device,
+                                  log=log, cost_model=cost_model)
     print(f"{len(outcome.stored)} run(s) stored in {outcome.elapsed:.0f} s; {len(outcome.failed)} failed; "
-          f"{len(outcome.killed)} stopped at the budget")
+          f"{len(outcome.killed)} stopped at the budget" + (f"; {len(outcome.absent)} not runnable where sent"
+                                                            if outcome.absent else ""))
     return 1 if outcome.failed else 0
 
 

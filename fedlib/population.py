@@ -331,6 +331,10 @@ def autocast(precision: str, device: torch.device | str):
 
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+# The "auto" rule, from benchmarks/precision.py (benchmarks/results/precision_cpu-2core.json, 2-core CPU, 1 thread):
+# one client's step in channels-last format ran faster for the models with wide convolutions (cnn_wide, ResNet-20)
+# and not for LeNet-5 (6 and 16 channels on 1 x 28 x 28), whose narrow layers gain nothing from NHWC kernels.
+CHANNELS_LAST_MIN_CHANNELS = 32  # the widest convolution's output channels from which a model goes channels-last
 
 
 def memory_format_mode(cfg: LocalTraining) -> str:
@@ -343,16 +347,17 @@ def memory_format_mode(cfg: LocalTraining) -> str:
 
 def memory_format_for(cfg: LocalTraining, device: torch.device | str, model: nn.Module, sample_shape) -> str:
     """The activations' memory format of a step that trains one client alone by plain autograd (the CPU
-    per-client order, ``client_order``): "channels_last" or "contiguous". "auto" is channels-last for a model
-    with convolutions on image inputs ([C, H, W]) on a CPU, where benchmarks/precision.py measured a
-    client's step of ``cnn_wide`` 1.3-1.4x faster in float32 and 1.5-2x in bfloat16 (oneDNN's NHWC kernels);
+    per-client order, ``client_order``) and of a one-model evaluation: "channels_last" or "contiguous". "auto"
+    is channels-last on a CPU for image inputs ([C, H, W]) and a model whose widest convolution has at least
+    ``CHANNELS_LAST_MIN_CHANNELS`` output channels (oneDNN's NHWC kernels; see the rule's measurements there);
     contiguous elsewhere. Vmapped steps are always contiguous (see ``LocalTraining.memory_format``)."""
     mode = memory_format_mode(cfg)
     if mode != "auto":
         return mode
     if torch.device(device).type != "cpu" or len(tuple(sample_shape)) != 3:
         return "contiguous"
-    return "channels_last" if any(isinstance(m, nn.Conv2d) for m in model.modules()) else "contiguous"
+    widest = max((m.out_channels for m in model.modules() if isinstance(m, nn.Conv2d)), default=0)
+    return "channels_last" if widest >= CHANNELS_LAST_MIN_CHANNELS else "contiguous"
 
 
 def _per_client_loss(model, cfg: LocalTraining):

@@ -1372,8 +1372,13 @@ def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robu
         {"name": "fedmedian"}, {"name": "fedtrimmedavg", "beta": 0.4}, {"name": "krum", "num_malicious_clients": 4},
         {"name": "krum", "num_malicious_clients": 4, "num_clients_to_keep": 6}]}
     roles = ["benign", "benign", "benign", "sign_flip", "sign_flip"]
-    warned = RunResult(config={}, history=[], meta={"client_roles": roles},
-                       final={"accuracy": 0.25, "poisoning_warning": {"clients": [1, 3]}})
-    assert lb.poisoning_metrics(warned) == {"accuracy": 25.0, "warned": True, "flippers_named": 0.5, "benign_named": 1}
-    quiet = RunResult(config={}, history=[], meta={"client_roles": roles}, final={"accuracy": 0.5})
+    cos = [0.9, 0.9, 0.9, -0.5, -0.5]  # issue 43: the table judges the stored statistics with today's rule
+    history = [{"round": t, "aggregated": list(range(5)), "accuracy": 0.25,
+                "disagreement": {"cosine": cos, "core_cosine": cos, "norm_ratio": [1.0] * 5, "unchanged": [],
+                                 "identical": [], "anomalous": []}} for t in range(3)]
+    warned = RunResult(config={}, history=history, meta={"client_roles": roles, "client_sizes": [10] * 5},
+                       final={"accuracy": 0.25, "poisoning_warning": None})
+    assert lb.poisoning_metrics(warned) == {"accuracy": 25.0, "warned": True, "flippers_named": 1.0, "benign_named": 0}
+    quiet = RunResult(config={}, history=[], meta={"client_roles": roles},
+                      final={"accuracy": 0.5, "poisoning_warning": {"clients": [1, 3]}})  # an earlier rule's warning
     assert lb.poisoning_metrics(quiet)["warned"] is False and lb.poisoning_metrics(quiet)["flippers_named"] == 0.0

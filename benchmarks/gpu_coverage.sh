@@ -25,6 +25,9 @@
 #    BENCH_S), then with --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments). The queue's packs
 #    take the lowering timed fastest per shape (FEDLIB_CONV=auto; native won every shape on an H100,
 #    4-5x faster than matmul, benchmarks/results/packed_conv_nvidia-h100.json).
+#    PRECISION (float32 or bfloat16; default float32): local training's precision the preflight checks its
+#    paths in (captured steps, lowerings, packing, the methods; RunConfig.precision). The queue's runs keep
+#    their configs' precision (a chapter declares it; whether CIFAR-10 runs adopt bfloat16 is the screen's call).
 #    Steps: a preflight of at most 30 s (benchmarks/preflight.py: captured steps, packing, each method
 #    once; a failing path falls back to eager steps or to unpacked runs, in one line), then the packs,
 #    most valuable first, until the budget; GPU utilisation sampled every 2 s.
@@ -86,6 +89,8 @@ run_on_device() {
     local t0 out="${OUT:?run this through the device tool: \$OUT is where results go back}"
     local device="${DEVICE:-cuda}" budget="${BUDGET_S:-480}" bench="${BENCH_S:-0}" results="${WORK:-/tmp/gpu}/results"
     local sampler="" snapshots=""
+    case "${PRECISION:-float32}" in float32 | bfloat16) ;; *) echo "PRECISION: must be float32 or bfloat16" \
+        "(got ${PRECISION})" >&2; return 1 ;; esac
     t0=$(date +%s)
     if compgen -G "$CARRY/whl/*.whl" >/dev/null && ! python3 -c "import pydantic" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -112,7 +117,8 @@ run_on_device() {
         [ "$device" = cpu ] || nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || true
         python3 -c "import sys, torch; print('torch', torch.__version__); \
 sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA device')" "$device"
-        python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env
+        python3 benchmarks/preflight.py --device "$device" --budget "${PREFLIGHT_S:-30}" --env /tmp/preflight.env \
+            --precision "${PRECISION:-float32}"
         set -a; . /tmp/preflight.env; set +a
         # the queue stops runs at its budget x 1.1 + 5 s (fedlib.app.queue.run_queue's grace): what is left after
         # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S

@@ -1,7 +1,7 @@
 """Precision and memory format of local training on a CPU, in one invocation (issue 45).
 
-For each model (CELM's MLP and LeNet-5 on Fashion-MNIST-shaped inputs 1 x 28 x 28; ``cnn_wide`` and
-ResNet-20 on CIFAR-10-shaped inputs 3 x 32 x 32; random values: the timing does not depend on them) and each
+For each model (CELM's MLP and LeNet-5 on Fashion-MNIST-shaped inputs 1 x 28 x 28; the CIFAR-10 CNN, ``cnn_wide``
+and ResNet-20 on CIFAR-10-shaped inputs 3 x 32 x 32; random values: the timing does not depend on them) and each
 variant
 
   - float32 contiguous (the baseline), float32 channels-last,
@@ -26,7 +26,7 @@ Under vmap (the vectorized plan) a convolution of M clients is one grouped convo
 the input back to contiguous, so channels-last applies only where a client trains alone (and to a one-model
 evaluation); bfloat16 applies everywhere.
 
-    nice -n 5 python benchmarks/precision.py [--models mlp lenet5 cnn_wide resnet20] [--repeats 5]
+    nice -n 5 python benchmarks/precision.py [--models mlp lenet5 cnn cnn_wide resnet20] [--repeats 5]
                                              [--json benchmarks/results/precision_cpu-2core.json]
 """
 
@@ -59,7 +59,7 @@ from fedlib.population import (  # noqa: E402
 )
 from fedlib.provenance import environment  # noqa: E402
 
-SHAPES = {"mlp": (1, 28, 28), "lenet5": (1, 28, 28), "cnn_wide": (3, 32, 32), "resnet20": (3, 32, 32)}
+SHAPES = {"mlp": (1, 28, 28), "lenet5": (1, 28, 28), "cnn": (3, 32, 32), "cnn_wide": (3, 32, 32), "resnet20": (3, 32, 32)}
 BATCH = 128
 TEST = 1024
 

@@ -11,6 +11,10 @@
 4. each registered method once (one tiny round on synthetic data), in the queue's order of need, until
    the budget: a failing method is named in one line (its queue runs will fail the same way).
 
+``--precision bfloat16`` (the GPU script's ``PRECISION``) runs every check with local training under bfloat16
+autocast (``RunConfig.precision``), the captured and eager steps then agreeing within
+``fedlib.determinism.BFLOAT16``; the default, float32, checks what it always did.
+
 Each finding is one line on stdout; the fallbacks go to ``--env`` as shell assignments the GPU script
 sources. Exits 0 whatever it finds: the point is to choose the paths, not to stop the call.
 """
@@ -28,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from fedlib.config import make_config  # noqa: E402
+from fedlib.determinism import BFLOAT16  # noqa: E402
 from fedlib.methods import METHODS  # noqa: E402
 from fedlib.methods.base import Method  # noqa: E402
 
@@ -38,6 +43,7 @@ FAMILIES_FIRST = ("fedavg", "celm", "cffl", "cgsv", "shapfed", "fedms", "greedyf
 
 
 TINY_METHOD = {"logit_meta": {"meta_labeled": 50}}  # within the tiny config's 60 public samples
+PRECISION = "float32"  # --precision: local training's precision in every check
 
 
 def tiny(name: str, device: str, **changes):
@@ -46,10 +52,10 @@ def tiny(name: str, device: str, **changes):
     if METHODS[name].select_clients is not Method.select_clients:
         extra.update(clients_per_round=2)
     try:
-        return make_config(TINY, method=method, device=device, **extra, **changes)
+        return make_config(TINY, method=method, device=device, precision=PRECISION, **extra, **changes)
     except Exception:  # a method that needs every client each round
         extra.pop("clients_per_round", None)
-        return make_config(TINY, method=method, device=device, **extra, **changes)
+        return make_config(TINY, method=method, device=device, precision=PRECISION, **extra, **changes)
 
 
 def check_capture(device: str, compact: bool = False) -> str | None:
@@ -67,13 +73,15 @@ def check_capture(device: str, compact: bool = False) -> str | None:
                                   torch.Generator().manual_seed(0))
     batches.index, batches.mask = batches.index.to(device), batches.mask.to(device)
     eager, _ = train_clients(model, flat, {}, x, y, batches, LocalTraining(batch_size=8, lr=0.1, momentum=0.9,
-                                                                            compile="off", workers=1))
+                                                                            compile="off", workers=1,
+                                                                            precision=PRECISION))
     mode = "auto" if torch.device(device).type == "cuda" else "off"
     captured, _ = train_clients(model, flat, {}, x, y, batches, LocalTraining(batch_size=8, lr=0.1, momentum=0.9,
                                                                                compile=mode, workers=1,
-                                                                               balance=compact))
+                                                                               balance=compact, precision=PRECISION))
     diff = float((captured - eager).abs().max())
-    return None if diff <= 1e-5 else f"captured and eager steps differ by {diff:.2e}"
+    bound = 1e-5 if PRECISION == "float32" else BFLOAT16.parameters * float(eager.abs().max())
+    return None if diff <= bound else f"captured and eager steps differ by {diff:.2e}"
 
 
 def check_conv(device: str) -> str | None:
@@ -93,10 +101,10 @@ def check_conv(device: str) -> str | None:
     start = layout.flat_of(model)
     trained = {}
     for conv in ("native", "matmul", "auto"):
-        cfg = LocalTraining(batch_size=8, lr=0.05, momentum=0.9, workers=1, conv=conv)
+        cfg = LocalTraining(batch_size=8, lr=0.05, momentum=0.9, workers=1, conv=conv, precision=PRECISION)
         trained[conv], _ = train_clients(model, start, bufs, x, y, batches, cfg)
     chosen = conv_lowering_for(model, layout, x, y, 4, 8, bufs, LocalTraining(batch_size=8, momentum=0.9, workers=1,
-                                                                                conv="auto"))
+                                                                                conv="auto", precision=PRECISION))
     scale = float(trained["native"].abs().max())
     for conv in ("matmul", "auto"):
         diff = float((trained[conv] - trained["native"]).abs().max()) / scale
@@ -158,7 +166,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--budget", type=float, default=30.0, help="seconds for the whole preflight")
     parser.add_argument("--env", type=Path, help="write the fallbacks here as shell assignments")
+    parser.add_argument("--precision", choices=("float32", "bfloat16"), default="float32",
+                        help="local training's precision in every check (RunConfig.precision)")
     args = parser.parse_args(argv)
+    global PRECISION
+    PRECISION = args.precision
     t0 = time.perf_counter()
     env: list[str] = []
 

@@ -7,7 +7,9 @@ every engine run, :func:`run_scm`). The queue knows nothing else about chapters:
 items (:func:`priority`), skips those already stored under ``results/runs/<key>.json.gz`` (one
 store: a run two chapters share is stored once), estimates what each costs and runs them, one
 process per run, ``workers`` at a time, storing each result with its provenance as it
-finishes. A killed queue resumes where it stopped (stored files are never recomputed).
+finishes. A killed queue resumes where it stopped (stored files are never recomputed). On a Dask
+cluster (``--scheduler``, ``fedlib.app.cluster``) the same planning loop (:func:`run_queue`) sends the units
+to the cluster's workers, which send the finished runs back to be stored here.
 
 Cost model (:class:`CostModel`): a run's *work* is the number of training-sample passes it
 makes (rounds x local epochs x the training samples of the clients of a round; the logit

@@ -104,8 +104,10 @@ def stores(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_worker(stores, monkeypatch):
+def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_worker(stores, monkeypatch, capsys):
     from distributed import Client, LocalCluster
+
+    from fedlib.__main__ import main
 
     gpu_missing = queue.data_missing("cifar10")  # the GPU-only unit is CIFAR-10's; without its data, skipped
     # the local queue: two processes, each storing its runs
@@ -126,13 +128,20 @@ def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_wor
         try:
             workers = [start_worker(local_cluster.scheduler_address, "cpu", dict(os.environ)),
                        start_worker(local_cluster.scheduler_address, "gpu", dict(os.environ), "--resources", "GPU=1")]
-            client.wait_for_workers(2, timeout=60)
+            client.wait_for_workers(2, timeout=120)
             assert cluster.describe_cluster(client) == "2 worker(s), 2 thread(s), 1 declaring GPU"
             killer = Killer(client)
             killer.start()
             remote = cluster.run_queue(units, client, "smoke", log=lines.append, poll=0.1)
             killer.stop.set()
             killer.join(10)
+            if gpu_missing is None:  # the command line on the cluster: its CIFAR-10 run is stored now, none pending
+                assert main(["results", "--only", "fedms", "--profile", "smoke", "--dataset", "cifar10", "--seed", "0",
+                             "--scheduler", local_cluster.scheduler_address, "--scheduler-wait", "60"]) == 0
+                out = capsys.readouterr().out
+                assert (f"results queue (smoke profile, the cluster at {local_cluster.scheduler_address}: "
+                        in out and "1 declaring GPU): 0 pending, 1 stored, 0 not runnable here" in out)
+                assert out.rstrip().endswith("0 run(s) stored in 0 s; 0 failed; 0 stopped at the budget")
         finally:
             for proc in workers:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -143,7 +152,6 @@ def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_wor
     assert killer.killed is not None, "no unit was seen running on a worker"
     # the killed worker's unit was rescheduled by Dask: the queue started each unit once, and stored it whole
     assert sum(line.startswith("[start") for line in lines) == len(units)
-    print(f"local {local.elapsed:.1f} s, dask {remote.elapsed:.1f} s, killed {killer.killed}")
     # exactly the finished records, each valid; no claim left, nothing set aside
     ours, theirs = stored(stores / "dask"), stored(stores / "local")
     assert sorted(ours) == sorted(theirs) == sorted(i.key for u in units for i in u.items)

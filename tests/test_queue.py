@@ -555,3 +555,74 @@ def test_the_cli_lists_the_files_the_store_leaves_out_one_line_each(empty_store,
         "fedlib results: results/runs/loop.json.gz (a symbolic link that loops, not a regular file): left out, not "
         "read (left as it is)".replace("results/runs", f"{empty_store.name}/runs")]
     assert (runs / "loop.json.gz").is_symlink() and (runs / "folder.json").is_dir()
+
+
+# ----------------------------------------------------------------------------- backends (issue 47)
+
+
+class AnswerBackend:
+    """A backend (``queue.LocalProcesses``'s interface) whose units end at their first poll with ``answer(unit)``."""
+
+    def __init__(self, answer, slots=2):
+        self.answer, self.n, self.started = answer, slots, []
+
+    def slots(self):
+        return self.n
+
+    def accepts(self, unit):
+        return True
+
+    def start(self, unit):
+        self.started.append(unit.items[0].config.name)
+        return unit
+
+    def poll(self, unit):
+        return self.answer(unit)
+
+    def cancel(self, unit):
+        raise AssertionError("nothing is past the budget")
+
+    def close(self):
+        pass
+
+
+def test_runs_a_backend_sends_back_are_checked_and_stored_here_and_absent_data_is_logged(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
+    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+
+    def answer(unit):
+        name = unit.items[0].config.name
+        if name == "absent":
+            return queue.Finished(absent="cifar10 data absent (looked in /nowhere)", where="w1")
+        if name == "bad":
+            return queue.Finished(error="RuntimeError: boom", where="w2")
+        if name == "short":
+            return queue.Finished(records=[], where="w3 (cpu)")
+        return queue.Finished(records=[{"meta": {"wall_time": 2.0, "device": "cpu"}}], where="w4 (cpu)", seconds=2.0)
+
+    entries = [entry(name, 1.0) for name in ("ok", "absent", "bad", "short")]
+    lines = []
+    backend = AnswerBackend(answer)
+    out = queue.run_queue(entries, "paper", log=lines.append, poll=0.01, backend=backend)
+    assert backend.started == ["ok", "absent", "bad", "short"]  # the queue's order, 2 at a time
+    assert [i.config.name for i in out.stored] == ["ok"] and queue.is_stored(out.stored[0])
+    assert load_entry(tmp_path / "runs" / "ok-0.json.gz")["payload"]["wall_time"] == 2.0
+    assert [(i.config.name, why) for i, why in out.absent] == [("absent", "cifar10 data absent (looked in /nowhere)")]
+    assert [(i.config.name, why) for i, why in out.failed] == [
+        ("bad", "RuntimeError: boom"), ("short", "the worker sent back list instead of 1 result(s)")]
+    assert out.ran_on == {"ok-0": "w4 (cpu)", "absent-0": "w1", "bad-0": "w2", "short-0": "w3 (cpu)"}
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["ok-0.json.gz"]  # no claim left, nothing partial
+    assert any(line.startswith("[done  1] celm Table 1 | row ok") and " in 0:02 " in line and "on w4 (cpu)" in line
+               for line in lines)
+    assert "[absent] celm Table 1 | row absent | FedAvg | seed 0: not runnable on w1: cifar10 data absent " \
+           "(looked in /nowhere)" in lines
+
+
+def test_a_gpu_unit_waits_for_a_free_gpu_slot_while_cpu_units_start():
+    gpu = queue.Entry(fake_item("g", dataset="cifar10"), 1.0, "test", False, None)
+    cpu = entry("c", 1.0)
+    busy = {"gpu": True}
+    pick = queue.next_unit([gpu, cpu], None, accept=lambda unit: not (unit.items[0].gpu and busy["gpu"]))
+    assert pick is cpu
+    busy["gpu"] = False
+    assert queue.next_unit([gpu, cpu], None, accept=lambda unit: not (unit.items[0].gpu and busy["gpu"])) is gpu

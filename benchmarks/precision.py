@@ -130,6 +130,7 @@ def measure(name: str, repeats: int, steps: int, clients: int, round_steps: int,
                 "ratio_min_max": [round(min(ratios), 3), round(max(ratios), 3)],
                 "parameter_difference": float((results[v] - results[ref]).norm()) / max(moved, 1e-30),
             }
+        os.environ.pop("FEDLIB_MEMORY_FORMAT", None)  # the plan "auto" takes, not the last variant's
         cfg = replace(base, order="clients") if workload == "step" else base
         n = 1 if workload == "step" else clients
         out[workload] = {"unit": unit, "per_core_hour_of": "steps" if workload == "step" else "rounds",

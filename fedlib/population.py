@@ -331,9 +331,10 @@ def autocast(precision: str, device: torch.device | str):
 
 
 MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
-# The "auto" rule, from benchmarks/precision.py (benchmarks/results/precision_cpu-2core.json, 2-core CPU, 1 thread):
-# one client's step in channels-last format ran faster for the models with wide convolutions (cnn_wide, ResNet-20)
-# and not for LeNet-5 (6 and 16 channels on 1 x 28 x 28), whose narrow layers gain nothing from NHWC kernels.
+# The "auto" rule, from benchmarks/precision.py (benchmarks/results/precision_cpu-2core.json, 2-core CPU, 1 thread,
+# medians of 5 interleaved repeats on a loaded machine): a 5-client round in channels-last format ran 1.44x (CNN,
+# 16/32 channels) and 1.37x (cnn_wide, 32/64) as fast as contiguous; LeNet-5 (6/16 channels on 1 x 28 x 28) 1.05x,
+# within its spread (0.71-1.21x), so narrow convolutions stay contiguous. Under vmap it changed nothing.
 CHANNELS_LAST_MIN_CHANNELS = 32  # the widest convolution's output channels from which a model goes channels-last
 
 

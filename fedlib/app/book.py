@@ -1016,19 +1016,11 @@ def default_profile() -> str:
 
 
 def cli_book_help() -> str:
-    """``python -m fedlib book --help`` as the CLI prints it (argparse fills in the real default)."""
-    import contextlib
-    import io
-
-    from ..__main__ import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        try:
-            main(["book", "--help"])
-        except SystemExit:
-            pass
-    return out.getvalue()
+    """``python -m fedlib book --help`` as the CLI prints it (argparse fills in the real default). Run as a
+    command, so the build does not import the command line that imports it (no import cycle)."""
+    done = subprocess.run([sys.executable, "-m", "fedlib", "book", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "100"})
+    return done.stdout
 
 
 def profile_drift(texts: dict[str, str] | None = None, default: str | None = None) -> list[str]:

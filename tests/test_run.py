@@ -102,7 +102,7 @@ def test_fashion_mnist_fedavg_learns_quickly():
         ({"dataset": "imagenet22k"}, "unknown"),
         ({"n_clients": 3000, "dataset": "synthetic"}, "n_clients"),
         ({"split": {"name": "spiral"}}, "unknown split"),
-        ({"split": {"name": "dirichlet", "alpha": 0.5, "beta": 1}}, "unknown parameter 'beta'"),
+        ({"split": {"name": "dirichlet", "alpha": 0.5, "beta": 1}}, "split.beta: split 'dirichlet' has no such parameter"),
         ({"split": {"name": "adversarial", "gamma": 1.0}}, "makes 58 clients"),
     ],
 )

@@ -739,31 +739,34 @@ class CELM(Chapter):
         from ...metrics import detection_summary
 
         detectors = [m for m in DETECTORS if m in self.params["methods"]]
-        lines, curves = [], {}
+        lines, curves, thresholds = [], {}, None
         for split, spec in DETECTION_SPLITS.items():
             for m in detectors:
                 runs = [self.result(run_config(self.params, spec, m, s)) for s in self.params["seeds"]]
+                runs = [r for r in runs if r is not None]  # an evidence build: a stale or missing run is not shown
                 summaries = [detection_summary(score_history(r), free_riders(r)) for r in runs]
-                curves[(split, m)] = np.mean([s["fpr_curve"] for s in summaries], axis=0)
-                thresholds = summaries[0]["thresholds"]
+                if summaries:
+                    curves[(split, m)] = np.mean([s["fpr_curve"] for s in summaries], axis=0)
+                    thresholds = summaries[0]["thresholds"]
                 for metric, key in (("AUROC", "auroc"), ("FPR", "fpr")):
                     paper = reference_value(self.reference, "Table 3", f"{self.prefix} {split}",
                                             f"{metric} {METHOD_LABELS[m]}")[0]
                     lines.append({"split": split, "metric": metric, "method": METHOD_LABELS[m], "paper": paper,
-                                  self.ours: float(np.mean([s[key] for s in summaries]))})
+                                  self.ours: float(np.mean([s[key] for s in summaries])) if summaries else np.nan})
         table = pd.DataFrame(lines).pivot_table(index=["split", "metric"], columns="method",
                                                 values=["paper", self.ours]).swaplevel(0, 1, axis=1).sort_index(axis=1)
         fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True, layout="constrained")
         for ax, split in zip(axes, DETECTION_SPLITS):
-            for m in detectors:
+            for m in (m for m in detectors if (split, m) in curves):
                 ax.plot(thresholds, curves[(split, m)], label=METHOD_LABELS[m])
             ax.set(title=f"{split}: FPR vs threshold", xlabel="z-score threshold", ylabel="false-positive rate")
             ax.grid(alpha=0.3)
         axes[0].legend()
         frm = [r for r in lines if r["split"] == "FRM" and r["metric"] == "AUROC"]
-        return table.style.format("{:.2f}"), fig, {
+        measured = [r for r in frm if np.isfinite(r[self.ours])]
+        return table.style.format("{:.2f}", na_rep="—"), fig, {
             "t3_celm_frm": next(r[self.ours] for r in frm if r["method"] == "CELM"),
-            "t3_best_frm": Markdown(max(frm, key=lambda r: r[self.ours])["method"])}
+            "t3_best_frm": Markdown(max(measured, key=lambda r: r[self.ours])["method"] if measured else "none measured")}
 
     def table4(self):
         """Table 4 and Fig. 5: how far CELM's evidence and the uniform matrix are from the true counts."""

@@ -469,14 +469,19 @@ class FedMS(Chapter):
         seed = self.params["seeds"][0]
         figures, ratios = [], {}
         for split in (self.params["splits"] if "table1" in self.params["experiments"] else []):
+            # the runs of this split (an evidence build shows only the stored ones; a split without any is left out)
+            found = {m: self.result(run_config(self.params, split, m, seed)) for m in methods}
+            found = {m: r for m, r in found.items() if r is not None}
+            if not found:
+                continue
             fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
             for i, m in enumerate(methods):
-                ax1.plot(*curve(self.result(run_config(self.params, split, m, seed))), color=f"C{i}",
-                         label=METHOD_LABELS[m])
+                if m in found:
+                    ax1.plot(*curve(found[m]), color=f"C{i}", label=METHOD_LABELS[m])
             ax1.set(xlabel="round", ylabel="test accuracy (%)", title=f"(a) accuracy, Mavericks + {split}")
             ax1.legend(fontsize=7)
-            for m in reward_methods:
-                s = reward_series(self.result(run_config(self.params, split, m, seed)))
+            for m in (m for m in reward_methods if m in found):
+                s = reward_series(found[m])
                 r = np.arange(1, len(s["cumulative_maverick"]) + 1)
                 color = f"C{methods.index(m)}"
                 ax2.plot(r, s["cumulative_maverick"], "-", color=color, label=f"{METHOD_LABELS[m]}: Mavericks")
@@ -491,7 +496,7 @@ class FedMS(Chapter):
                                "Mavericks above others": v[0] > v[1]} for (s, m), v in ratios.items()])
         above = {m: int(sum(v[0] > v[1] for (_, mm), v in ratios.items() if mm == m)) for m in reward_methods}
         values = {"f35_fedms": above.get("fedms", 0), "f35_sfedavg": above.get("s_fedavg", 0),
-                  "f35_greedy": above.get("greedyfed", 0), "f35_n": len(self.params["splits"]) if ratios else 0}
+                  "f35_greedy": above.get("greedyfed", 0), "f35_n": len({split for split, _ in ratios})}
         return figures, (frame.set_index(["setting", "method"]) if len(frame) else None), values
 
     def table2(self):

@@ -371,7 +371,7 @@ class RunConfig(ExperimentConfig):
         data = self.model_dump(mode="json", exclude={"data_root"})
         method = build_method(self.method.name, self.method.params)
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
-        data["split"] = {"name": self.split.name, **partition.split_defaults(self.split.name), **self.split.params}
+        data["split"] = partition.resolved_split(self.split.name, self.split.params)
         for later in ("augment", "validation_from"):  # added later: unset leaves every earlier key as it was
             if data.get(later) is None:
                 data.pop(later, None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -557,6 +557,7 @@ def celm_free_rider(
     free_rider_fraction: float = 0.02,
     rare_classes: int = 2,
     rare_fraction: float = 0.1,
+    maverick_shares_common: bool = False,
     n_classes: int | None = None,
 ) -> Partition:
     """CELM §6.2 FR / FRM splits (Fig. 3b/3c): one weak free-rider, optionally plus a Maverick.
@@ -565,8 +566,9 @@ def celm_free_rider(
     each of the ``free_rider_classes`` globally most abundant classes (ties in a seeded
     random order): it trains, on little, redundant data. With ``with_maverick`` (FRM) the
     client before it is a Maverick as in :func:`celm_maverick` (``rare_classes`` classes
-    absent elsewhere, floor(rare_fraction * n_c) samples each). Benign clients split the
-    rest of every common class evenly.
+    absent elsewhere, floor(rare_fraction * n_c) samples each; with ``maverick_shares_common``
+    it also takes an even share of every common class, as in :func:`celm_maverick_shared`).
+    Benign clients split the rest of every common class evenly.
 
     Fashion-MNIST (N=5). FR: 4 benign x 14,940 (1,500 of 8 classes + 1,470 of the 2
     free-rider classes), free-rider 2 x 120 = 240. FRM: 3 benign x 15,920 (2,000 of 6
@@ -576,7 +578,9 @@ def celm_free_rider(
     _require(rare_classes >= 1, f"rare_classes must be >= 1, got {rare_classes}")
     rare = [rare_classes] if with_maverick else []
     weak = (free_rider_classes, free_rider_fraction)
-    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak)
+    _require(with_maverick or not maverick_shares_common, "maverick_shares_common needs with_maverick")
+    counts = _celm_counts(class_sizes, n_clients, rng, rare, rare_fraction, weak,
+                          mavericks_share_common=maverick_shares_common)
     roles = ["benign"] * (n_clients - 1 - len(rare)) + ["maverick"] * len(rare)
     return _partition(labels, counts, roles + ["weak_free_rider"], rng)
 
@@ -930,10 +934,25 @@ for _kind in SPLIT_KINDS.values():  # every parameter is declared (a missing ann
     _kind.declared
 
 
+# Parameters a split kind gained after runs of it were stored: at this default they stay out of a
+# config's key (``resolved_split``), so the earlier runs keep theirs.
+ADDED_LATER: dict[str, dict[str, Any]] = {"celm_free_rider": {"maverick_shares_common": False}}
+
+
 def split_defaults(name: str) -> dict:
     """The defaults of split ``name``'s parameters ({} for a name that is not a split kind)."""
     kind = SPLIT_KINDS.get(name)
     return kind.defaults if kind is not None else {}
+
+
+def resolved_split(name: str, params: dict) -> dict:
+    """Split ``name`` with ``params`` and every default filled in, as a cache key reads it: a parameter
+    added later (``ADDED_LATER``) left out while it has its default."""
+    data = {"name": name, **split_defaults(name), **params}
+    for param, default in ADDED_LATER.get(name, {}).items():
+        if data.get(param) == default:
+            data.pop(param)
+    return data
 
 
 def check_split(name, params: dict, n_clients: int | None = None) -> None:

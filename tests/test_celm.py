@@ -467,8 +467,8 @@ def test_table_2_takes_the_profiles_maverick_reading():
     from fedlib.app.chapters import celm as chapter
     from fedlib.app.chapters.profiles import load
 
-    params = load("celm", "paper")  # the reading the screen picked: the whole of each rare class
-    assert {c.split.params.get("rare_fraction") for c in chapter.experiment_configs(params, "table2")} == {1.0}
+    params = load("celm", "paper")  # the permitted reading the screen picked: 50 % of each rare class
+    assert {c.split.params.get("rare_fraction") for c in chapter.experiment_configs(params, "table2")} == {0.5}
     params = {**params, "table2_reading": next(iter(chapter.MAVERICK_READINGS))}  # the split so far
     default = chapter.experiment_configs(params, "table2")
     assert {c.split.name for c in default} == {"celm_maverick"} and not default[0].split.params.get("rare_fraction")
@@ -476,6 +476,54 @@ def test_table_2_takes_the_profiles_maverick_reading():
     assert {c.split.name for c in shared} == {"celm_maverick_shared"} and len(shared) == len(default)
     with pytest.raises(ValueError, match="table2_reading: must be one of"):
         chapter.experiment_configs({**params, "table2_reading": "half"}, "table2")
+
+
+def test_only_readings_that_keep_the_mavericks_classes_rare_may_be_chosen():
+    """Issue 44.3: a reading whose Maverick keeps the whole of its classes is shown but never chosen, even
+    with the smallest gap; the rule takes the best of the rare ones (gaps set by hand)."""
+    from types import SimpleNamespace
+
+    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.profiles import load
+
+    rows = chapter.maverick_reading_configs(load("celm", "paper"))
+    assert [chapter.keeps_rare({"name": c.split.name, **c.split.params}) for _, c in rows] == [
+        True, True, True, False, True, False]
+
+    def run(balanced, rare_per_class):
+        counts = [[10] * 8 + [0, 0]] * 4 + [[0] * 8 + [5, 5]]
+        return SimpleNamespace(final={"balanced_accuracy": balanced / 100,
+                                      "per_class_accuracy": [0.9] * 8 + rare_per_class},
+                               meta={"client_class_counts": counts, "client_roles": ["benign"] * 4 + ["maverick"]})
+
+    paper = {"Balanced Acc.": 84.79, "Rare Class Acc.": 81.76}
+    results = {rows[2][1].key(): run(83.0, [0.3, 0.4]),   # 50 %: (1.79 + 46.76) / 2 = 24.275
+               rows[3][1].key(): run(84.79, [0.8176, 0.8176]),  # the whole class: gap 0, not permitted
+               rows[4][1].key(): run(80.0, [0.1, 0.2])}   # shared, 10 %: (4.79 + 66.76) / 2 = 35.775
+    frame, chosen = chapter.calibrate_maverick_readings(rows, results, paper)
+    assert frame["keeps its classes rare"].tolist() == [True, True, True, False, True, False]
+    assert round(frame["mean |ours − paper|"].iloc[2], 3) == 24.275 and frame["mean |ours − paper|"].iloc[3] == 0
+    assert chosen == "50 % of each rare class"
+    assert chapter.calibrate_maverick_readings(rows, {rows[3][1].key(): results[rows[3][1].key()]}, paper)[1] is None
+
+
+def test_table_3s_frm_maverick_is_table_2s():
+    """Issue 44.3: one Maverick for Tables 2 and 3: FRM takes Table 2's share (and sharing), FR is unchanged,
+    and the first reading leaves FRM's stored keys as they were."""
+    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.profiles import load
+
+    params = load("celm", "paper")
+    assert chapter.detection_splits(params) == {
+        "FR": {"name": "celm_free_rider"},
+        "FRM": {"name": "celm_free_rider", "with_maverick": True, "rare_fraction": 0.5}}
+    first = {**params, "table2_reading": "a Maverick keeps 10 % of each rare class"}
+    assert chapter.detection_splits(first)["FRM"] == {"name": "celm_free_rider", "with_maverick": True}
+    shared = {**params, "table2_reading": "the Maverick also shares the common classes, 10 % of each rare class"}
+    assert chapter.detection_splits(shared)["FRM"] == {"name": "celm_free_rider", "with_maverick": True,
+                                                       "maverick_shares_common": True}
+    frm = [c for c in chapter.experiment_configs(params, "table3") if c.split.params.get("with_maverick")]
+    assert frm and {c.split.params["rare_fraction"] for c in frm} == {0.5}
 
 
 # ----------------------------------------------------------------------------- Table 7, EMNIST (issue 44.6)

@@ -233,6 +233,26 @@ def test_celm_free_rider_documented_counts(fmnist_labels):
     assert np.all(frm.counts[:3, rider_classes] > 0)  # globally well represented
 
 
+def test_frm_maverick_can_share_the_common_classes_and_keep_the_earlier_keys(fmnist_labels):
+    """FRM with Table 2's shared Maverick: the Maverick also takes an even share of every common class; the
+    parameter, added later, stays out of the key at its default (``ADDED_LATER``)."""
+    from fedlib.config import make_config
+
+    frm = P.celm_free_rider(fmnist_labels, seed=0, with_maverick=True, rare_fraction=0.5, maverick_shares_common=True)
+    rare = np.flatnonzero(frm.counts[:3].sum(axis=0) == 0)
+    assert len(rare) == 2 and np.all(frm.counts[3, rare] == 3000)
+    common = np.setdiff1d(np.flatnonzero(frm.counts[:3].sum(axis=0)), np.flatnonzero(frm.counts[-1]))
+    np.testing.assert_array_equal(frm.counts[3, common], frm.counts[0, common])  # four sharers, evenly
+    with pytest.raises(ValueError, match="maverick_shares_common needs with_maverick"):
+        P.celm_free_rider(fmnist_labels, seed=0, maverick_shares_common=True)
+    split = {"name": "celm_free_rider", "with_maverick": True}
+    base = make_config(dataset="fmnist", split=split).resolved()["split"]
+    assert "maverick_shares_common" not in base
+    assert make_config(dataset="fmnist", split={**split, "maverick_shares_common": False}).resolved()["split"] == base
+    shared = make_config(dataset="fmnist", split={**split, "maverick_shares_common": True}).resolved()["split"]
+    assert shared == {**base, "maverick_shares_common": True}
+
+
 def test_weak_free_rider_takes_the_most_abundant_classes():
     labels = np.repeat(np.arange(5), [100, 400, 100, 300, 100])
     p = P.celm_free_rider(labels, 3, seed=0, free_rider_classes=2, rare_classes=1)

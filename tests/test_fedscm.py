@@ -66,7 +66,7 @@ def test_bad_configs_fail_with_one_line(overrides, message):
 def test_key_ignores_where_and_how_but_not_what():
     a = _config()
     assert a.key() == _config(data_root="/elsewhere", predict_chunk=2).key()
-    assert a.key() != _config(client_chunk=3).key()  # chunked training changes the last bits (README)
+    assert a.key() != _config(client_chunk=3).key()  # chunked training changes the last bits (book/how_fedlib_runs.md)
     assert a.key() != _config(alpha=0.1).key()
     assert method_labels(a)[:2] == ["FedSCM (γ = 0.67)", "FedSCM (γ = 0.8)"]
 

@@ -993,7 +993,8 @@ def prose_drift(chapter: str, text: str | None = None, profile: str = "paper") -
 
 
 # The texts that name the book's profiles and its default one (repository paths; and the CLI's help, read live).
-PROFILE_TEXTS = ("README.md", "book/intro.md")
+PROFILE_TEXTS = ("README.md", "book/intro.md", "book/adding_a_chapter.md", "book/how_fedlib_runs.md",
+                 "benchmarks/README.md")
 CLI_BOOK_HELP = "fedlib book --help"
 _PROFILE = r"(" + "|".join(PROFILES) + r")"
 _DEFAULT_CLAIMS = (  # "`quick` — the default build", "(profile `evidence`, the default)", "default: evidence"
@@ -1024,7 +1025,8 @@ def cli_book_help() -> str:
 
 
 def profile_drift(texts: dict[str, str] | None = None, default: str | None = None) -> list[str]:
-    """What the README, the intro and the CLI's help say of the book's profiles that differs from the code, one
+    """What the texts of ``PROFILE_TEXTS`` (the README, the intro, the library's pages on chapters and on how
+    fedlib runs, the benchmarks' README) and the CLI's help say of the book's profiles that differs from the code, one
     line each (empty: they agree): a default other than ``default`` (the Makefile's, :func:`default_profile`) in a
     sentence saying so or in a ``make book`` comment; a profile a command names (``--profile x``, ``PROFILE=x``)
     that does not exist; a list of profiles (``{a,b}``, ``PROFILE=a|b``) other than all of ``PROFILES``; and a CLI

@@ -173,7 +173,8 @@ def _migrate(args) -> int:
 
     try:
         compressed = compress_results(args.root, dry_run=args.dry_run)
-        print(f"compressed {len(compressed)} stored run(s) to <key>.json.gz" + (" (dry run)" if args.dry_run else ""))
+        print(f"rewrote {len(compressed)} stored run(s) as compact records (<key>.json.gz, fedlib.record)"
+              + (" (dry run)" if args.dry_run else ""))
         print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
         for chapter, paper in registry().items():  # paper profiles run unclipped: adopt clipped runs that never clipped
             configs = paper.configs(load_profile(chapter, "paper"))

@@ -1,8 +1,10 @@
 """JSON result store with atomic writes and checksums.
 
 One file per key: ``{"sha256": <hex of the payload's canonical JSON>, "payload": {...}}``, as
-``<key>.json``, or gzip-compressed as ``<key>.json.gz`` (``compress=True``, the default of the committed
-``results/`` store: a 200-round history is ~700 kB of JSON and ~120 kB compressed; both forms are read).
+``<key>.json``, or as the compact record ``<key>.json.gz`` (``compress=True``, the default of the committed
+``results/`` store): gzip-compressed, its per-round history as numeric columns (:mod:`fedlib.record`;
+the checksum covers the payload as written, and a reader gets the history back as per-round mappings).
+Both forms, and the earlier gzip files whose history is a list, are read.
 Writes go to a temporary file in the same folder and are renamed into place, so a killed
 process never leaves a half-written entry. Reading never deletes anything: an entry that is
 unreadable, fails its checksum or fails the caller's check (``get(key, check=...)``: another
@@ -31,6 +33,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+from .record import compact, expand
 
 _REPORTED: set[tuple[str, str]] = set()  # (path, problem) already warned about in this process
 MAX_ENTRY_BYTES = 64 * 2**20  # a stored run is well under 1 MB; anything past this is not read
@@ -322,7 +326,10 @@ class ResultCache:
             return None, f"unreadable ({type(err).__name__})"
         if not isinstance(payload, dict):
             return None, "payload is not a mapping"
-        return payload, None
+        try:
+            return expand(payload), None  # a compact record's columnar history, decoded (fedlib.record)
+        except (ValueError, KeyError, TypeError, IndexError, zlib.error) as err:
+            return None, f"unreadable history columns ({type(err).__name__})"
 
     def get(self, key: str, check: Callable[[dict], str | None] | None = None) -> dict | None:
         """The stored payload, or None when absent or invalid. ``check(payload)`` returns a problem
@@ -370,7 +377,10 @@ class ResultCache:
             if problem is not None and self.set_aside(key) is None:
                 raise OSError(errno.EEXIST, f"an invalid entry is in the way and cannot be set aside ({problem})",
                               str(path))
-        text = json.dumps({"sha256": _digest(payload), "payload": payload}, indent=1)
+        if self.compress:  # the committed store keeps the compact record (fedlib.record)
+            payload = compact(payload)
+        text = json.dumps({"sha256": _digest(payload), "payload": payload}, indent=None if self.compress else 1,
+                          separators=(",", ":") if self.compress else None)
         target = self.root / f"{key}.json.gz" if self.compress else self.root / f"{key}.json"
         atomic_write_text(target, gzip.compress(text.encode(), mtime=0) if self.compress else text)
         if target != path and os.path.lexists(path):  # the valid entry in the other form, now replaced

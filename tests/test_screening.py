@@ -12,6 +12,7 @@ import torch
 import fedlib
 import fedlib.screening as screening
 from fedlib.config import make_config
+from fedlib.record import reduce_history
 from fedlib.engine import ATTACK_SCALE, _apply_roles, alie_z
 from fedlib.screening import (ANOMALY_NORM, HOSTILE_ROLES, fixed_sum, judge, monitor_sample, round_anomalies,
                               update_disagreement)
@@ -154,6 +155,8 @@ def test_each_attack_is_caught_and_its_attackers_named(attack, count):
     assert found is not None and found["clients"] == attackers and warned
     assert all(set(h["disagreement"]["anomalous"]) <= set(attackers) for h in r.history)
     assert judge(r.to_dict()["history"], r.meta["client_sizes"]) == found  # re-judged from the stored numbers
+    # ... and from the compact record's float16 statistics (fedlib.record.STORED_PRECISION)
+    assert judge(reduce_history(r.to_dict()["history"]), r.meta["client_sizes"]) == found
 
 
 @pytest.mark.parametrize("split", [{"name": "iid"}, {"name": "dirichlet", "alpha": 0.1}, {"name": "pls"},

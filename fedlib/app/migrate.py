@@ -20,7 +20,8 @@ import json
 import os
 from pathlib import Path
 
-from ..cache import ResultCache
+from ..cache import ResultCache, atomic_write_text, load_entry
+from ..record import _canonical, compact, expand
 from ..config import RunConfig
 from ..results import _key_provenance, list_store, result_check, runs_dir
 from .book import what_changed
@@ -66,21 +67,37 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
 
 
 def compress_results(root: str | Path | None = None, dry_run: bool = False) -> list[str]:
-    """Rewrite every readable plain ``<key>.json`` of ``root/runs/`` as ``<key>.json.gz`` (the same entry,
-    checksum and payload; ``fedlib.cache``), the plain file removed once the compressed one is in place.
-    A file that fails its checksum is left as it is. Returns the keys compressed."""
+    """Rewrite every readable entry of ``root/runs/`` that is not yet a compact record (a plain
+    ``<key>.json``, or a gzip file whose history is a list of rounds) as the compact ``<key>.json.gz``
+    (``fedlib.record``): the same key and payload, the history as columns at ``STORED_PRECISION``. Each
+    rewritten entry is read back and must equal the original at that precision, else the original is put
+    back and a RuntimeError names it. A file that fails its checksum is left as it is. Returns the keys
+    rewritten."""
     store = ResultCache(_existing_runs(root), protect=True)
     done = []
     for key, path in store.scan().entries:  # regular files with a key's name only
-        if path.name.endswith(".gz"):
-            continue
         payload, problem = store.read(key)
         if payload is None or problem:
             continue
+        if path.name.endswith(".gz") and _is_compact(path):
+            continue
         done.append(key)
-        if not dry_run:
-            store.put(key, payload)
+        if dry_run:
+            continue
+        original = path.read_bytes()
+        store.put(key, payload)
+        back, problem = store.read(key)
+        if problem or _canonical(back) != _canonical(expand(compact(payload))):
+            atomic_write_text(path, original)
+            raise RuntimeError(f"{path.name}: the compact record does not read back as the original; left as it was")
     return done
+
+
+def _is_compact(path: Path) -> bool:
+    """Whether a gzip entry's history is already columnar (or it has none)."""
+    payload = load_entry(path).get("payload")
+    holder = payload.get("result") if isinstance(payload, dict) and isinstance(payload.get("result"), dict) else payload
+    return not isinstance(holder, dict) or not isinstance(holder.get("history"), list)
 
 
 def _left_out(line: str) -> tuple[str, str]:

@@ -1,0 +1,337 @@
+"""The compact stored record: a run's per-round history as numeric columns, losslessly.
+
+A run's ``history`` is a list of per-round mappings (accuracy, loss, the clients' weights and scores,
+per-class accuracy, the monitor's statistics, a method's diagnostics, ...). As JSON text every number
+costs about 20 characters. :func:`encode_history` turns it into columns: each key becomes one array
+over the rounds, stored as its bytes (float32 where every value is a float32 exactly, as most of the
+engine's numbers are; float64 otherwise; integers and booleans as such), XOR-ed with the previous
+round (a value that does not change costs nothing), byte-shuffled, deflated and written as base85
+text inside the JSON. Lists of varying length, values absent in some rounds and nested mappings have
+their own column kinds; anything else stays JSON.
+
+The encoding is lossless by construction: every column is decoded again while encoding and kept as
+plain JSON unless the decoded values are the given ones exactly (same JSON text: ints stay ints, floats
+stay floats, bit for bit). :func:`decode_history` gives back the list of mappings.
+
+What a stored record keeps (``STORED_PRECISION``, applied by :func:`reduce_history` before encoding):
+the metrics the book reads (accuracy, loss, balanced accuracy, F1, per-class accuracy, learning rate),
+every integer and everything outside the history stay exact. The clients' per-round values (weights,
+scores, similarities, a method's diagnostics) keep 17 significant bits (a float32 with its 7 lowest
+mantissa bits rounded off: relative change at most 2**-17, about 7.6e-6, thirteen times finer than the
+1e-4 within which the determinism contract lets another CPU's weights differ). The poisoning monitor's
+statistics and the timings keep 11 significant bits (relative change at most 2**-11, float32's exponent
+range, so a tiny ratio stays tiny): the monitor judges them against thresholds of 4, 10 and a cosine's
+sign, and a timing varies between runs by far more.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+
+FORMAT = "fedlib.history/columns-1"
+_KINDS = {"f": "float", "i": "int", "b": "bool"}
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, allow_nan=True)
+
+
+def _scalar_kind(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return "b"
+    if isinstance(value, int):
+        return "i" if -(2**63) <= value < 2**63 else None
+    if isinstance(value, float):
+        return "f"
+    return None
+
+
+def _leaf_kind(value: Any, depth: int = 0) -> tuple[str | None, tuple[int, ...] | None]:
+    """(the kind shared by every number of ``value``, its rectangular shape) or (None, None)."""
+    if isinstance(value, list):
+        if depth > 4:
+            return None, None
+        if not value:
+            return "e", (0,)
+        parts = [_leaf_kind(v, depth + 1) for v in value]
+        kinds, shapes = {k for k, _ in parts}, {s for _, s in parts}
+        if None in kinds or len(shapes) != 1 or len(kinds - {"e"}) > 1:
+            return None, None
+        kind = next(iter(kinds - {"e"}), "e")
+        return kind, (len(value), *next(iter(shapes)))
+    kind = _scalar_kind(value)
+    return (kind, ()) if kind else (None, None)
+
+
+def _pack(array: np.ndarray) -> str:
+    """Each row less the previous one (XOR for floats, a wrapping difference for integers), byte-shuffled,
+    deflated, base85."""
+    raw = np.ascontiguousarray(array)
+    width = raw.dtype.itemsize
+    words = raw.view(f"u{width}") if width > 1 else raw.view("u1")
+    delta = words.copy()
+    if delta.ndim and delta.shape[0] > 1:
+        if raw.dtype.kind == "f":
+            delta[1:] ^= words[:-1]
+        else:
+            delta[1:] -= words[:-1]
+    shuffled = delta.reshape(-1).view(np.uint8).reshape(-1, width).T.copy()
+    return base64.b85encode(zlib.compress(shuffled.tobytes(), 9)).decode("ascii")
+
+
+def _unpack(text: str, dtype: str, shape: list[int]) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    width = dtype.itemsize
+    count = int(np.prod(shape)) if shape else 1
+    data = zlib.decompress(base64.b85decode(text), bufsize=max(count * width, 1))
+    if len(data) != count * width:
+        raise ValueError(f"a history column holds {len(data)} bytes, not {count * width}")
+    words = np.frombuffer(data, np.uint8).reshape(width, -1).T.copy().view(f"u{width}" if width > 1 else "u1")
+    words = words.reshape(shape)
+    if words.ndim and words.shape[0] > 1:
+        words = np.bitwise_xor.accumulate(words, axis=0) if dtype.kind == "f" else np.cumsum(words, axis=0,
+                                                                                          dtype=words.dtype)
+    return words.view(dtype).reshape(shape)
+
+
+_DENOMINATORS = np.arange(1, 2**16, dtype=np.float64)
+
+
+def _denominator(values: np.ndarray) -> int | None:
+    """The smallest n < 2**16 for which every value is float32(k) / float32(n) for a whole k, else None:
+    an accuracy is correct / total, computed in float32."""
+    inner = values[(values != 0) & (values != 1)]
+    if not np.all(np.isfinite(values)) or np.any((values < 0) | (values > 1)):
+        return None
+    if inner.size == 0:
+        return 1
+    first = np.float32(inner[0])
+    candidates = _DENOMINATORS[np.float32(np.rint(inner[0] * _DENOMINATORS)) / _DENOMINATORS.astype(np.float32)
+                               == first][:64]
+    target = values.astype(np.float32)
+    for n in candidates:
+        k = np.rint(values * n)
+        if np.array_equal(k.astype(np.float32) / np.float32(n), target):
+            return int(n)
+    return None
+
+
+def _ratio(values: list[Any], array: np.ndarray) -> dict[str, Any] | None:
+    """A float column whose values are all ratios of whole numbers (per trailing column): numerators and
+    denominators, packed; None when one is not."""
+    if array.dtype != np.float32 or array.ndim not in (1, 2) or array.shape[0] < 2:
+        return None
+    wide = array.astype(np.float64).reshape(array.shape[0], -1)
+    dens = [_denominator(wide[:, j]) for j in range(wide.shape[1])]
+    if any(d is None for d in dens):
+        return None
+    counts = np.rint(wide * np.asarray(dens, dtype=np.float64)).astype(np.int32).reshape(array.shape)
+    return {"k": "ratio", "s": list(array.shape), "den": dens, "num": _pack(counts)}
+
+
+def _numeric(values: list[Any]) -> dict[str, Any] | None:
+    """A rectangular column of one number kind, packed; None when it is not one."""
+    kind, shape = _leaf_kind(values)
+    if kind not in ("f", "i", "b"):
+        return None
+    if kind == "f":
+        array = np.asarray(values, dtype=np.float64)
+        single = array.astype(np.float32)
+        exact = np.array_equal(single.astype(np.float64), array, equal_nan=True) and not np.any(
+            np.isnan(array) & ~np.isnan(single))
+        array = single if exact else array
+        ratio = _ratio(values, array) if exact else None
+        if ratio is not None:
+            return ratio
+    elif kind == "i":
+        array = np.asarray(values, dtype=np.int64)
+        if array.size and array.min() >= -(2**31) and array.max() < 2**31:
+            array = array.astype(np.int32)
+    else:
+        array = np.asarray(values, dtype=np.bool_)
+    return {"k": _KINDS[kind], "d": array.dtype.str, "s": list(shape), "z": _pack(array)}
+
+
+def _encode_column(values: list[Any]) -> dict[str, Any]:
+    """One column (a value per row, None where a row lacks the key is handled by the caller)."""
+    column = _numeric(values)
+    if column is None and values and all(isinstance(v, list) for v in values):  # lists of varying length
+        flat = [x for v in values for x in v]
+        lengths, inner = _numeric([len(v) for v in values]), _numeric(flat) if flat else None
+        if lengths is not None and (inner is not None or not flat):
+            column = {"k": "ragged", "n": lengths, "v": inner}
+    if column is None and values and all(isinstance(v, dict) for v in values):
+        column = {"k": "dict", **_encode_rows(values)}
+    if column is None or _canonical(_decode_column(column, len(values))) != _canonical(values):
+        return {"k": "json", "v": values}
+    return column
+
+
+def _decode_column(column: dict[str, Any], rows: int) -> list[Any]:
+    kind = column["k"]
+    if kind == "json":
+        return list(column["v"])
+    if kind in ("float", "int", "bool"):
+        array = _unpack(column["z"], column["d"], column["s"])
+        cast = {"float": np.float64, "int": np.int64, "bool": np.bool_}[kind]
+        return array.astype(cast).tolist()
+    if kind == "ratio":
+        dens = np.asarray(column["den"], dtype=np.float32)
+        counts = _unpack(column["num"], "<i4", column["s"]).astype(np.float32)
+        return (counts.reshape(counts.shape[0], -1) / dens).reshape(column["s"]).astype(np.float64).tolist()
+    if kind == "ragged":
+        lengths = _decode_column(column["n"], rows)
+        flat = _decode_column(column["v"], 0) if column["v"] is not None else []
+        edges = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+        return [flat[a:b] for a, b in zip(edges[:-1], edges[1:])]
+    if kind == "dict":
+        return _decode_rows(column, rows)
+    raise ValueError(f"unknown history column kind {kind!r}")
+
+
+def _encode_rows(rows: list[dict]) -> dict[str, Any]:
+    """Mappings (one per row) as columns; a key absent in some rows keeps a presence mask."""
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    columns = {}
+    for key in keys:
+        present = [key in row for row in rows]
+        values = [row[key] for row in rows if key in row]
+        column = _encode_column(values)
+        if not all(present):
+            column = {"k": "some", "p": _numeric(present), "c": column}
+        columns[key] = column
+    return {"keys": keys, "c": columns}
+
+
+def _decode_rows(block: dict[str, Any], rows: int) -> list[dict]:
+    out: list[dict] = [{} for _ in range(rows)]
+    for key in block["keys"]:
+        column = block["c"][key]
+        if column["k"] == "some":
+            present = _decode_column(column["p"], rows)
+            where = [i for i, p in enumerate(present) if p]
+            values = _decode_column(column["c"], len(where))
+        else:
+            where, values = list(range(rows)), _decode_column(column, rows)
+        if len(values) != len(where):
+            raise ValueError(f"history column {key!r} holds {len(values)} values for {len(where)} rounds")
+        for i, value in zip(where, values):
+            out[i][key] = value
+    return out
+
+
+# column (a top-level history key, or "key.sub" inside a per-round mapping) -> the significant bits it keeps
+STORED_PRECISION: dict[str, int] = {
+    **{key: 11 for key in ("time_train", "time_server", "time_eval", "time_round", "time_monitor",
+                           "disagreement.cosine", "disagreement.norm_ratio", "disagreement.core_cosine")},
+    **{key: 17 for key in ("weights", "scores", "similarity", "diagnostics.*")},
+}
+
+
+def significant(value: float, bits: int) -> float:
+    """``value`` as a float32 rounded (to nearest, ties to even) to ``bits`` significant bits (at most 24).
+    The float32 exponent range is kept: nothing underflows or overflows the way a float16 would; a value
+    beyond float32's range is returned as it is."""
+    with np.errstate(over="ignore"):
+        single = np.asarray(value, dtype=np.float32)
+    if not np.isfinite(single):
+        return value if np.isfinite(value) else float(single)
+    word = int(single.view(np.uint32))
+    drop = 24 - bits
+    if drop <= 0:
+        return float(single)
+    keep, rest, half = word >> drop, word & ((1 << drop) - 1), 1 << (drop - 1)
+    keep += rest > half or (rest == half and keep & 1)
+    rounded = float(np.asarray(keep << drop, dtype=np.uint32).view(np.float32))
+    return rounded if np.isfinite(rounded) else float(single)
+
+
+def _rounded(value: Any, bits: int) -> Any:
+    """``value`` with every float rounded to ``bits`` significant bits (:func:`significant`)."""
+    if isinstance(value, float):
+        return significant(value, bits)
+    if isinstance(value, list):
+        return [_rounded(v, bits) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v, bits) for k, v in value.items()}
+    return value
+
+
+def reduce_history(history: list[dict], precision: dict[str, int] | None = None) -> list[dict]:
+    """``history`` with the columns of ``precision`` (default :data:`STORED_PRECISION`) rounded to their
+    significant bits; every other value unchanged. ``"key.*"`` covers every entry of a per-round mapping."""
+    precision = STORED_PRECISION if precision is None else precision
+
+    def bits(key: str, sub: str | None = None) -> int | None:
+        return precision.get(key) if sub is None else precision.get(f"{key}.{sub}", precision.get(f"{key}.*"))
+
+    out = []
+    for row in history:
+        new = {}
+        for key, value in row.items():
+            if isinstance(value, dict):
+                new[key] = {sub: (_rounded(v, bits(key, sub)) if bits(key, sub) else v) for sub, v in value.items()}
+            else:
+                new[key] = _rounded(value, bits(key)) if bits(key) else value
+        out.append(new)
+    return out
+
+
+def encode_history(history: list[dict]) -> dict[str, Any]:
+    """``history`` (a list of per-round mappings) as columns; :func:`decode_history` gives it back exactly."""
+    if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+        raise TypeError("a history is a list of per-round mappings")
+    return {"format": FORMAT, "rounds": len(history), **_encode_rows(history)}
+
+
+def decode_history(encoded: dict[str, Any]) -> list[dict]:
+    """The list of per-round mappings :func:`encode_history` encoded (ValueError on a damaged one)."""
+    if not isinstance(encoded, dict) or encoded.get("format") != FORMAT:
+        raise ValueError(f"not a columnar history ({FORMAT})")
+    rows = encoded["rounds"]
+    if not isinstance(rows, int) or rows < 0:
+        raise ValueError("a columnar history's rounds must be a count")
+    return _decode_rows(encoded, rows)
+
+
+def is_encoded(history: Any) -> bool:
+    return isinstance(history, dict) and history.get("format") == FORMAT
+
+
+def _history_holder(payload: Any) -> dict | None:
+    """The mapping that holds a stored payload's ``history``: its ``result`` (a ``stored_payload``), or the
+    payload itself (a bare result, the cache's earlier form); None when there is none."""
+    if not isinstance(payload, dict):
+        return None
+    holder = payload.get("result") if isinstance(payload.get("result"), dict) else payload
+    return holder if "history" in holder else None
+
+
+def compact(payload: Any) -> Any:
+    """A stored payload as the compact record keeps it: its history reduced to ``STORED_PRECISION`` and
+    encoded as columns (a payload without a list-of-mappings history is returned as it is)."""
+    holder = _history_holder(payload)
+    history = holder.get("history") if holder is not None else None
+    if not isinstance(history, list) or not history or not all(isinstance(row, dict) for row in history):
+        return payload
+    encoded = encode_history(reduce_history(history))
+    if holder is payload:
+        return {**payload, "history": encoded}
+    return {**payload, "result": {**holder, "history": encoded}}
+
+
+def expand(payload: Any) -> Any:
+    """A payload as readers use it: a columnar history decoded back to per-round mappings (ValueError
+    when it is damaged); any other payload as it is."""
+    holder = _history_holder(payload)
+    if holder is None or not is_encoded(holder.get("history")):
+        return payload
+    history = decode_history(holder["history"])
+    if holder is payload:
+        return {**payload, "history": history}
+    return {**payload, "result": {**holder, "history": history}}

@@ -245,3 +245,33 @@ def test_channels_last_agrees_with_contiguous_within_the_plan_tolerance(precisio
     a, b = evaluations["channels_last"], evaluations["contiguous"]
     assert abs(float(a.loss[0] - b.loss[0])) <= PLAN.loss
     assert abs(float(a.accuracy[0] - b.accuracy[0])) <= 1.0 / len(y)  # a tie between two logits at most
+
+
+def test_the_performance_pages_precision_table_and_sentence_by_hand():
+    """Issue 45.5: the stored precision record as the performance page shows it: one row per model, workload and
+    variant, the ratio with its min-max, no empty cell; the sentence names each model's fastest round variant."""
+    from fedlib.app.chapters.performance import precision_table, precision_text
+
+    def variant(seconds, ratio, low, high, diff):
+        return {"seconds": seconds, "per_core_hour": 3600 / seconds[0], "ratio_to_float32_contiguous": ratio,
+                "ratio_min_max": [low, high], "parameter_difference": diff}
+
+    record = {"device": "cpu (x86_64, 2 cores, 1 threads)", "rows": [
+        {"model": "cnn_wide",
+         "step": {"unit": "3 steps of one client", "per_core_hour_of": "steps", "variants": {
+             "float32 contiguous": variant([0.6], 1.0, 1.0, 1.0, 0.0),
+             "bfloat16 channels-last": variant([0.3], 2.0, 1.8, 2.2, 0.07)}},
+         "round": {"unit": "5 clients x 2 steps + evaluation", "per_core_hour_of": "rounds", "variants": {
+             "float32 contiguous": variant([2.0], 1.0, 1.0, 1.0, 0.0),
+             "float32 channels-last": variant([1.5], 1.33, 1.2, 1.4, 4e-6),
+             "bfloat16 channels-last": variant([1.0], 2.0, 1.9, 2.1, 0.07)}}},
+        {"model": "mlp", "step": {"unit": "3 steps of one client", "per_core_hour_of": "steps", "variants": {
+            "float32 contiguous": variant([0.1], 1.0, 1.0, 1.0, 0.0),
+            "bfloat16 contiguous": variant([0.09], 1.11, 0.8, 1.5, 0.05)}}}]}
+    table = precision_table(record)
+    assert len(table) == 7 and not table.isna().any().any()
+    row = table.loc[("cnn_wide", "rounds: 5 clients x 2 steps + evaluation", "bfloat16 channels-last")]
+    assert row["per core-hour"] == 3600 and row["× float32 contiguous"] == "2.00 (1.90–2.10)"
+    assert precision_text(record) == ("cpu (x86_64, 2 cores, 1 threads), a round's fastest variant against float32 "
+                                      "contiguous: cnn_wide 2.00× (bfloat16 channels-last), mlp 1.11× "
+                                      "(bfloat16 contiguous)")

@@ -247,6 +247,36 @@ def cpu_order_text(record: dict) -> str:
             + (f" (not at {', '.join(missed)})" if missed else ""))
 
 
+def precision_table(record: dict) -> pd.DataFrame:
+    """One row per model, workload and variant of a ``benchmarks/precision.py`` record: runs per core-hour,
+    the ratio to float32 contiguous (median over the interleaved repeats, with their min-max) and the
+    relative parameter difference from float32 contiguous."""
+    rows = []
+    for row in record["rows"]:
+        for workload in ("step", "round"):
+            measured = row.get(workload)
+            if not measured:
+                continue
+            for variant, v in measured["variants"].items():
+                low, high = v["ratio_min_max"]
+                rows.append({"model": row["model"], "workload": f"{measured['per_core_hour_of']}: {measured['unit']}",
+                             "variant": variant, "per core-hour": round(v["per_core_hour"]),
+                             "× float32 contiguous": f"{v['ratio_to_float32_contiguous']:.2f} ({low:.2f}–{high:.2f})",
+                             "parameter difference": f"{v['parameter_difference']:.1e}"})
+    return pd.DataFrame(rows).set_index(["model", "workload", "variant"])
+
+
+def precision_text(record: dict) -> str:
+    """The fastest variant of each model's round, as a ratio to float32 contiguous."""
+    parts = []
+    for row in record["rows"]:
+        variants = (row.get("round") or row.get("step") or {}).get("variants", {})
+        best = max(variants.items(), key=lambda kv: kv[1]["ratio_to_float32_contiguous"], default=None)
+        if best is not None:
+            parts.append(f"{row['model']} {best[1]['ratio_to_float32_contiguous']:.2f}× ({best[0]})")
+    return f"{record['device']}, a round's fastest variant against float32 contiguous: " + ", ".join(parts)
+
+
 def ratios(run: dict, num: str, den: str = "vectorized") -> dict[int, float]:
     """{N: seconds per round of engine ``num`` / those of ``den``} where the run timed both."""
     return {r["N"]: r[f"{num}_s"] / r[f"{den}_s"] for r in run["rows"] if f"{num}_s" in r and f"{den}_s" in r}
@@ -388,6 +418,22 @@ class Performance(Chapter):
         return {"cpu_order_summary": Markdown("; ".join(lines) if lines else "no stored CPU order benchmark yet "
                                               "(`python benchmarks/cpu_order.py --json benchmarks/results/"
                                               "cpu_order_<device>.json`)")}
+
+    def precision_runs(self) -> dict[str, Any]:
+        """Shows each stored ``benchmarks/precision.py`` record (runs per core-hour of each model in each precision
+        and memory format, as ratios to float32 contiguous); glues one computed sentence per device."""
+        lines = []
+        for path, record in stored_benchmarks("precision_*.json"):
+            load = record["load_before_after"]
+            display(Markdown(f"### {record['device']} ({path.name}, {record['date']})\n\n{record['repeats']} repeats, "
+                             f"the variants interleaved; load average {load[0]} before, {load[1]} after"
+                             + (" (other work shared the cores: the ratios are indicative)." if competed(
+                                 {"before": load[0], "after": load[1], "cores": _cores_of(record["device"])})
+                                else ".")), precision_table(record))
+            lines.append(precision_text(record))
+        return {"precision_summary": Markdown("; ".join(lines) if lines else "no stored precision benchmark yet "
+                                              "(`python benchmarks/precision.py --json benchmarks/results/"
+                                              "precision_<device>.json`)")}
 
     def breakdown(self):
         """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""

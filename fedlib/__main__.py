@@ -12,7 +12,8 @@ import warnings
 from pathlib import Path
 
 from .app import queue
-from .app.book import EVIDENCE, PROFILES, BookError, build, load_profile
+from .app.book import BookError, build
+from .app.kit.sources import EVIDENCE, PROFILES, load_profile
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
 from .data import DataCorruptError, DataNotFoundError

@@ -289,6 +289,25 @@ def dataset_spec(name: str, **kwargs) -> tuple[tuple[int, int, int], int] | None
     return _SPECS.get(name)
 
 
+def data_missing(dataset: str) -> str | None:
+    """Why ``dataset`` cannot be loaded here (None: its files are present). No loading."""
+    root = default_data_root()
+    if dataset == "synthetic" or dataset.startswith(IMAGEFOLDER_PREFIX):
+        return None
+    places = []
+    if dataset in _IDX_FOLDERS:
+        places.append(root / _IDX_FOLDERS[dataset])
+        if dataset == "fmnist":
+            places.append(DEBIAN_FASHION_MNIST)
+    if dataset in _TORCHVISION:
+        places += _torchvision_paths(dataset, root)
+    if dataset == "cifar10":
+        places.append(root / CIFAR10_JPEG)
+    if any(p.exists() for p in places):
+        return None
+    return f"{dataset} data absent (looked in {', '.join(str(p) for p in places) or root})"
+
+
 @_access_errors_in_one_line
 def load_dataset(
     name: str,

@@ -10,6 +10,10 @@ import pytest
 
 from fedlib.app import book
 from fedlib.app.chapters import chapter_module
+from fedlib.app.chapters.base import chapter_header
+from fedlib.app.kit.pages import parameters_table, protocol_differences
+from fedlib.app.kit.sources import load_reference, reference_value
+from fedlib.app.kit.stored import evidence_summary, stored_results
 from fedlib.cache import load_entry
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,18 +45,18 @@ def test_toc_lists_existing_chapters_status_last():
 
 def test_protocol_differences_name_each_changed_parameter():
     quick = book.load_profile("fedavg", "quick")
-    diffs = book.protocol_differences("fedavg", quick)
+    diffs = protocol_differences("fedavg", quick)
     assert any(d.startswith("`rounds`: 20 (paper protocol: 100)") for d in diffs)
-    assert not book.protocol_differences("fedavg", book.load_profile("fedavg", "paper"))
+    assert not protocol_differences("fedavg", book.load_profile("fedavg", "paper"))
     with pytest.raises(ValueError, match="profile: must be one of"):
         book.load_profile("fedavg", "fast")
 
 
 def test_reference_numbers_load():
-    ref = book.load_reference("celm")
-    assert book.reference_value(ref, "Table 1", "F.MNIST PLS", "FedAvg") == (80.62, 0.52)
+    ref = load_reference("celm")
+    assert reference_value(ref, "Table 1", "F.MNIST PLS", "FedAvg") == (80.62, 0.52)
     with pytest.raises(KeyError):
-        book.reference_value(ref, "Table 1", "nowhere", "FedAvg")
+        reference_value(ref, "Table 1", "nowhere", "FedAvg")
 
 
 def _mini_repo(tmp_path, cell_source):
@@ -124,13 +128,13 @@ def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeyp
     assert len(written) == 1 and book.store_results("fedavg", configs, progress=False) == []  # resumes
     payload = load_entry(written[0])["payload"]
     assert payload["config"]["split"]["name"] == "pls" and payload["device"].startswith("cpu")
-    stored = book.stored_results("fedavg", configs)
+    stored = stored_results("fedavg", configs)
     assert list(stored.results) == [configs[0].key()] and not stored.skipped
     assert written[0].parent == tmp_path / "results" / "runs"  # one store for every chapter
-    other = book.stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
+    other = stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
     assert not other.results and not other.skipped and not other.stale  # another config's run: not this page's
     written[0].write_bytes(gzip.compress(b"{"))  # damaged
-    assert book.stored_results("fedavg", configs).skipped == [f"{written[0].name} (unreadable (JSONDecodeError))"]
+    assert stored_results("fedavg", configs).skipped == [f"{written[0].name} (unreadable (JSONDecodeError))"]
 
 
 def test_progress_events_reach_the_builder_and_timings_are_stored(tmp_path, monkeypatch):
@@ -183,10 +187,10 @@ def test_injected_parameters_are_removed_and_long_logs_collapsed(tmp_path, monke
 
 
 def test_parameters_table_compares_this_build_with_the_paper():
-    table = book.parameters_table("fedavg", book.load_profile("fedavg", "quick"))
+    table = parameters_table("fedavg", book.load_profile("fedavg", "quick"))
     row = table.set_index("parameter").loc["rounds"]
     assert (row["this build"], row["paper"]) == ("20", "100")
-    assert book.parameters_table("fedavg", book.load_profile("fedavg", "paper")).empty
+    assert parameters_table("fedavg", book.load_profile("fedavg", "paper")).empty
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
@@ -201,11 +205,11 @@ def test_pages_read_like_papers_code_is_collapsed_and_parameters_removed(path):
 
 
 def test_chapter_header_is_one_small_html_table_of_differences():
-    html = book.chapter_header("fedavg", "quick", book.load_profile("fedavg", "quick")).data
+    html = chapter_header("fedavg", "quick", book.load_profile("fedavg", "quick")).data
     # the header row + fraction, lr_milestones, rounds, seeds, test_samples
     assert "<b>Reduced protocol.</b>" in html and html.count("<tr>") == 6
     assert "<td><code>rounds</code></td><td>20</td><td>100</td>" in html
-    same = book.chapter_header("fedavg", "paper", book.load_profile("fedavg", "paper")).data
+    same = chapter_header("fedavg", "paper", book.load_profile("fedavg", "paper")).data
     assert "follows the paper's protocol" in same and "<table" not in same
 
 
@@ -286,7 +290,7 @@ def test_the_evidence_build_of_fedavg_trains_nothing_and_shows_the_stored_runs(t
     ch = FedAvg(book.EVIDENCE, book.load_profile("fedavg", book.EVIDENCE))
     runs = ch.run()
     assert not channel.exists() and not any((cache / "runs").rglob("*.json"))  # 0 runs announced, 0 computed
-    stored = book.stored_results("fedavg", ch.configs(ch.paper_params))
+    stored = stored_results("fedavg", ch.configs(ch.paper_params))
     assert len(runs) == len(stored.results) > 0 and set(ch.results) == set(stored.results)
     assert [source for source, _, _ in ch.by_source()] == ["stored paper profile"]  # one source, not twice
     table, _, values = ch.table1()
@@ -304,12 +308,12 @@ def test_the_evidence_build_of_fedavg_trains_nothing_and_shows_the_stored_runs(t
 
 
 def test_the_evidence_summary_counts_and_names_the_command():
-    assert book.evidence_summary("celm", 10, 0) == (
+    assert evidence_summary("celm", 10, 0) == (
         "Evidence build: 10 of the 10 paper-protocol run(s) of this page are stored under results/runs/ and shown; "
         "nothing was trained.")
-    assert "The other 7 are not stored" in book.evidence_summary("celm", 10, 7)
-    assert "`make results CHAPTER=celm PROFILE=paper` makes them" in book.evidence_summary("celm", 10, 7)
-    assert book.evidence_summary("flce", 3, 3).startswith("Evidence build: none of the 3 paper-protocol run(s)")
+    assert "The other 7 are not stored" in evidence_summary("celm", 10, 7)
+    assert "`make results CHAPTER=celm PROFILE=paper` makes them" in evidence_summary("celm", 10, 7)
+    assert evidence_summary("flce", 3, 3).startswith("Evidence build: none of the 3 paper-protocol run(s)")
 
 
 def _executed(cells):

@@ -295,7 +295,7 @@ def test_the_pls_allocation_rule_by_hand():
 
 
 def test_cffl_takes_the_label_imbalance_coefficient_on_pls_and_sls_only():
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.celm import SPLITS, run_config
     from fedlib.methods import build_method
 
@@ -344,7 +344,7 @@ def test_cffl_study_rows_and_conclusion_by_hand():
 
 
 def test_cffl_study_configs_share_one_reduced_protocol():
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.celm import cffl_study_configs, configs
 
     params = load_profile("celm", "quick")
@@ -359,9 +359,9 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     """Issue 30 point 2 for CELM: uniform FedAvg on CIFAR-10 Dir(0.05) under the readings of
     fedlib.app.chapters.readings; the paper's FedAvg there is 65.12. Stored: the protocol so far at 55 %
     (gap 10.12) and momentum 0.9 at 64 % (gap 1.12): momentum is chosen."""
-    from fedlib.app import book
-    from fedlib.app.book import load_profile
     from fedlib.app.chapters import celm, readings
+    from fedlib.app.kit.sources import load_profile
+    from fedlib.app.kit.stored import Stored
     from fedlib.run import RunResult
 
     adopted = load_profile("celm", "paper")
@@ -377,7 +377,7 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     finals = {"no augmentation, no weight decay": 0.55, "SGD momentum 0.9": 0.64}
     stored = {c.key(): RunResult(config={}, history=[], final={"accuracy": finals[r]}, meta={})
               for _, r, c in rows if r in finals}
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    monkeypatch.setattr(celm, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = celm.CELM("paper", params)
     chapter.paper_params = params
     frame, values = chapter.cifar10_readings()
@@ -392,9 +392,9 @@ def test_an_adopted_cifar10_reading_moves_table_1s_cifar10_runs_and_shows_the_ea
     """Issue 30 point 2 for CELM: ``cifar10_reading`` sets every CIFAR-10 Table 1 run (the screen's run of
     that reading becomes Table 1's uniform FedAvg run), Fashion-MNIST runs keep their keys, and the runs of
     the original recipe are shown apart as stale."""
-    from fedlib.app import book
-    from fedlib.app.book import load_profile
     from fedlib.app.chapters import celm, readings
+    from fedlib.app.kit.sources import load_profile
+    from fedlib.app.kit.stored import Stored
     from fedlib.run import RunResult
 
     params = readings.screen_params(load_profile("celm", "paper"))  # the original recipe
@@ -407,7 +407,7 @@ def test_an_adopted_cifar10_reading_moves_table_1s_cifar10_runs_and_shows_the_ea
     assert celm.run_config(crop, split, "celm", 1).key() == celm.run_config(params, split, "celm", 1).key()
     earlier = {celm.run_config(params, split, m, 0, cifar10=True).key(): 0.5 + i / 100
                for i, m in enumerate(("fedavg_uniform", "celm"))}
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(
+    monkeypatch.setattr(celm, "stored_results", lambda chapter, configs: Stored(
         {c.key(): RunResult(config={}, history=[], final={"accuracy": earlier[c.key()]}, meta={})
          for c in configs if c.key() in earlier}, {}, []))
     for profile, shown in ((params, False), (crop, True)):
@@ -454,10 +454,10 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     assert chosen == "25 % of each rare class"
     assert chapter.calibrate_maverick_readings(rows, {}, paper)[1] is None
     # the page (issue 30's regression: the CIFAR-10 screen's adoption sentence must not be asked of this frame)
-    from fedlib.app import book
+    from fedlib.app.kit.stored import Stored
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(book, "stored_results", lambda name, configs: book.Stored(
+        patch.setattr(chapter, "stored_results", lambda name, configs: Stored(
             {c.key(): results[c.key()] for c in configs if c.key() in results}, {}, []))
         shown, values = chapter.CELM("paper", params).maverick_readings()
     assert values["mr_chosen"] == "25 % of each rare class" and values["mr_protocol"].startswith("the paper profile")
@@ -531,7 +531,7 @@ def test_table_3s_frm_maverick_is_table_2s():
 
 def test_table7_is_transcribed_from_the_paper():
     """App. B.3's Table 7: 5 splits x 5 methods, read off the paper's text (celm.txt, lines 380-384)."""
-    from fedlib.app.book import load_reference, reference_value
+    from fedlib.app.kit.sources import load_reference, reference_value
 
     ref = load_reference("celm")
     t7 = ref[ref.table == "Table 7"]
@@ -551,7 +551,7 @@ def test_table7_runs_are_the_paper_protocol_on_emnist_with_the_step_rule_for_pls
     """75 runs (5 splits x 5 methods x 3 seeds) on EMNIST under the chapter's protocol; PLS and SLS by the
     step rule k_i = 1 + floor(i (47 - 1) / 4 + 1/2) = 1, 13, 24, 36, 47 (the 10-class allocation would cover
     only 2 + 3 + 4 + 5 + 9 = 23 of the 47 classes)."""
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters import celm as chapter
 
     params = load_profile("celm", "paper")
@@ -568,7 +568,7 @@ def test_table7_runs_are_the_paper_protocol_on_emnist_with_the_step_rule_for_pls
 
 def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeypatch):
     from fedlib.app import coverage, queue
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters import celm as chapter
 
     items = [i for i in chapter.queue_items(load_profile("celm", "paper")) if i.table == "Table 7"]
@@ -577,6 +577,7 @@ def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeyp
         ("Table 7", f"EMNIST {r}", m) for r in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")
         for m in ("FedAvg", "CFFL", "CGSV", "ShapFed", "CELM")}
     monkeypatch.setattr(queue, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
+    monkeypatch.setattr(chapter, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
     cells = [c for c in coverage.coverage("celm", "smoke", stored=set()) if c.table == "Table 7"]
     assert len(cells) == 25 and {c.level for c in cells} == {"not runnable here"}
     assert {c.detail for c in cells} == {"needs EMNIST (not on this machine): python -m fedlib results --chapter celm "

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from fedlib.app import claims
-from fedlib.app.claims import Claim, Comparison, Side
+from fedlib.app.kit import stored as kit_stored
+from fedlib.app.kit.claim_types import Claim, Comparison, Side
 
 CLAIM = Claim("A beats B on both rows", "Table 1", "table-1", (
     Comparison("r1", Side(("Table 1", "r1", "A")), Side(("Table 1", "r1", "B"))),
@@ -144,7 +145,7 @@ def test_table_and_scorecard_render_links():
 
 def test_numbers_prefer_stored_runs_and_count_seeds(monkeypatch):
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [CLAIM])
-    monkeypatch.setattr("fedlib.app.sources.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr(claims, "load_reference", lambda chapter: REFERENCE)
     stored = evidence({("r1", "A"): {0: 0.80, 1: 0.84}})
     build = evidence({("r1", "A"): {0: 0.10}, ("r1", "B"): {0: 0.20}})
     f = claims.numbers("celm", "smoke", stored=stored, build=build).set_index(["row", "column"])
@@ -229,7 +230,7 @@ def _store(root, config, accuracy, data_sha="d" * 64, **meta_overrides):
 def test_a_stored_run_counts_on_its_recorded_fingerprint_with_or_without_the_data(tmp_path):
     config = _synthetic_config(seed=0)
     _store(tmp_path, config, 0.8)
-    index = claims.StoredIndex.read(tmp_path)
+    index = kit_stored.StoredIndex.read(tmp_path)
     result, here = index.run_of(config, {"sha256": None})  # data not on this machine
     assert result["final"]["accuracy"] == 0.8 and here is False
     assert index.run_of(config, {"sha256": "d" * 64})[1] is True  # the same data here
@@ -241,7 +242,7 @@ def test_a_superseded_rule_or_another_protocol_is_never_counted(tmp_path):
     clipped = _synthetic_config(seed=0, update_clip=5.0)  # another protocol (the FedAvg page's clipping)
     _store(tmp_path, config, 0.9, rule_versions={**config.rule_versions(), "engine": "0"})  # superseded rule
     _store(tmp_path, clipped, 0.7)
-    index = claims.StoredIndex.read(tmp_path)
+    index = kit_stored.StoredIndex.read(tmp_path)
     assert index.run_of(config, {"sha256": None}) is None
     assert index.run_of(clipped, {"sha256": None})[0]["final"]["accuracy"] == 0.7
     # a file whose key is not the config's key on the data it recorded is not this config's run either
@@ -250,7 +251,7 @@ def test_a_superseded_rule_or_another_protocol_is_never_counted(tmp_path):
     entry = ResultCache(tmp_path, protect=True).read(clipped.key({"sha256": "d" * 64}))[0]
     clean = tmp_path / "renamed"
     ResultCache(clean, protect=True).put("0" * 20, entry)
-    assert claims.StoredIndex.read(clean).run_of(clipped, {"sha256": None}) is None
+    assert kit_stored.StoredIndex.read(clean).run_of(clipped, {"sha256": None}) is None
 
 
 def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_path, monkeypatch):
@@ -268,8 +269,8 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
     claim = Claim("A beats B", "Table 1", "table-1", (CLAIM.comparisons[0],))
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [claim])
     monkeypatch.setattr(queue, "chapter_items", lambda chapter, profile="paper": items)
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path)
-    monkeypatch.setattr("fedlib.app.sources.load_reference", lambda chapter: REFERENCE)
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path)
+    monkeypatch.setattr(claims, "load_reference", lambda chapter: REFERENCE)
     judged = {}
     for here, sha in (("absent", None), ("present", "d" * 64)):
         monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self, sha=sha: {"sha256": sha})
@@ -285,7 +286,7 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
     config = _synthetic_config(seed=0)
     _store(tmp_path / "runs", config, 0.8)
     item = queue.QueueItem("celm", "Table 1", "r1", "A", 0, config, queue.run_round)
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path)
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path)
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "elsewhere"))
     monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
     monkeypatch.setattr(queue, "data_missing", lambda dataset: f"{dataset} data absent")
@@ -296,16 +297,14 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
 
 def test_a_chapter_reads_a_gpu_run_stored_under_its_cpu_key_without_the_data(tmp_path, monkeypatch):
     """The queue stores a GPU run under the chapter's (CPU) key; with the data absent here the chapter
-    (``book.stored_results``) and the claims both find it by the fingerprint it recorded."""
-    from fedlib.app import book
-
+    (``kit.stored.stored_results``) and the claims both find it by the fingerprint it recorded."""
     config = _synthetic_config(seed=0)
     _store(tmp_path, config, 0.8, resolved={**config.resolved(), "device": "cuda"}, config_key="gpu-own-key")
-    monkeypatch.setattr(book, "results_dir", lambda chapter=None: tmp_path)
+    monkeypatch.setattr(kit_stored, "results_dir", lambda chapter=None: tmp_path)
     monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
-    stored = book.stored_results("celm", [config])
+    stored = kit_stored.stored_results("celm", [config])
     assert list(stored.results) == [config.key()] and stored.provenance[config.key()]["data_unverified"]
-    assert claims.StoredIndex.read(tmp_path).run_of(config)[0]["final"]["accuracy"] == 0.8
+    assert kit_stored.StoredIndex.read(tmp_path).run_of(config)[0]["final"]["accuracy"] == 0.8
 
 
 def test_fedms_table1_claim_reads_a_run_as_the_page_does():
@@ -448,7 +447,7 @@ def test_the_papers_own_verdict_on_a_claim_in_most_settings():
 
 
 def _paper_margins(chapter, text):
-    from fedlib.app.sources import load_reference
+    from fedlib.app.kit.sources import load_reference
 
     claim = next(c for c in claims.claims_of(chapter) if c.text.startswith(text))
     v = claims.judge(claim, {}, reference=load_reference(chapter))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.app import book
+from fedlib.app.kit import sources
 from fedlib.app.chapters import fedms as chapter
 from fedlib.config import make_config
 from fedlib.data import load_dataset
@@ -174,7 +174,7 @@ def test_bad_hyperparameters_are_one_line_errors(name, params, message):
 
 
 def test_chapter_configs_use_the_papers_hyperparameters():
-    quick = book.load_profile("fedms", "quick")
+    quick = sources.load_profile("fedms", "quick")
     assert len(chapter.experiment_configs(quick, "table1")) == 3 * (7 + 2)  # + FedMS, S-FedAvg with ×100
     c = chapter.run_config(quick, "Dir(10)", "fedms", 0)
     assert c.method.params["alpha"] == 0.8 and c.split.params == {"n_mavericks": 2, "gamma": 10.0}
@@ -183,7 +183,7 @@ def test_chapter_configs_use_the_papers_hyperparameters():
     assert chapter.run_config(quick, "Dir(10)", "fedemd", 0).method.params["beta"] == 0.001
     assert chapter.run_config(quick, "Dir(1)", "fedprox", 0).method.params["mu"] == 1.0
     assert chapter.adversarial_config(quick, "fedms", 0).n_clients == 58
-    paper = book.load_profile("fedms", "paper")
+    paper = sources.load_profile("fedms", "paper")
     assert (paper["rounds"], paper["local_epochs"], paper["batch_size"], paper["lr"], len(paper["seeds"])) == \
         (100, 5, 64, 0.05, 3)
 
@@ -235,7 +235,7 @@ def test_eq12_is_the_default_and_the_scale_an_option(world):
 
 def test_chapter_runs_both_softmax_variants_in_every_profile():
     for profile in ("smoke", "quick", "paper"):
-        params = book.load_profile("fedms", profile)
+        params = sources.load_profile("fedms", profile)
         specs = [c.method.params | {"name": c.method.name} for c in chapter.experiment_configs(params, "table1")]
         for name in ("fedms", "s_fedavg"):
             if name in params["methods"]:

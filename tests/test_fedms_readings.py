@@ -4,8 +4,9 @@ queue-able configs and the calibration rule, on hand-made histories."""
 import numpy as np
 import pytest
 
-from fedlib.app.book import load_profile, load_reference
 from fedlib.app.chapters import fedms
+from fedlib.app.kit.sources import load_profile, load_reference
+from fedlib.app.kit.stored import Stored
 from fedlib.run import RunResult
 
 
@@ -163,7 +164,6 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     """Stored: the paper's reading on all three splits at 80 % in every round (Maverick classes at 0 %).
     Gaps 0.87 / 1.00 / 5.45 -> mean 2.44, chosen (last round, the first of its ties); the paper profile
     reads Table 1 that way, so the page says so."""
-    from fedlib.app import book
     from fedlib.app.chapters.fedms import FedMS
 
     reading = fedms.PAPER_READING
@@ -171,7 +171,7 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     run = RunResult(config={}, history=[{"round": t, "accuracy": 0.8} for t in range(10)],
                     final={"accuracy": 0.8, "per_class_accuracy": [1.0, 0.0]}, meta=meta)
     stored = {c.key(): run for _, r, c in fedms.maverick_reading_configs(params) if r == reading}
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
     frame, values = chapter.maverick_readings()
@@ -188,7 +188,7 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     chapter.paper_params = {**params, "table1_score": "mean over all rounds"}
     assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it lands within 3 points of the paper on Dir(10)")
     assert values["mr_chosen_mav"] == pytest.approx(0.0) and values["mr_runner_up"] == "none"  # one run reading
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored({}, {}, []))
+    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored({}, {}, []))
     frame, empty = chapter.maverick_readings()
     assert frame is None and empty["mr_runs"] == 0 and empty["mr_chosen"] == "none (no candidate has a run)"
     assert empty["mr_protocol"] == "the protocol stays as it was" and np.isnan(empty["mr_chosen_gap"])
@@ -198,7 +198,6 @@ def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkey
     """The paper's reading at 80 % in every round (mean gap 2.44) and uniform weights at 79 % (gaps 0.13, 0,
     4.45 -> 1.527): uniform is nearer but contradicts Eq. 3, so the paper's reading is chosen and uniform
     is the runner-up; Maverick classes 0 % (paper's) and 50 % (uniform)."""
-    from fedlib.app import book
     from fedlib.app.chapters.fedms import FedMS
 
     def run(accuracy, maverick_class):
@@ -209,7 +208,7 @@ def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkey
     paper, uniform = fedms.PAPER_READING, "uniform weights, validation held out of training"
     stored = {c.key(): run(0.8, 0.0) if r == paper else run(0.79, 0.5)
               for _, r, c in fedms.maverick_reading_configs(params) if r in (paper, uniform)}
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(stored, {}, []))
+    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
     _, values = chapter.maverick_readings()
@@ -289,7 +288,6 @@ def test_an_adopted_cifar10_reading_sets_every_cifar10_run_and_the_screen_keeps_
 def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeypatch):
     """The sentence after the screen: not yet adopted while a candidate lacks a run on a split; adopted
     once the profile names it; and the earlier recipe's Table 1 runs are shown apart, as stale."""
-    from fedlib.app import book
     from fedlib.app.chapters import readings
 
     wide = "wider CNN (32, 64 channels; FC 512, 128)"
@@ -298,7 +296,7 @@ def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeyp
     stored = {c.key(): _run([finals.get(r, 0.2)]) for s, r, c in rows if r in finals or s != "Dir(1)"}
     earlier_fedms = fedms.run_config({**params, "table1_reading": HELD_OUT}, "Dir(1)", "fedms", 0, cifar10=True)
     stored[earlier_fedms.key()] = _run([0.5])
-    monkeypatch.setattr(book, "stored_results", lambda chapter, configs: book.Stored(
+    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(
         {c.key(): stored[c.key()] for c in configs if c.key() in stored}, {}, []))
     for profile, expected in ((params, "not every candidate has a run on every split yet"),
                               ({**params, "cifar10_reading": wide}, "the paper profile uses it")):

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.app import book
+from fedlib.app.kit import sources
+from fedlib.app.kit.stored import results_dir
 from fedlib.cache import ResultCache
 from fedlib.app.chapters import fedscm as chapter
 from fedlib.config import ConfigError, ScmConfig
+from fedlib.provenance import repo_root
 from fedlib.data import load_dataset
 from fedlib.methods import scm
 from fedlib.models import build_model
@@ -180,15 +182,15 @@ def test_vertex_rounding_is_an_option_of_the_pipeline(data):
 
 
 def test_chapter_profiles_make_valid_configs():
-    for profile in book.PROFILES:
-        params = book.load_profile("fedscm", profile)
+    for profile in sources.PROFILES:
+        params = sources.load_profile("fedscm", profile)
         variants = chapter.diagnosis_configs(params)
         assert variants[0][0] == "as profiled" and len(variants) == 1 + len(params["diagnosis_variants"])
         assert all(c.post_rounds == 0 and c.methods == ("fedscm", "best_source") for _, c in variants)
         cfgs = chapter.configs(params)
         assert len(cfgs) == len(params["alphas"]) * len(params["seeds"]) + len(params["seeds"])
         assert sum(c.stability_runs > 0 for c in cfgs) == 1
-    paper = chapter.configs(book.load_profile("fedscm", "paper"))
+    paper = chapter.configs(sources.load_profile("fedscm", "paper"))
     assert all(c.n_clients == 500 and c.model == "vgg11" and c.post_rounds == 1000 for c in paper)
 
 
@@ -198,11 +200,11 @@ def test_stored_results_round_trip(tmp_path, monkeypatch, data):
 
     repo = tmp_path / "repo"
     (repo / "params").mkdir(parents=True)
-    shutil.copytree(book.repo_root() / "params" / "fedscm", repo / "params" / "fedscm")
+    shutil.copytree(repo_root() / "params" / "fedscm", repo / "params" / "fedscm")
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
-    params = book.load_profile("fedscm", "smoke")
+    params = sources.load_profile("fedscm", "smoke")
     cfg = chapter.configs(params)[0]
-    store = ResultCache(book.results_dir("fedscm"))
+    store = ResultCache(results_dir("fedscm"))
     result = execute(ScmConfig.make(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
     store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
     got = chapter.stored_results(params)

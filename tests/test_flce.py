@@ -210,7 +210,7 @@ def test_table4_communication_counts():
 
 
 def test_chapter_configs_are_valid_for_every_profile():
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.flce import configs
 
     for profile in ("smoke", "quick", "paper"):
@@ -310,7 +310,7 @@ def test_flce_defaults_are_the_equations_as_printed_and_options_are_checked():
 
 
 def test_chapter_table3_runs_the_simplified_loss_and_reads_summed_completion_from_flce():
-    from fedlib.app.book import load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.flce import FROM_FLCE_RUN, experiment_configs, variant_run
 
     params = load_profile("flce", "smoke")

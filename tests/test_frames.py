@@ -1,13 +1,14 @@
-"""Paper-vs-ours helpers shared by the chapters (fedlib.app.frames, the Chapter base), on hand-made runs."""
+"""Paper-vs-ours helpers shared by the chapters (fedlib.app.kit.frames, the Chapter base), on hand-made runs."""
 
 import math
 
 import pandas as pd
 import pytest
 
-from fedlib.app import book, frames
+from fedlib.app.kit import frames, sources
 from fedlib.app.chapters.fedms import FedMS
 from fedlib.run import RunResult
+from fedlib.stats import pm
 
 
 class _Config:
@@ -29,10 +30,10 @@ def test_seed_mean_std_leaves_out_missing_runs_and_accuracies():
     per_method = {"a": [_Config("a0"), _Config("a1"), _Config("a2")], "b": [_Config("b0")]}
     out = frames.seed_mean_std(results, per_method)
     assert out["a"] == pytest.approx((60.0, 10.0 * math.sqrt(2), 2))  # mean of 50 and 70, sample std 14.14, 2 seeds
-    assert out["a"].by_seed == {0: 50.0, 1: 70.0} and book.pm(*out["a"]) == "60.00 ± 14.14 (2)"
+    assert out["a"].by_seed == {0: 50.0, 1: 70.0} and pm(*out["a"]) == "60.00 ± 14.14 (2)"
     assert math.isnan(out["b"].mean) and math.isnan(out["b"].std) and out["b"].n == 0
     assert frames.seed_mean_std(results, {"a": per_method["a"]}, value=lambda r: 1.0)["a"][0] == 1.0
-    chapter = FedMS("smoke", book.load_profile("fedms", "smoke"))
+    chapter = FedMS("smoke", sources.load_profile("fedms", "smoke"))
     chapter.results = results
     assert chapter.sources(lambda params: {"a": per_method["a"]}) == {"ours (smoke)": {"a": out["a"]}}
 
@@ -48,7 +49,7 @@ def test_paper_values_and_the_comparison_frame():
     frame = frames.comparison([("r", {}, {"ours": {"celm": (78.123, 0.5, 3), "cffl": (70.0, float("nan"), 1)}})],
                               labels)
     assert frame.loc[("r", "ours"), "CELM"] == "78.12 ± 0.50 (3)" and frame.loc[("r", "ours"), "CFFL"] == "70.00 (1)"
-    chapter = FedMS("smoke", book.load_profile("fedms", "smoke"))
+    chapter = FedMS("smoke", sources.load_profile("fedms", "smoke"))
     chapter.reference = pd.DataFrame({"table": ["T1"], "row": ["r"], "column": ["FedMS"], "value": [89.6],
                                       "std": [float("nan")]})
     assert chapter.paper_values("T1", "r", ["fedms_x100"])["fedms_x100"][0] == 89.6  # a variant reads its method's
@@ -74,7 +75,7 @@ def test_the_best_method_is_judged_on_the_seeds_the_methods_share():
 def test_every_reference_table_declares_its_scale():
     import yaml
 
-    for path in sorted((book.book_dir() / "reference").glob("*.yaml")):
+    for path in sorted((sources.book_dir() / "reference").glob("*.yaml")):
         scales = frames.reference_scales(path.stem)
         entries = yaml.safe_load(path.read_text())["entries"]
         for e in entries:
@@ -82,7 +83,7 @@ def test_every_reference_table_declares_its_scale():
             if scale in ("percent", "fraction"):
                 assert 0.0 <= e["value"] <= (100.0 if scale == "percent" else 1.0), (path.name, e)
     # the logit-FL paper prints fractions: transcribed once, in percent (our scale)
-    ref = book.load_reference("logitfl")
+    ref = sources.load_reference("logitfl")
     assert ref.set_index("column").loc["UWA", "value"] == 94.54
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_path):
-    from fedlib.app.queue import data_missing
+    from fedlib.data import data_missing
 
     if data_missing("fmnist"):
         pytest.skip("Fashion-MNIST is not on this machine")

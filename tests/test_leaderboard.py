@@ -177,9 +177,9 @@ def test_run_metrics_and_server_ratio_on_handmade_runs():
 
 
 def test_every_method_runs_on_the_same_federation():
-    from fedlib.app import book
+    from fedlib.app.kit import sources
 
-    params = book.load_profile("leaderboard", "smoke")
+    params = sources.load_profile("leaderboard", "smoke")
     cfgs = lb.configs(params)
     assert len(cfgs) == len(params["datasets"]) * len(params["splits"]) * len(params["methods"]) * len(params["seeds"])
     by_split = {}
@@ -195,9 +195,9 @@ def test_every_method_runs_on_the_same_federation():
 
 
 def test_tiny_table_end_to_end():
-    from fedlib.app import book
+    from fedlib.app.kit import sources
 
-    params = {**book.load_profile("leaderboard", "smoke"), "methods": ["fedavg", "fedscm", "gtg_shapley"],
+    params = {**sources.load_profile("leaderboard", "smoke"), "methods": ["fedavg", "fedscm", "gtg_shapley"],
               "splits": ["Maverick"], "rounds": 1, "fraction": 0.01}
     cfgs = lb.configs(params)
     results = {c.key(): fedlib.run(c, cache=False, progress=False) for c in cfgs}

@@ -7,6 +7,8 @@ import fedlib
 
 from fedlib.app import book
 from fedlib.app.chapters import logitfl as chapter
+from fedlib.app.kit import sources
+from fedlib.app.kit.stored import Stored
 from fedlib.config import RunConfig
 from fedlib.data import load_dataset
 from fedlib.models import build_model
@@ -15,9 +17,9 @@ from fedlib.models import build_model
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-@pytest.mark.parametrize("profile", book.PROFILES)
+@pytest.mark.parametrize("profile", sources.PROFILES)
 def test_every_profile_makes_distinct_valid_configs(profile):
-    params = book.load_profile("logitfl", profile)
+    params = sources.load_profile("logitfl", profile)
     configs = chapter.configs(params)
     assert len({c.key() for c in configs}) == len(configs)
     assert all(isinstance(c, RunConfig) for c in configs)  # one config class: every run is fedlib.run's
@@ -36,7 +38,7 @@ def test_every_profile_makes_distinct_valid_configs(profile):
 
 
 def test_paper_profile_follows_the_papers_setting():
-    params = book.load_profile("logitfl", "paper")
+    params = sources.load_profile("logitfl", "paper")
     c = chapter.logit_config(params, "uwa", 2, 0)
     assert (c.dataset, c.model, c.server_val, c.split.params["k"], c.fraction) == ("mnist", "lenet5", 5000, 2, 1.0)
     assert c.method.name == "logit_uwa" and c.split.name == "k_classes"
@@ -48,7 +50,7 @@ def test_paper_profile_follows_the_papers_setting():
 def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path))
     ds = load_dataset("synthetic", num_classes=6, image_shape=(1, 8, 8), n_train=900, n_test=120, seed=0, noise=1.5)
-    params = dict(book.load_profile("logitfl", "smoke"), dataset="synthetic", n_clients=3, ks=[2], fraction=1.0,
+    params = dict(sources.load_profile("logitfl", "smoke"), dataset="synthetic", n_clients=3, ks=[2], fraction=1.0,
                   public_size=150, meta_labeled=100, test_samples=120, rounds=2, meta_steps=20)
     results = {}
     for a in params["aggregators"]:
@@ -69,7 +71,7 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
 
 
 def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
-    smoke = book.load_profile("logitfl", "smoke")
+    smoke = sources.load_profile("logitfl", "smoke")
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))  # results/logitfl/ under tmp_path
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
     params = dict(smoke, dataset="synthetic", n_clients=5, ks=[2], fraction=1.0,
@@ -148,7 +150,7 @@ def test_first_protocol_runs_stay_readable_after_calibration():
     left out and a default written give the same key). They were once converted from the loop's layout on
     an asserted equivalence; issue 43 re-computed them with today's engine, which replaced them, keeping
     the earlier note and final accuracy (simple averaging 59.60 -> 64.21, meta-model 96.00 -> 96.07)."""
-    first = {**book.load_profile("logitfl", "paper"), **chapter.FIRST}
+    first = {**sources.load_profile("logitfl", "paper"), **chapter.FIRST}
     results, _ = chapter.stored(first)
     simple = results[chapter.logit_config(first, "simple", 2, 0).key()]
     assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config["method"]  # written before the fields
@@ -166,12 +168,12 @@ def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_ov
     from fedlib.app.chapters.logitfl import LogitFL, row_configs
     from fedlib.run import RunResult
 
-    chapter = LogitFL("smoke", book.load_profile("logitfl", "smoke"))
+    chapter = LogitFL("smoke", sources.load_profile("logitfl", "smoke"))
     configs = row_configs(chapter.paper_params, 2)
     accuracy = {"simple": (0.6, 0.7), "uwa": (0.8, 0.9), "meta": (0.95, 0.97), "fedavg": (0.85, 0.87)}
     runs = {c.key(): RunResult(config=c.to_dict(), history=[], final={"accuracy": accuracy[m][i]}, meta={})
             for m, cs in configs.items() for i, c in enumerate(cs[:2])}
-    chapter.stored = book.Stored(results=runs, provenance={}, skipped=[])
+    chapter.stored = Stored(results=runs, provenance={}, skipped=[])
     mine = {"simple": (50.0, float("nan")), "uwa": (55.0, float("nan")), "meta": (70.0, float("nan")),
             "fedavg": (60.0, float("nan"))}
     table, stored = chapter.k_sweep_table({2: mine})
@@ -198,7 +200,7 @@ def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by
     private training (mean 0.15 + 0.02 s) and the public labels at 0.5 on every seed."""
     import numpy as np
 
-    from fedlib.app.book import Stored, load_profile
+    from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.logitfl import LogitFL, queue_items, row_configs
     from fedlib.run import RunResult
 

@@ -326,7 +326,7 @@ def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_p
     import json
     from pathlib import Path
 
-    from fedlib.app.queue import data_missing
+    from fedlib.data import data_missing
 
     if data_missing("cifar10"):
         pytest.skip("CIFAR-10 is not on this machine")

@@ -8,9 +8,12 @@ from pathlib import Path
 import pytest
 
 from fedlib.cache import load_entry
+from fedlib.data import data_missing
 
 from fedlib.app import queue
-from fedlib.app.book import load_profile
+from fedlib.app.kit import items as kit_items
+from fedlib.app.kit import stored as kit_stored
+from fedlib.app.kit.sources import load_profile
 from fedlib.app.chapters import CHAPTER_MODULES, chapter_module
 
 SMOKE_CHAPTERS = [c for c in CHAPTER_MODULES]
@@ -61,7 +64,7 @@ class FakeConfig:
                 "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
                 "method": self.method or {"name": "fedavg"}, "seed": self.seed}
 
-    # what a stored run is matched on when its data is absent here (fedlib.app.claims.StoredIndex)
+    # what a stored run is matched on when its data is absent here (fedlib.app.kit.stored.StoredIndex)
     def resolved(self):
         return self.to_dict()
 
@@ -179,9 +182,9 @@ def test_store_payload_keeps_the_chapters_config_and_provenance(tmp_path, monkey
 
 def test_data_missing_names_the_dataset(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_DATA", str(tmp_path))
-    reason = queue.data_missing("cifar100")
+    reason = data_missing("cifar100")
     assert reason.startswith("cifar100 data absent") and str(tmp_path) in reason
-    assert queue.data_missing("synthetic") is None
+    assert data_missing("synthetic") is None
 
 
 def test_cli_rejects_an_unknown_chapter(capsys):
@@ -216,7 +219,7 @@ def test_a_table_filter_keeps_a_run_the_table_shares_under_another_label():
 
 def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     a = fake_item("x")
     b = queue.QueueItem("fedavg", "Table 1 (FedAvg)", "row x", "FedAvg (uniform)", 0, a.config, lambda c: {})
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
@@ -272,7 +275,7 @@ def test_an_unmeasured_first_pack_keeps_a_margin_and_is_split_before_a_later_uni
 
 def test_runs_this_queue_stored_re_estimate_the_rest_before_older_stores(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     done, later = queue.chapter_items("fedavg", "smoke")[:2]
     model = queue.CostModel()
     model.add(done.config, 100.0, "cpu")  # an older store: 100 s for the same kind of run
@@ -369,10 +372,10 @@ def test_a_fedscm_federation_costs_every_cohort_it_post_trains():
     100 samples; a round trains (3 x 20 + 18 + 3 + 500 + 501) x 100 + 500 x 100 passes = 158,200."""
     config = next(i.config for i in queue.chapter_items("fedscm", "paper") if i.table == "Table 2")
     assert (config.n_clients, config.fedavg_per_round, config.ot_samples) == (500, None, 100)
-    assert queue.scm_round_passes(config, 50000) == pytest.approx((3 * 20 + 18 + 3 + 500 + 501) * 100 + 500 * 100)
+    assert kit_items.scm_round_passes(config, 50000) == pytest.approx((3 * 20 + 18 + 3 + 500 + 501) * 100 + 500 * 100)
     assert queue.work(config) == pytest.approx(5 * 50000 + 1000 * 158200)
     fewer = config.model_copy(update={"fedavg_per_round": 10, "methods": ("fedscm", "fedavg")})
-    assert queue.scm_round_passes(fewer, 50000) == pytest.approx((3 * 20 + 10) * 100)
+    assert kit_items.scm_round_passes(fewer, 50000) == pytest.approx((3 * 20 + 10) * 100)
 
 
 def test_a_model_without_runs_on_a_device_is_estimated_from_a_like_model_scaled_by_flops():
@@ -431,7 +434,7 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
     from fedlib.__main__ import main
 
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("--list must not run anything"))
     assert main(["results", "--list", "--summary", "--only", "fedavg", "--profile", "smoke", "--pack", "on",
                  "--budget", "100000"]) == 0
@@ -451,7 +454,7 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
 def empty_store(tmp_path, monkeypatch):
     """The CLI queue on an empty store of its own (nothing read from the repository's results/)."""
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("nothing may run"))
     return tmp_path
 
@@ -588,7 +591,7 @@ class AnswerBackend:
 
 def test_runs_a_backend_sends_back_are_checked_and_stored_here_and_absent_data_is_logged(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
 
     def answer(unit):
         name = unit.items[0].config.name

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from fedlib.app import cluster, queue  # noqa: E402
+from fedlib.app.kit import stored as kit_stored  # noqa: E402
 from fedlib.cache import ResultCache, key_of  # noqa: E402
 from fedlib.results import runs_dir  # noqa: E402
 
@@ -97,7 +98,7 @@ class Killer(threading.Thread):
 @pytest.fixture()
 def stores(tmp_path, monkeypatch):
     """Two stores (local, cluster) and two fedlib caches, so that neither queue reads the other's runs."""
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if queue.data_missing("mnist"):
         pytest.skip(queue.data_missing("mnist"))

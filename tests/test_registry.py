@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fedlib.app import book, chapters, claims, coverage, queue, sources
+from fedlib.app import book, chapters, claims, coverage, queue
 from fedlib.app.chapters import Paper, profiles
-from fedlib.app.claims import Claim, Comparison, Side
+from fedlib.app.kit import sources
+from fedlib.app.kit.claim_types import Claim, Comparison, Side
 
 ROOT = Path(__file__).resolve().parent.parent
 # the lists the records replace, as they were written before (chapters.CHAPTER_MODULES,
@@ -159,7 +160,7 @@ def test_a_chapter_the_toc_does_not_name_is_listed_with_the_papers(tmp_path, mon
     (tmp_path / "book" / "seventh.ipynb").write_text((ROOT / "book" / "fedavg.ipynb").read_text())
     registry = chapters.registry
     monkeypatch.setattr(chapters, "registry", lambda: {**registry(), "seventh": None})
-    papers_part = next(p for p in book.toc()["parts"] if p["caption"] == book.PAPERS_PART)
+    papers_part = next(p for p in book.toc()["parts"] if p["caption"] == chapters.PAPERS_PART)
     assert papers_part["chapters"][-1] == {"file": "seventh"}
     after_papers = before.index("fedscm") + 1  # the last page of "The papers"
     assert book.toc_chapters() == before[:after_papers] + ["seventh"] + before[after_papers:]

@@ -153,6 +153,8 @@ import tarfile  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from fedlib.app import book  # noqa: E402
+from fedlib.app.kit import stored as kit_stored  # noqa: E402
+from fedlib.app.kit.sources import load_profile  # noqa: E402
 from fedlib.config import ConfigError, load_config  # noqa: E402
 from fedlib.data import DataCorruptError, load_dataset  # noqa: E402
 
@@ -198,7 +200,7 @@ def test_15_2_reading_stored_results_never_deletes_them(tmp_path, monkeypatch):
     (folder / "conflict.json").write_text("<<<<<<< HEAD\n{}\n=======\n")  # merge conflict
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
     for _ in range(2):
-        stored = book.stored_results("fedavg", [cfg])
+        stored = kit_stored.stored_results("fedavg", [cfg])
         assert not stored.results and len(stored.skipped) == 2
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
@@ -243,9 +245,9 @@ def test_15_4_a_cache_entry_must_answer_the_request(tmp_path):
 
 
 def test_15_5_screening_with_two_updates_explains_itself_and_never_blames_the_lr(monkeypatch):
-    engine = sys.modules["fedlib.run"]  # the module (fedlib.run is also the function)
+    import fedlib.observers as engine  # where the split's hostile clients are played (Adversaries)
 
-    original = engine._apply_roles
+    original = engine.apply_roles
 
     def harsher(flat, clients, roles, global_flat, generator):  # a 1e30-sized poisoned update
         out = original(flat, clients, roles, global_flat, generator)
@@ -253,7 +255,7 @@ def test_15_5_screening_with_two_updates_explains_itself_and_never_blames_the_lr
         out[huge] = global_flat + 1e24 * (out[huge] - global_flat)
         return out
 
-    monkeypatch.setattr(engine, "_apply_roles", harsher)
+    monkeypatch.setattr(engine, "apply_roles", harsher)
     cfg = make_config(TINY, n_clients=2, rounds=2, split={"name": "iid", "huge_updates": 1})
     with warnings_allowed():
         r = fedlib.run(cfg, cache=False, progress=False)
@@ -536,14 +538,14 @@ def test_23_a_stored_run_of_an_older_rule_is_listed_stale_not_current(tmp_path, 
     monkeypatch.setenv("FEDLIB_CACHE", str(tmp_path / "cache"))
     cfg = make_config(TINY, method={"name": "shapfed"})
     written = book.store_results("demo", [cfg], progress=False)
-    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
+    assert list(kit_stored.stored_results("demo", [cfg]).results) == [cfg.key()]
     version = ShapFed.rule_version
     monkeypatch.setattr(ShapFed, "rule_version", version + ".1")
-    stored = book.stored_results("demo", [cfg])
+    stored = kit_stored.stored_results("demo", [cfg])
     current, stale = stored.results, stored.stale
     assert current == {} and list(stale) == [written[0].name]
     assert stale[written[0].name]["changed"] == [f"shapfed rule version {version} -> {version}.1"]
-    assert f"shapfed rule version {version} -> {version}.1" in book.stored_results("demo", [cfg]).describe()
+    assert f"shapfed rule version {version} -> {version}.1" in kit_stored.stored_results("demo", [cfg]).describe()
     assert fedlib.run(cfg, cache=ResultCache(tmp_path / "cache" / "runs"), progress=False).meta["rule_versions"][
         "shapfed"] == version + ".1"  # the cache does not answer with the old rule's numbers either
 
@@ -560,7 +562,7 @@ def test_a_run_computed_on_another_device_answers_the_chapters_config():
     assert check(payload) is None and check(on_gpu) is None
     other = {**payload["meta"]["resolved"], "device": "cuda", "lr": 0.5}
     assert check({**payload, "meta": {**payload["meta"], "resolved": other}}) == "its config is not the requested one"
-    assert book.what_changed({**payload["meta"], "resolved": other}, cfg, cfg.data_fingerprint()) == [
+    assert kit_stored.what_changed({**payload["meta"], "resolved": other}, cfg, cfg.data_fingerprint()) == [
         f"lr: 0.5 -> {cfg.lr}"]
 
 
@@ -575,11 +577,11 @@ def test_a_gpu_run_stored_under_the_chapters_key_is_shown_not_stale(tmp_path, mo
     result = fedlib.run(on_gpu, cache=False, progress=False).to_dict()
     assert result["meta"]["config_key"] != cfg.key()
     store_run(cfg.key(), cfg.to_dict(), result)
-    stored = book.stored_results("demo", [cfg])
+    stored = kit_stored.stored_results("demo", [cfg])
     assert list(stored.results) == [cfg.key()] and not stored.stale
     other = make_config(cfg.to_dict(), lr=0.5)
     store_run(other.key(), other.to_dict(), fedlib.run(other, cache=False, progress=False).to_dict())
-    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]  # the other config is not ours
+    assert list(kit_stored.stored_results("demo", [cfg]).results) == [cfg.key()]  # the other config is not ours
 
 
 def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(tmp_path, monkeypatch):
@@ -612,7 +614,7 @@ def test_23_migration_rekeys_provably_identical_runs_and_leaves_the_rest_stale(t
     assert new is not None and not old_same.exists() and old_changed.exists()
     assert json.dumps(new["result"]["history"], indent=1) == history_text and new["config"] == same.to_dict()
     assert new["result"]["meta"]["rekeyed"] == f"re-keyed from {'a' * 20} on 2026-11-26: records the current variant"
-    stored = book.stored_results("demo", [same, changed])
+    stored = kit_stored.stored_results("demo", [same, changed])
     assert list(stored.results) == [same.key()] and list(stored.stale) == [old_changed.name]
     assert migrate_results(tmp_path / "results")["current"] == [same.key()]  # idempotent
 
@@ -652,7 +654,7 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
     assert new["config"]["update_clip"] is None and source.exists()  # the clipped run stays
     assert json.dumps(new["result"]["history"]) == json.dumps(result.to_dict()["history"])
     assert "no update was ever clipped" in new["result"]["meta"]["rekeyed"]
-    assert book.stored_results("demo", wanted).results.keys() == {unclipped.key()}
+    assert kit_stored.stored_results("demo", wanted).results.keys() == {unclipped.key()}
     assert adopt_unclipped("demo", wanted, root) == []  # idempotent
 
 
@@ -685,7 +687,7 @@ def test_16_a_cache_entry_and_a_stored_copy_are_the_same_json(tmp_path, monkeypa
     assert entry["config"] == cfg.to_dict() and entry["result"]["final"] == first.final
     (tmp_path / "results" / "runs").mkdir(parents=True)
     shutil.copy(cache.path(cfg.key()), tmp_path / "results" / "runs")
-    assert list(book.stored_results("demo", [cfg]).results) == [cfg.key()]
+    assert list(kit_stored.stored_results("demo", [cfg]).results) == [cfg.key()]
     again = fedlib.run(cfg, cache=ResultCache(tmp_path / "results" / "runs", protect=True), progress=False)
     assert again.to_dict() == first.to_dict()
     old = ResultCache(tmp_path / "old")
@@ -771,7 +773,7 @@ def tiny_results():
 
 def _queue_store(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "out"))
-    monkeypatch.setattr(fedlib_queue, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     return tmp_path / "out" / "runs"
 
 
@@ -1048,7 +1050,7 @@ BAD_PARAMETERS = [  # (papermill values over the quick profile, text of the one 
 def test_33_9_chapters_check_their_papermill_parameters(values, text):
     from fedlib.app.chapters.base import ChapterParameterError, check_parameters
 
-    namespace = {**book.load_profile("celm", "quick"), "profile": "quick", **values}
+    namespace = {**load_profile("celm", "quick"), "profile": "quick", **values}
     with pytest.raises(ChapterParameterError) as info:
         check_parameters("celm", namespace)
     assert str(info.value).startswith(f"celm: {text}") and "\n" not in str(info.value)
@@ -1059,7 +1061,7 @@ def test_33_9_imported_constants_are_not_parameters():
     the same value under a lower-case name is an unknown parameter."""
     from fedlib.app.chapters.base import ChapterParameterError, check_parameters
 
-    namespace = {**book.load_profile("flce", "smoke"), "profile": "smoke", "TABLE4_FORMAT": {"a": "{:.2f}"}}
+    namespace = {**load_profile("flce", "smoke"), "profile": "smoke", "TABLE4_FORMAT": {"a": "{:.2f}"}}
     check_parameters("flce", namespace)
     namespace["table4_format"] = namespace.pop("TABLE4_FORMAT")
     with pytest.raises(ChapterParameterError, match="flce: unknown parameter 'table4_format'"):
@@ -1080,7 +1082,7 @@ def test_33_9_every_chapter_checks_first_and_its_own_profiles_pass():
         first = next(c for c in cells[tagged + 1:] if c["cell_type"] == "code")
         assert f"check_parameters({chapter!r}, globals())" in "".join(first["source"]), chapter
         for profile in profiles_of(chapter):  # no false alarm on any profile or the notebook's own defaults
-            check_parameters(chapter, {**notebook_defaults(chapter), **book.load_profile(chapter, profile),
+            check_parameters(chapter, {**notebook_defaults(chapter), **load_profile(chapter, profile),
                                        "profile": profile})
         check_parameters(chapter, notebook_defaults(chapter))
 
@@ -1351,12 +1353,11 @@ def test_33_5_voila_refuses_foreign_hosts_and_pages_without_the_token(tmp_path):
 
 
 def test_33_3_the_leaderboard_has_a_poisoning_table_of_every_method_and_the_robust_rules():
-    from fedlib.app import book
     from fedlib.app.chapters import leaderboard as lb
     from fedlib.results import RunResult
 
     for profile in ("smoke", "quick", "paper"):
-        params = book.load_profile("leaderboard", profile)
+        params = load_profile("leaderboard", profile)
         p = params["poisoning"]
         assert p["sign_flips"] / p["n_clients"] == pytest.approx(0.4)  # 40 % sign-flippers
         cfgs = lb.poisoning_configs(params)

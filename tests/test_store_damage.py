@@ -17,6 +17,7 @@ import time
 import pytest
 
 from fedlib.app import book, queue
+from fedlib.app.kit import stored as kit_stored
 from fedlib.app.migrate import migrate_results
 from fedlib.cache import ResultCache, scan_folder, shown_name
 from fedlib.config import RunConfig
@@ -67,8 +68,9 @@ def runs(tmp_path, monkeypatch):
     folder = tmp_path / "results" / "runs"
     store(folder, config(seed=0))
     store(folder, config(seed=1), 0.7)
-    monkeypatch.setattr(book, "results_dir", lambda chapter=None: folder)
-    monkeypatch.setattr(queue, "repo_results", lambda: tmp_path / "results")
+    monkeypatch.setattr(book, "results_dir", lambda chapter=None: folder)  # the build's fingerprint of the store
+    monkeypatch.setattr(kit_stored, "results_dir", lambda chapter=None: folder)  # the pages' reading of it
+    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "results")
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(RunConfig, "data_fingerprint", lambda self: dict(DATA))
     return folder
@@ -88,7 +90,7 @@ def everything_reads(runs):
     """Every reader of the store, on it: the listing, the book's page, the queue's index, cost model and
     stored state; returns (listing, the page's Stored, the index)."""
     listing = list_store(runs)
-    page = book.stored_results("demo", [config(seed=0), config(seed=1)])
+    page = kit_stored.stored_results("demo", [config(seed=0), config(seed=1)])
     index = queue.StoredIndex.read(runs)
     queue.CostModel.from_results(runs)
     queue.stored_state(queue.QueueItem("demo", "T", "r", "c", 0, config(seed=0), queue.run_round))
@@ -134,7 +136,7 @@ def test_a_link_to_a_valid_run_outside_the_store_is_left_out_and_the_key_it_name
     listing, page, index = in_time(lambda: everything_reads(runs))
     target = shown_name(str(path), 60)  # a long target: its first 57 characters and "..."
     assert listing.left_out == [f"{key}.json.gz (a symbolic link to outside the store ({target}), not a regular file)"]
-    assert book.stored_results("demo", [config(seed=2)]).results == {}
+    assert kit_stored.stored_results("demo", [config(seed=2)]).results == {}
     assert index.run_of(config(seed=2), dict(DATA)) is None
     stored, problem = queue.stored_state(queue.QueueItem("demo", "T", "r", "c", 2, config(seed=2), queue.run_round))
     assert not stored and "symbolic link" in problem
@@ -146,7 +148,7 @@ def test_a_fifo_named_like_a_wanted_key_never_blocks_and_is_not_read(runs):
     os.mkfifo(runs / f"{wanted.key(DATA)}.json.gz")
     listing, page, index = in_time(lambda: everything_reads(runs))
     assert listing.left_out == [f"{wanted.key(DATA)}.json.gz (a FIFO, not a regular file)"]
-    assert in_time(lambda: book.stored_results("demo", [wanted])).results == {}
+    assert in_time(lambda: kit_stored.stored_results("demo", [wanted])).results == {}
     assert_the_valid_runs_still_count(runs, page, index)
 
 

@@ -1,5 +1,6 @@
-"""The book: profiles, papermill execution of every chapter, the Jupyter Book build, and
-the helpers chapters share (headers, paper-vs-ours tables, stored full-protocol results).
+"""The book: papermill execution of every chapter, the Jupyter Book build, the status page's
+headlines and the checks that the texts agree with the code. What the chapters share (profiles,
+paper-vs-ours tables, stored full-protocol results) is the chapter kit's, ``fedlib.app.kit``.
 
 Layout (relative to the repository root):
     book/<chapter>.ipynb           chapter sources, stored without outputs
@@ -22,185 +23,30 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
-from ..cache import ResultCache, atomic_write_text, default_cache_root
-from ..config import RunConfig, make_config
+from ..cache import ResultCache, atomic_write_text
+from ..config import RunConfig
 from ..methods import METHODS
-from ..provenance import device_name, git_commit, repo_root  # noqa: F401 (the book's own names for them too)
-from ..results import (
-    RunResult,
-    list_store,
-    placement_free,
-    result_check,
-    runs_dir,
-    store_run,
-)
-from ..stats import mean_std, pm  # noqa: F401 - the book's spread (sample std, n) lives in fedlib.stats
-from .chapters import PAPERS_PART, toc, toc_chapters  # noqa: F401 - the book's contents
+from ..provenance import repo_root
+from ..results import list_store, result_check, store_run
+from .chapters import resolved_methods, toc, toc_chapters
+from .kit.pages import PROSE_SYMBOLS, _short, headline_dir
+from .kit.sources import EVIDENCE, PROFILES, STATUS_PAGE, _check_profile, book_dir, check_only, load_profile
+from .kit.stored import NothingStored, make_results_command, results_dir
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
-from .sources import (  # noqa: F401
-    EVIDENCE,
-    PROFILES,
-    STATUS_PAGE,
-    _check_profile,
-    book_dir,
-    check_only,
-    load_profile,
-    load_reference,
-)
 
 
 class BookError(RuntimeError):
     """A chapter failed or the book could not be built; the message says where."""
 
 
-class NothingStored(RuntimeError):
-    """Raised by a chapter of the evidence build that has no stored paper-protocol run: the page
-    ends there with this message (the build keeps the cells before it, see :func:`execute_chapter`)."""
-
-
-def make_results_command(chapter: str) -> str:
-    return f"make results CHAPTER={chapter} PROFILE=paper"
-
-
-def evidence_summary(chapter: str, wanted: int, missing: int) -> str:
-    """What the evidence build of ``chapter`` shows: how many of its paper-protocol runs are stored,
-    and the command that makes the others."""
-    if missing == wanted:
-        return (f"Evidence build: none of the {wanted} paper-protocol run(s) of this page is stored under "
-                f"results/runs/ yet, so the rest of the page is not shown. `{make_results_command(chapter)}` "
-                f"makes them; `make book PROFILE=quick` shows the chapter at reduced scale.")
-    text = (f"Evidence build: {wanted - missing} of the {wanted} paper-protocol run(s) of this page are stored "
-            "under results/runs/ and shown; nothing was trained.")
-    if missing:
-        text += (f" The other {missing} are not stored: the cells that need them show \"—\" (or say \"not run\"); "
-                 f"`{make_results_command(chapter)}` makes them.")
-    return text
-
-
-# ----------------------------------------------------------------------------- profiles
-
-
-def protocol_differences(chapter: str, params: dict[str, Any]) -> list[str]:
-    """How these parameters differ from the chapter's `paper` profile, one line each."""
-    if not (repo_root() / "params" / chapter / "paper.yaml").is_file():
-        return ["no paper profile recorded for this chapter"]
-    return [f"`{key}`: {ours} (paper protocol: {paper})" for key, ours, paper in
-            parameters_table(chapter, params).itertuples(index=False)]
-
-
-def _differing(old: dict, new: dict) -> list[str]:
-    """The keys whose values differ between ``old`` and ``new`` (a missing key reads "—"), sorted."""
-    return [k for k in sorted(set(old) | set(new)) if old.get(k, "—") != new.get(k, "—")]
-
-
-def _short(value: Any) -> str:
-    plain = lambda o: o.model_dump() if hasattr(o, "model_dump") else str(o)  # noqa: E731
-    text = json.dumps(value, default=plain) if not isinstance(value, str) else value
-    return text if len(text) <= 80 else text[:77] + "..."
-
-
-def device_description() -> str:
-    """The device this build computes on (``fedlib.provenance.device_name``) and torch's version."""
-    return f"{device_name('cuda' if torch.cuda.is_available() else 'cpu')}, torch {torch.__version__}"
-
-
-def parameters_table(chapter: str, params: dict[str, Any]):
-    """This build's parameters next to the paper profile's, for the parameters that differ
-    (a DataFrame: parameter, this build, paper; empty when the build follows the paper)."""
-    import pandas as pd
-
-    try:
-        paper = load_profile(chapter, "paper")
-    except FileNotFoundError:
-        paper = {}
-    rows = [(key, _short(params.get(key, "—")), _short(paper.get(key, "—")))
-            for key in _differing(paper, params) if key not in ("profile", "notes")]
-    return pd.DataFrame(rows, columns=["parameter", "this build", "paper"])
-
-
-def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
-    """The first output of every chapter: profile, device, and this build's parameters vs the
-    paper's as a small table (the injected parameters cell itself is not shown)."""
-    from html import escape
-
-    from IPython.display import HTML
-
-    table = parameters_table(chapter, params)
-    if profile == EVIDENCE:
-        protocol = ("<p><b>Evidence build.</b> Every number of ours on this page is a stored run of the paper's "
-                    "protocol (<code>results/runs/</code>); nothing was trained to build it. A cell without a "
-                    "stored run says so; <code>make results CHAPTER=" + escape(chapter) + " PROFILE=paper</code> "
-                    "makes the missing runs, <code>make book PROFILE=quick</code> re-runs the chapter at reduced "
-                    "scale.</p>")
-    elif profile == "paper" and table.empty:
-        protocol = "<p>This run follows the paper's protocol.</p>"
-    elif table.empty:
-        protocol = "<p>Same settings as the paper profile.</p>"
-    else:
-        rows = "".join(f"<tr><td><code>{escape(r.parameter)}</code></td><td>{escape(r._2)}</td>"
-                       f"<td>{escape(r.paper)}</td></tr>" for r in table.itertuples())
-        protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
-                    "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
-                    f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
-    from .. import __version__
-    from .chapters import defenses
-
-    defended, commit = defenses(chapter, params), git_commit()
-    version = __version__ + (f" ({commit[:10]})" if commit else "")
-    return HTML(
-        f"<p><b>Profile:</b> <code>{escape(profile)}</code> &nbsp;·&nbsp; <b>Device:</b> "
-        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(version)}</p>{protocol}"
-        + (f"<p>{escape(defended).replace('**Defenses on:**', '<b>Defenses on:</b>')}</p>" if defended else "")
-    )
-
-
-def measured_benchmark(script: str, args: list[str]) -> tuple[dict, str]:
-    """Run ``benchmarks/<script> <args> --json FILE`` and return (its JSON, its stdout), keeping the
-    measurement (and the 1-minute load average before and after it, ``result["load"]``) under
-    ``$FEDLIB_CACHE/benchmarks``, keyed by the script, its arguments, the fedlib
-    commit (and working-tree state), the device and the torch version; a warm rebuild shows the
-    stored measurement (with its own date) instead of timing again. A timing is data like a run."""
-    dirty = subprocess.run(["git", "status", "--porcelain", "fedlib", "benchmarks"], cwd=repo_root(),
-                           capture_output=True, text=True).stdout
-    ident = json.dumps({"script": script, "args": args, "commit": git_commit(), "dirty": dirty,
-                        "device": device_description(), "torch": torch.__version__}, sort_keys=True)
-    path = default_cache_root() / "benchmarks" / f"{hashlib.sha256(ident.encode()).hexdigest()[:20]}.json"
-    if path.is_file():
-        try:
-            kept = json.loads(path.read_text())
-            return kept["result"], kept["stdout"] + f"\n(stored measurement of {kept['result'].get('date')}: same code, " \
-                "arguments and device; delete it under $FEDLIB_CACHE/benchmarks to time again)"
-        except (ValueError, KeyError):
-            pass  # a damaged record: measure again (it is overwritten below)
-    out_json = Path(tempfile.mkdtemp(prefix="fedlib-bench-")) / "out.json"
-    before = os.getloadavg()[0]
-    proc = subprocess.run([sys.executable, str(repo_root() / "benchmarks" / script), *args, "--json", str(out_json)],
-                          capture_output=True, text=True, cwd=repo_root())
-    if proc.returncode != 0:
-        raise RuntimeError(f"benchmarks/{script} failed:\n{proc.stderr[-3000:]}")
-    # the 1-minute load average around the measurement (other work competing shows there), kept with it
-    result = {**json.loads(out_json.read_text()),
-              "load": {"before": before, "after": os.getloadavg()[0], "cores": os.cpu_count()}}
-    atomic_write_text(path, json.dumps({"ident": json.loads(ident), "result": result, "stdout": proc.stdout}))
-    return result, proc.stdout
-
-
 # ----------------------------------------------------------------------------- paper numbers
-
-
-def reference_value(ref, table: str, row: str, column: str) -> tuple[float, float]:
-    hit = ref[(ref.table == table) & (ref.row == row) & (ref.column == column)]
-    if hit.empty:
-        raise KeyError(f"reference: no entry for {table} / {row} / {column}")
-    return float(hit.value.iloc[0]), float(hit["std"].iloc[0])
 
 
 def bold_best(frame, columns: list[str], higher_is_better: bool = True):
@@ -223,125 +69,7 @@ def bold_best(frame, columns: list[str], higher_is_better: bool = True):
     return frame.style.apply(style_row, axis=1)
 
 
-# ----------------------------------------------------------------------------- stored results
-
-
-@dataclass
-class Stored:
-    """Stored full-protocol runs of the configs a chapter would run now: ``results`` are current
-    (same resolved config, rule versions and data), ``stale`` ones were computed by another
-    variant (each says what changed) and are never shown as current."""
-
-    results: dict[str, Any]  # config key -> RunResult
-    provenance: dict[str, dict]  # config key -> {commit, device, date, wall_time, resolved, rule_versions, data}
-    skipped: list[str]  # files of other configs, or unreadable ones (with why)
-    stale: dict[str, dict] = field(default_factory=dict)  # file name -> {"config", "changed", "result"}
-
-    def describe(self) -> str:
-        if not self.results and not self.skipped and not self.stale:
-            return "No stored paper-profile results for this chapter yet."
-        devices = sorted({p["device"] for p in self.provenance.values() if p.get("device")})
-        commits = sorted({(p.get("commit") or "?")[:10] for p in self.provenance.values()})
-        text = (f"{len(self.results)} stored paper-profile run(s) shown (device: {', '.join(devices) or '—'}; "
-                f"fedlib commit: {', '.join(commits) or '—'}).")
-        variants = sorted({json.dumps(p.get("rule_versions"), sort_keys=True) for p in self.provenance.values()
-                           if p.get("rule_versions")})
-        if variants:
-            text += f" Rule versions: {'; '.join(variants)}."
-        unverified = [k for k, p in self.provenance.items() if p.get("data_unverified")]
-        if unverified:
-            text += (f" {len(unverified)} of them could not be checked against local data (files not here); "
-                     "they are shown with the data source they record.")
-        if self.stale:
-            text += f"\nStale (not shown): {len(self.stale)} stored run(s) of these configs made by another variant:"
-            for name, info in self.stale.items():
-                text += f"\n- {name}: {'; '.join(info['changed'])}"
-        if self.skipped:
-            text += (f"\nLeft out {len(self.skipped)} file(s) of the store (not read, left as they are: unreadable, "
-                     "not a regular file, or not a run this version reads): " + ", ".join(self.skipped))
-        return text
-
-
-def results_dir(chapter: str | None = None) -> Path:
-    """The one store of runs, ``results/runs/`` (shared by every chapter; ``chapter`` is ignored)."""
-    return runs_dir()
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for k, v in data.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): data}
-
-
-def what_changed(meta: dict, config, fingerprint: dict) -> list[str]:
-    """How a stored run's recorded variant differs from what ``config`` means now, one item each."""
-    if "rule_versions" not in meta:
-        return ["recorded before rule versions and data fingerprints (fedlib 74f3e69 converts it)"]
-    old, new = _flat(placement_free(meta.get("resolved")) or {}), _flat(placement_free(config.resolved()))
-    changes = [f"{k}: {_short(old.get(k, '—'))} -> {_short(new.get(k, '—'))}" for k in _differing(old, new)]
-    old, new = meta.get("rule_versions") or {}, config.rule_versions()
-    changes += [f"{k} rule version {old.get(k, '—')} -> {new.get(k, '—')}" for k in _differing(old, new)]
-    old_data = meta.get("data") or {}
-    if fingerprint.get("sha256") and old_data.get("sha256") != fingerprint.get("sha256"):
-        changes.append(f"data: {old_data.get('source')} ({str(old_data.get('sha256'))[:10]}) -> "
-                       f"{fingerprint.get('source')} ({fingerprint['sha256'][:10]})")
-    return changes or ["stored under another key"]
-
-
-def _parse_config(raw: Any):
-    """A stored config as this version reads it, or None."""
-    try:
-        return make_config(raw)
-    except Exception:  # noqa: BLE001 - a config this version cannot read any more
-        return None
-
-
-def stored_results(chapter: str, configs) -> Stored:
-    """Read the stored runs (``results/runs/<key>.json.gz``, never moving or deleting one) that answer
-    ``configs``: current runs (key = resolved config + rule versions + data fingerprint, and the
-    file's own record agreeing) and stale runs of the same configs made by another variant; runs of
-    other configs are not this chapter's and are left out, unreadable files are listed as skipped."""
-    wanted = {}  # key -> (config, fingerprint)
-    for c in configs:
-        fingerprint = c.data_fingerprint()
-        wanted[c.key(fingerprint)] = (c, fingerprint)
-    as_written = {json.dumps(c.to_dict(), sort_keys=True): k for k, (c, _) in wanted.items()}
-    def made_by(resolved, rules) -> str:  # what made a run, wherever it ran (a GPU run keeps the CPU config's key)
-        return json.dumps([placement_free(resolved), rules], sort_keys=True, default=str)
-
-    unverified = {made_by(c.resolved(), c.rule_versions()): k for k, (c, fp) in wanted.items()
-                  if fp.get("sha256") is None}
-    listing = list_store(results_dir())  # every file judged once: links, FIFOs, odd names, invalid ones left out
-    out = Stored({}, {}, list(listing.left_out))
-    for run in listing.engine_runs():
-        path, payload, result, stem = run.path, run.entry, run.result, run.key
-        meta = result["meta"]
-        made = made_by(meta.get("resolved"), meta.get("rule_versions"))
-        key = stem if stem in wanted else unverified.get(made)
-        # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
-        # result_check compares the config without its placement, the rule versions and the data; without
-        # the data here, the file's key must be the config's key on the data the run recorded; and the
-        # entry's own config must have the file's key (a re-signed entry naming another config is not current)
-        if key is not None and (stem in wanted or wanted[key][0].key(meta.get("data") or {}) == stem) \
-                and run.agrees():
-            config, fingerprint = wanted[key]
-            check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
-            if check(result) is None:
-                out.results[key] = RunResult.from_dict(result)
-                out.provenance[key] = {**{k: payload.get(k) for k in ("commit", "device", "date", "wall_time")},
-                                       **{k: meta.get(k) for k in ("resolved", "rule_versions", "data", "rekeyed")},
-                                       "data_unverified": fingerprint.get("sha256") is None}
-                continue
-        same = as_written.get(json.dumps(run.config.to_dict(), sort_keys=True))
-        if same is None:  # another chapter's run (one store for all)
-            continue
-        config, fingerprint = wanted[same]
-        out.stale[path.name] = {"config": payload.get("config"), "changed": what_changed(meta, config, fingerprint),
-                                "result": RunResult.from_dict(result)}
-    return out
+# ----------------------------------------------------------------------------- storing runs
 
 
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
@@ -366,19 +94,6 @@ def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------- headlines
-
-
-def headline_dir() -> Path:
-    """Where chapters drop their headline comparisons for the status page."""
-    env = os.environ.get("FEDLIB_BOOK_STAGE")
-    return (Path(env) if env else Path.cwd()) / "_headlines"
-
-
-def record_headlines(chapter: str, profile: str, rows: list[dict[str, Any]]) -> Path:
-    """Save a chapter's headline comparisons: each row has claim, paper, ours (and notes)."""
-    path = headline_dir() / f"{chapter}.json"
-    atomic_write_text(path, json.dumps({"chapter": chapter, "profile": profile, "rows": rows}, indent=1))
-    return path
 
 
 def headlines_table():
@@ -920,38 +635,7 @@ def closing_note(summary: list[tuple[str, str, float]], total: float) -> str:
 
 # ----------------------------------------------------------------------------- prose from the code
 
-def _g(key: str):
-    return lambda h: f"{h[key]:g}"
-
-
-# How a page states a method's hyper-parameter: method -> {symbol in the text: its value as the runs resolve it}.
-PROSE_SYMBOLS: dict[str, dict[str, Any]] = {
-    "fedprox": {"μ": _g("mu")}, "ditto": {"λ": _g("lam")}, "fedfv": {"α": _g("alpha"), "τ": _g("tau")},
-    "moon": {"μ": _g("mu"), "τ": _g("tau")}, "qfedavg": {"q": _g("q")}, "fedfa": {"β": _g("beta"), "γ": _g("gamma")},
-    "flce": {"λ": _g("lam"), "τ": _g("tau")}, "fedemd": {"β": _g("beta")}, "s_fedavg": {"α": _g("alpha")},
-    "greedyfed": {"α": _g("alpha")}, "fedms": {"T": _g("temperature"), "α": _g("alpha")},
-    "cffl": {"α": lambda h: f"{h['alpha']:g}(1 + t/T)" if h["alpha_growth"] else f"{h['alpha']:g}",
-             "fade": lambda h: f"{h['fade']:g}"},
-    "cgsv": {"α": lambda h: f"{h['alpha']:g}"},
-    "shapfed": {"μ": lambda h: f"{h['mu']:g}"},
-    "celm": {"β": lambda h: f"{h['ema']:g}", "λ": lambda h: f"{h['l2']:g}", "L": lambda h: f"{h['lm_steps']:d}",
-             "η": lambda h: f"{h['lm_lr']:g}"},
-}
 _STATED = re.compile(r"(?<![\w‖])(α|β|γ|μ|λ|η|τ|L|T|q|fade)\s*=\s*([0-9][0-9.]*(?:\([^)]*\))?)")
-
-
-def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:
-    """Each method of the chapter's ``profile`` runs with its resolved hyper-parameters (and the run's
-    resolved ``server_val``), from the first of its runs: what the runs use, defaults filled in."""
-    from .chapters import record
-
-    out: dict[str, dict[str, Any]] = {}
-    for config in record(chapter).configs(load_profile(chapter, profile)):
-        name = getattr(getattr(config, "method", None), "name", None)
-        if name and name not in out:
-            resolved = config.resolved()
-            out[name] = {**resolved["method"], "server_val": resolved.get("server_val")}
-    return out
 
 
 def stated_value_matches(stated: str, runs: str) -> bool:

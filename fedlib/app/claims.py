@@ -44,23 +44,16 @@ from ..cache import ResultCache
 from ..results import run_of
 from ..stats import FAILS, HOLDS, INDICATIVE, NOISE
 from . import chapters, queue
-from .queue import StoredIndex  # noqa: F401 - read here, defined with the queue's store
+from .kit.claim_types import EVERY, MOST, Cell, Claim, Side, final
+from .kit.sources import load_reference
+from .kit.stored import Evidence, StoredIndex, evidence_of
 
 PARTIAL, UNMEASURED = "partly measured", "not yet measured"
 REJECTED, INSIDE = "the paper's margin is rejected", "the paper's margin is inside our interval"
-EVERY, MOST = "every", "most"  # a claim's quantifier over its comparisons
 DATA_ABSENT = "data not on this machine (fingerprint recorded)"
-
-Cell = tuple[str, str, str]
 
 
 # ----------------------------------------------------------------------------- metrics (on result dicts)
-
-
-def final(result: dict, key: str = "accuracy") -> float:
-    """A run's final test metric ``key`` in % (NaN when it has none)."""
-    value = result["final"].get(key)
-    return float("nan") if value is None else 100.0 * float(value)
 
 
 # the readings of a run any claim may use; a paper's own are in its record (``Paper.metrics``)
@@ -77,44 +70,13 @@ def metric(name: str) -> Callable[..., float]:
     raise KeyError(f"metric: unknown metric {name!r}")
 
 
+def reading(side: Side, result: dict) -> float:
+    """``side``'s metric of one run (:func:`metric`), given its ``arg`` where it has one."""
+    fn = metric(side.metric)
+    return fn(result) if side.arg is None else fn(result, side.arg)
+
+
 # ----------------------------------------------------------------------------- claims
-
-
-@dataclass(frozen=True)
-class Side:
-    """A metric of one run cell; ``ref``: the reference YAML's cell for the paper's number."""
-
-    cell: Cell
-    metric: str = "accuracy"
-    arg: Any = None
-    ref: Cell | None = None
-
-    def value(self, result: dict) -> float:
-        fn = metric(self.metric)
-        return fn(result) if self.arg is None else fn(result, self.arg)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    label: str
-    better: Side
-    worse: Side | None = None  # None: ``better``'s metric must be > 0
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A paper's claim; it lives in its chapter's ``Paper.claims``."""
-
-    text: str
-    decided_by: str  # the table or figure, as the chapter page names it
-    anchor: str  # the section id of that table on the chapter page
-    comparisons: tuple[Comparison, ...]
-    unit: str = "points"
-    quantifier: str = EVERY  # MOST: the paper claims it "in most settings" (more than half of the comparisons)
-
-    def __post_init__(self):
-        if self.quantifier not in (EVERY, MOST):
-            raise ValueError(f"Claim: quantifier must be {EVERY!r} or {MOST!r}, not {self.quantifier!r}")
 
 
 @dataclass
@@ -216,16 +178,6 @@ class Verdict:
         return summary_line(self.margins)
 
 
-def cells_row(rows: Iterable[str], better: str, worse: str, table: str = "Table 1",
-              ref: str | None = None, metric: str = "accuracy") -> tuple[Comparison, ...]:
-    """``better`` against ``worse`` (columns) on each of ``rows`` of ``table``; ``ref``: the reference
-    table holding the paper's values of those cells, when it is another; ``metric``: how a run is read."""
-    def side(row, column):
-        return Side((table, row, column), metric=metric, ref=(ref, row, column) if ref else None)
-
-    return tuple(Comparison(row, side(row, better), side(row, worse)) for row in rows)
-
-
 def claims_of(chapter: str) -> list[Claim]:
     """The chapter's claims (its ``Paper.claims``), in its scorecard's order."""
     return list(chapters.record(chapter).claims)
@@ -237,9 +189,6 @@ def papers() -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- evidence
-
-
-Evidence = dict[Cell, dict[int, dict]]  # queue cell -> seed -> result dict
 
 
 def evidence_in(store: ResultCache, chapter: str, profile: str) -> Evidence:
@@ -256,20 +205,8 @@ def evidence_in(store: ResultCache, chapter: str, profile: str) -> Evidence:
 def stored_evidence(chapter: str, index: StoredIndex | None = None, absent: set | None = None) -> Evidence:
     """Stored paper-profile runs of the chapter's queue items (``results/runs/``), whether or not
     their data is on this machine; ``absent`` (when given) collects the cells whose runs used
-    data this machine lacks."""
-    index = StoredIndex.read() if index is None else index
-    fingerprints: dict[str, dict] = {}
-    out: Evidence = {}
-    for item in queue.chapter_items(chapter, "paper"):
-        config = item.config
-        local = fingerprints.setdefault(config.dataset, config.data_fingerprint())
-        hit = index.run_of(config, local)
-        if hit is not None:
-            cell = (item.table, item.row, item.column)
-            out.setdefault(cell, {})[item.seed] = hit[0]
-            if not hit[1] and absent is not None:
-                absent.add(cell)
-    return out
+    data this machine lacks (``fedlib.app.kit.stored.evidence_of``)."""
+    return evidence_of(queue.chapter_items(chapter, "paper"), index, absent)
 
 
 def cached_evidence(chapter: str, profile: str) -> Evidence:
@@ -303,7 +240,8 @@ def margins(claim: Claim, evidence: Evidence, reference=None) -> list[Margin]:
         better = evidence.get(comp.better.cell, {})
         worse = evidence.get(comp.worse.cell, {}) if comp.worse else None
         seeds = sorted(set(better) & set(worse)) if worse is not None else sorted(better)
-        diffs = (comp.better.value(better[s]) - (comp.worse.value(worse[s]) if comp.worse else 0.0) for s in seeds)
+        diffs = (reading(comp.better, better[s]) - (reading(comp.worse, worse[s]) if comp.worse else 0.0)
+                 for s in seeds)
         values = [v for v in diffs if not math.isnan(v)]
         pb = _paper_value(reference, comp.better.ref or comp.better.cell)
         pw = _paper_value(reference, comp.worse.ref or comp.worse.cell) if comp.worse else 0.0
@@ -407,8 +345,6 @@ def judge(claim: Claim, stored: Evidence, build: Evidence | None = None, profile
 def _inputs(chapter: str, profile: str | None, stored: Evidence | None, build: Evidence | None,
             absent: set | None = None):
     """The paper's reference values, the stored evidence and the build profile's cached evidence."""
-    from .sources import load_reference
-
     name = chapters.record(chapter).reference
     try:
         reference = None if name is None else load_reference(name)
@@ -670,7 +606,7 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
                 source, values = "—", []
                 for name, ev in (("stored paper profile", stored), (f"{profile} profile (reduced)", build or {})):
                     runs = ev.get(side.cell, {})
-                    values = [v for v in (side.value(r) for r in runs.values()) if not math.isnan(v)]
+                    values = [v for v in (reading(side, r) for r in runs.values()) if not math.isnan(v)]
                     if values:
                         source = name + (f"; {DATA_ABSENT}" if ev is stored and side.cell in absent else "")
                         break

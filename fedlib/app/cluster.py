@@ -24,8 +24,10 @@ import time
 import uuid
 from typing import Any
 
+from ..data import data_missing
 from . import queue
-from .queue import Entry, Finished, Pack, QueueItem
+from .kit.items import QueueItem
+from .queue import Entry, Finished, Pack
 
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
 GPU = "GPU"  # the Dask resource a GPU worker declares (dask worker ... --resources GPU=1)
@@ -61,7 +63,7 @@ def run_unit(spec: list[tuple[QueueItem, type, dict]], packed: bool) -> dict[str
     except ValueError:  # not in a worker (called directly)
         where = f"pid {os.getpid()}"
     for _, _, config in spec:
-        absent = queue.data_missing(config["dataset"])
+        absent = data_missing(config["dataset"])
         if absent is not None:
             return {"absent": absent, "where": where}
     device = worker_device()

@@ -16,7 +16,7 @@ data is present ("needs EMNIST (not on this machine): python -m fedlib results -
 (``reference_cells``: every entry of the five YAMLs, CELM's Table 7 included); ``per_level`` counts them apart
 from our own tables' cells.
 
-A stored run counts whether or not its data is on this machine (``claims.StoredIndex``: judged by
+A stored run counts whether or not its data is on this machine (``kit.stored.StoredIndex``: judged by
 the data fingerprint the run recorded); such cells say "data not on this machine (fingerprint
 recorded)". The data only decides what can be re-run here.
 """
@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import queue
-from .claims import DATA_ABSENT, StoredIndex
+from .chapters import record
+from .claims import DATA_ABSENT
+from .kit.sources import load_reference
+from .kit.stored import StoredIndex
 
 LEVELS = ("paper protocol, all seeds", "paper protocol, fewer seeds", "reduced protocol only",
           "queued, not run yet", "not runnable here")
@@ -49,9 +52,6 @@ def needs(dataset: str, chapter: str, table: str) -> str:
 def reference_cells(papers: list[str] | None = None) -> dict[str, int]:
     """The papers' cells per paper (None: every paper with a reference YAML): its distinct (table, row,
     column) entries, read from ``book/reference/<paper>.yaml``."""
-    from .book import load_reference
-    from .chapters import record
-
     out = {}
     for paper in _papers(papers):
         name = record(paper).reference
@@ -81,7 +81,7 @@ class Cell:
 
 
 def stored_items(index=None) -> Callable:
-    """Whether a queue item's run is stored (``claims.StoredIndex``: the item's config on the data
+    """Whether a queue item's run is stored (``kit.stored.StoredIndex``: the item's config on the data
     fingerprint the run recorded, the data here or not)."""
     index = StoredIndex.read() if index is None else index
     fingerprints: dict[str, dict] = {}
@@ -99,8 +99,6 @@ def coverage(chapter: str, build_profile: str = "quick", paper_items=None, build
 
     ``stored``: whether an item's run is stored (default :func:`stored_items`), or a set of the
     stored keys."""
-    from .book import load_reference
-
     paper_items = queue.chapter_items(chapter, "paper") if paper_items is None else paper_items
     build_items = queue.chapter_items(chapter, build_profile) if build_items is None else build_items
     if stored is None:

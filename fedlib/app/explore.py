@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..limits import check_port
-from .book import book_dir
+from .kit.sources import book_dir
 
 NOTEBOOK = "explore.ipynb"
 LOCAL_HOSTNAMES = ["localhost"]  # besides loopback IP addresses, which jupyter_server always accepts

@@ -4,7 +4,7 @@ A stored run is re-keyed (its file renamed to the current key, its history and n
 unchanged, its provenance completed and noted) only where it provably answers the current key:
 its recorded resolved config, rule versions and data fingerprint match today's. Everything else is
 left as it is and reported as stale; chapters list stale runs with what changed
-(``fedlib.app.book.stored_results``) and never show them as current. Run it after merging anything
+(``fedlib.app.kit.stored.stored_results``) and never show them as current. Run it after merging anything
 that changes the key's formula, a method's defaults, a rule version or the engine:
 ``python -m fedlib migrate-results [--dry-run]``.
 
@@ -24,7 +24,7 @@ from ..cache import ResultCache, atomic_write_text, load_entry
 from ..record import _canonical, compact, expand
 from ..config import RunConfig
 from ..results import _key_provenance, list_store, result_check, runs_dir
-from .book import what_changed
+from .kit.stored import what_changed
 
 
 def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,

@@ -1,8 +1,8 @@
 """The results queue: every run of every chapter's paper profile, most valuable first.
 
 Each chapter's ``Paper`` record (``fedlib.app.chapters``) names its ``queue_items(params) ->
-list[QueueItem]``: one item per run of its profile, saying which paper table, row and column
-the run backs, its seed, its config and the function that runs it (:func:`run_round` for
+list[QueueItem]`` (``fedlib.app.kit.items``): one item per run of its profile, saying which paper table,
+row and column the run backs, its seed, its config and the function that runs it (:func:`run_round` for
 every engine run, :func:`run_scm`). The queue knows nothing else about chapters: it orders the
 items (:func:`priority`), skips those already stored under ``results/runs/<key>.json.gz`` (one
 store: a run two chapters share is stored once), estimates what each costs and runs them, one
@@ -44,15 +44,15 @@ from typing import Any, Callable, Iterable
 
 from .. import data
 from ..cache import ResultCache, key_of
-from ..provenance import repo_root
-from ..results import StoreListing, StoredRun, list_store, placement_free, result_check, runs_dir, store_run
+from ..data import data_missing
+from ..results import list_store, runs_dir, store_run
 from . import chapters
 from .chapters import profiles
-from .sources import check_only
+from .kit import stored as kit_stored
+from .kit.items import QueueItem, _get, method_name, run_round, run_scm, runner_kind, work
+from .kit.sources import check_only
+from .kit.stored import StoredIndex
 
-CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
-TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
-               "emnist": 112800, "eurosat": 21600, "synthetic": 10000}
 # seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
 # (the wider CNN's: the CNN's times their FLOPs per CIFAR-10 sample, 15.78 / 4.66 MFLOP, model_flops)
 FALLBACK_SECONDS_PER_1000 = {
@@ -74,74 +74,6 @@ AUGMENT_FACTOR = 1.45
 METHOD_FACTOR = {"fedsv": 5.0, "gtg_shapley": 3.0, "fedms": 3.0, "greedyfed": 3.0, "s_fedavg": 1.5,
                  "shapley_rewards": 3.0}
 STARTUP_SECONDS = 15.0  # process start, imports, data loading (measured 10-30 s on a shared 2-core machine)
-
-
-# ----------------------------------------------------------------------------- items
-
-
-@dataclass(frozen=True)
-class QueueItem:
-    """One run of a chapter's profile and the paper cells it backs.
-
-    ``backs`` lists (table, row, column) cells of ``book/reference/<paper>.yaml`` that the
-    run's result feeds ("*" matches every row or column); default: (table, row, column)."""
-
-    chapter: str
-    table: str
-    row: str
-    column: str
-    seed: int
-    config: Any  # RunConfig | ScmConfig: .key(), .to_dict()
-    runner: Callable[[Any], dict]
-    headline: bool = False
-    table_rank: int = 0  # 0: the paper's main table(s); larger: ablations, appendix
-    first_seed: bool = True
-    backs: tuple[tuple[str, str, str], ...] = ()
-
-    @property
-    def key(self) -> str:
-        return self.config.key()
-
-    @property
-    def dataset(self) -> str:
-        return self.config.dataset
-
-    @property
-    def cells(self) -> tuple[tuple[str, str, str], ...]:
-        return self.backs or ((self.table, self.row, self.column),)
-
-    @property
-    def gpu(self) -> bool:
-        """Meant for a GPU: anything beyond the small grey-scale datasets."""
-        return self.dataset not in CPU_DATASETS
-
-    def describe(self) -> str:
-        return f"{self.chapter} {self.table} | {self.row} | {self.column} | seed {self.seed}"
-
-
-def items_of(chapter: str, table: str, configs: Iterable, row: Callable[[Any], str], column: Callable[[Any], str],
-             runner: Callable[[Any], dict], *, headline: str | None = None, rank: int = 0, first_seed: int = 0,
-             backs: Callable[[Any], tuple] | None = None) -> list[QueueItem]:
-    """Items of one table from its configs (``row``/``column`` label each config)."""
-    out = []
-    for c in configs:
-        r = row(c)
-        out.append(QueueItem(chapter, table, r, column(c), c.seed, c, runner, headline=r == headline, table_rank=rank,
-                             first_seed=c.seed == first_seed, backs=tuple(backs(c)) if backs else ()))
-    return out
-
-
-def run_round(config) -> dict:
-    """Run a round-engine config; the result as a dict (``RunResult.to_dict()``)."""
-    from ..run import run
-
-    return run(config, progress=False).to_dict()
-
-
-def run_scm(config) -> dict:
-    from ..scm_pipeline import run_pipeline
-
-    return run_pipeline(config, progress=False)
 
 
 # FedSCM federations packed at most: a table's α x seeds (3 x 3). Their one-shot stages' sample pools are
@@ -206,83 +138,18 @@ def priority(item: QueueItem, cost: float, first: list[tuple[str, str | None]] |
 # ----------------------------------------------------------------------------- the store (adapter)
 
 
-def repo_results() -> Path:
-    return repo_root() / "results"
-
-
 def results_root() -> Path:
     """Where the queue stores runs: ``$FEDLIB_RESULTS`` (e.g. a GPU machine's $OUT/results, to
     be copied into the repository), else the repository's ``results/``; runs go in its ``runs/``."""
     env = os.environ.get("FEDLIB_RESULTS")
-    return Path(env) if env else repo_results()
-
-
-# ----------------------------------------------------------------------------- the stored runs, by what made them
-
-
-def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
-    return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
-
-
-_INDEXES: dict[Path, tuple[StoreListing, "StoredIndex"]] = {}  # root -> (its listing, its index)
-
-
-@dataclass
-class StoredIndex:
-    """The stored runs of a folder, by what made them (resolved config without placement, rule
-    versions): reading them never moves one; the files left out of the listing
-    (``fedlib.results.list_store``: links, FIFOs, folders, odd names, unreadable or invalid entries)
-    are listed in ``skipped``, one line each."""
-
-    root: Path
-    by_signature: dict[str, list[StoredRun]] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-
-    @classmethod
-    def read(cls, root: Path | None = None) -> "StoredIndex":
-        """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
-        file there changed (:func:`fedlib.results.list_store`)."""
-        listing = list_store(runs_dir(repo_results()) if root is None else root)
-        cached = _INDEXES.get(listing.root)
-        if cached is not None and cached[0] is listing:
-            return cached[1]
-        index = cls(listing.root, skipped=list(listing.left_out))
-        for run in listing.engine_runs():
-            meta = run.result["meta"]
-            sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
-            index.by_signature.setdefault(sig, []).append(run)
-        _INDEXES[listing.root] = (listing, index)
-        return index
-
-    def run_of(self, config, local: dict | None = None) -> tuple[dict, bool] | None:
-        """The stored run ``config`` made, judged by the data fingerprint the run recorded, and
-        whether that data is on this machine; None when there is none. The file's key must be the
-        config's key on that data, and the entry's own config must agree (:meth:`StoredRun.agrees`).
-        ``local``: this machine's fingerprint of the config's data (default: computed); where present
-        it must match."""
-        candidates = self.by_signature.get(_signature(config.resolved(), config.rule_versions()), [])
-        if not candidates:
-            return None
-        local = config.data_fingerprint() if local is None else local
-        for run in candidates:
-            result = run.result
-            recorded = result["meta"].get("data") or {}
-            if not recorded.get("sha256") or config.key(recorded) != run.key or not run.agrees():
-                continue
-            if result_check(config, recorded)(result) is not None:
-                continue
-            if local.get("sha256") is None:
-                return result, False
-            if local["sha256"] == recorded["sha256"]:
-                return result, True
-        return None
+    return Path(env) if env else kit_stored.repo_results()
 
 
 def left_out_lines() -> list[str]:
     """One line per file of the queue's stores (where it writes, and the repository's) that no reader
     uses (:func:`fedlib.results.list_store`), each saying it is left where it is."""
     lines = []
-    for root in dict.fromkeys((runs_dir(results_root()), runs_dir(repo_results()))):
+    for root in dict.fromkeys((runs_dir(results_root()), runs_dir(kit_stored.repo_results()))):
         lines += [f"{root.parent.name}/{root.name}/{line}: left out, not read (left as it is)"
                   for line in list_store(root).left_out]
     return lines
@@ -327,7 +194,7 @@ def stored_state(item: QueueItem) -> tuple[bool, str | None]:
     from ..cache import ResultCache
 
     found = None
-    for root in dict.fromkeys((results_root(), repo_results())):
+    for root in dict.fromkeys((results_root(), kit_stored.repo_results())):
         store = ResultCache(runs_dir(root), protect=True)
         payload, problem = store.read(item.key)
         if payload is None and problem is None:
@@ -345,7 +212,7 @@ def stored_state(item: QueueItem) -> tuple[bool, str | None]:
 
 def is_stored(item: QueueItem) -> bool:
     """Whether a valid run of ``item`` is stored (:func:`stored_state`); when its data is not on this
-    machine, also by the fingerprint the run recorded (``fedlib.app.claims.StoredIndex``)."""
+    machine, also by the fingerprint the run recorded (``fedlib.app.kit.stored.StoredIndex``)."""
     if stored_state(item)[0]:
         return True
     if data_missing(item.dataset) is None:  # the data is here: the key above is the run's
@@ -507,101 +374,12 @@ def release(key: str, root: Path | None = None) -> None:
 # ----------------------------------------------------------------------------- data
 
 
-def data_missing(dataset: str) -> str | None:
-    """Why ``dataset`` cannot be loaded here (None: its files are present). No loading."""
-    root = data.default_data_root()
-    if dataset == "synthetic" or dataset.startswith(data.IMAGEFOLDER_PREFIX):
-        return None
-    places = []
-    if dataset in data._IDX_FOLDERS:  # noqa: SLF001 - the module's own layout table
-        places.append(root / data._IDX_FOLDERS[dataset])  # noqa: SLF001
-        if dataset == "fmnist":
-            places.append(data.DEBIAN_FASHION_MNIST)
-    if dataset in data._TORCHVISION:  # noqa: SLF001
-        places += data._torchvision_paths(dataset, root)  # noqa: SLF001
-    if dataset == "cifar10":
-        places.append(root / data.CIFAR10_JPEG)
-    if any(p.exists() for p in places):
-        return None
-    return f"{dataset} data absent (looked in {', '.join(str(p) for p in places) or root})"
-
-
 def missing_data(items: Iterable[QueueItem]) -> dict[str, str | None]:
     """Dataset -> why its data is absent here (None: present), for the datasets of ``items``."""
     return {dataset: data_missing(dataset) for dataset in dict.fromkeys(i.dataset for i in items)}
 
 
 # ----------------------------------------------------------------------------- cost
-
-
-def _get(config, name, default=None):
-    return config.get(name, default) if isinstance(config, dict) else getattr(config, name, default)
-
-
-def runner_kind(config) -> str:
-    if method_name(config).startswith("logit_"):
-        return "logit"
-    if _get(config, "post_rounds") is not None:
-        return "scm"
-    return "round"
-
-
-def method_name(config) -> str:
-    """The method a config runs: its ``method`` as a mapping (``{"name": ...}``), a plain name (an older
-    layout of stored configs) or a ``Method``; a pipeline's aggregator, else "pipeline"."""
-    method = _get(config, "method")
-    if method is None:
-        return _get(config, "aggregator") or "pipeline"
-    if isinstance(method, str):
-        return method
-    name = method.get("name") if isinstance(method, dict) else getattr(method, "name", None)
-    return name if isinstance(name, str) else "?"
-
-
-def method_params(config) -> dict:
-    """The hyper-parameters of a config's method (empty for a method given by its name alone)."""
-    method = _get(config, "method")
-    if isinstance(method, dict):
-        return method.get("params") or {k: v for k, v in method.items() if k != "name"}
-    return dict(getattr(method, "params", None) or {})
-
-
-# clients FedSCM's solver keeps per γ, for costing only (the paper's Fig. 5: tens of the K = 500)
-SCM_SELECTED_GUESS = 20
-
-
-def scm_round_passes(config, n: float) -> float:
-    """Sample passes of one post-training round of a FedSCM federation (``fedlib.scm_pipeline``): every
-    cohort that trains after the selection, each client a K-th of the n samples (at most ``post_steps``
-    batches): FedSCM per γ, Random, SDEA, FedAvg (``fedavg_per_round`` or all K clients), K3DA (all K and
-    the target), FMDA-OT (``ot_samples`` per client)."""
-    k = _get(config, "n_clients")
-    per_client = n / k * _get(config, "post_epochs", 1)
-    if _get(config, "post_steps"):
-        per_client = min(per_client, _get(config, "post_steps") * _get(config, "batch_size"))
-    methods = set(_get(config, "methods") or ())
-    every = _get(config, "fedavg_per_round") or k
-    clients = (("fedscm" in methods) * len(_get(config, "gammas") or ()) * SCM_SELECTED_GUESS
-               + ("random" in methods) * sum(_get(config, "random_sizes") or ())
-               + ("sdea" in methods) * _get(config, "sdea_clients", 0)
-               + ("fedavg" in methods) * every + ("k3da" in methods) * (k + 1))
-    ot = ("fmda_ot" in methods) * every * min(_get(config, "ot_samples", 0), per_client)
-    return clients * per_client + ot
-
-
-def work(config) -> float:
-    """Training-sample passes of one run (see the module docstring)."""
-    n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
-    kind = runner_kind(config)
-    if kind == "logit":
-        params = method_params(config)
-        return _get(config, "rounds") * (_get(config, "local_epochs") * n + params.get("distill_epochs", 1)
-                                         * _get(config, "server_val") * _get(config, "n_clients"))
-    if kind == "scm":
-        return _get(config, "local_epochs") * n + _get(config, "post_rounds") * scm_round_passes(config, n)
-    n_clients = _get(config, "n_clients")
-    per_round = _get(config, "clients_per_round") or n_clients
-    return _get(config, "rounds") * _get(config, "local_epochs") * n * per_round / n_clients
 
 
 def model_flops(model: str, dataset: str) -> float | None:
@@ -642,7 +420,7 @@ class CostModel:
     @classmethod
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
-        roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(repo_results())})
+        roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(kit_stored.repo_results())})
         for run in (run for r in roots for run in list_store(r).runs):  # the valid entries only
             model.read_entry(run.entry)
         return model

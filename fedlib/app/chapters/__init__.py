@@ -6,7 +6,7 @@ its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the
 claims, the coverage and status pages and the command line use is derived from these records
 (:func:`registry`). ``CHAPTER_MODULES`` is found, not written: the modules of this package that
 declare ``PAPER = Paper(...)`` at top level, in the order of their ``rank``; the book lists a
-chapter its ``_toc.yml`` does not name at the end of "The papers" (``fedlib.app.book.toc``).
+chapter its ``_toc.yml`` does not name at the end of "The papers" (:func:`toc`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import yaml
 
-from .. import sources
+from ..kit import sources
 
 if TYPE_CHECKING:
-    from ..claims import Claim
+    from ..kit.claim_types import Claim
     from .profiles import Profile
 
 ENGINE_DEFAULT_CLIP = 10.0  # RunConfig.update_clip's default
@@ -90,6 +90,18 @@ def registry() -> dict[str, Paper]:
 def record(name: str) -> Paper:
     """The ``Paper`` record of chapter ``name`` (a ValueError names the chapters)."""
     return chapter_module(name).PAPER
+
+
+def resolved_methods(chapter: str, profile: str = "paper") -> dict[str, dict[str, Any]]:
+    """Each method of the chapter's ``profile`` runs with its resolved hyper-parameters (and the run's
+    resolved ``server_val``), from the first of its runs: what the runs use, defaults filled in."""
+    out: dict[str, dict[str, Any]] = {}
+    for config in record(chapter).configs(sources.load_profile(chapter, profile)):
+        name = getattr(getattr(config, "method", None), "name", None)
+        if name and name not in out:
+            resolved = config.resolved()
+            out[name] = {**resolved["method"], "server_val": resolved.get("server_val")}
+    return out
 
 
 def papers() -> list[str]:

@@ -10,7 +10,7 @@ A notebook is its parameters cell and calls::
 
 A subclass names its chapter (``name``; its runs: its ``Paper`` record's ``configs``) and its method
 labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std
-over seeds and the stored runs come from here (``fedlib.app.frames``, ``fedlib.app.book``).
+over seeds and the stored runs come from here (``fedlib.app.kit``: ``frames``, ``sources``, ``stored``).
 """
 
 from __future__ import annotations
@@ -18,12 +18,18 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+from html import escape
 from typing import Any, Callable
 
-from ... import data
+from ... import __version__, data
+from ...provenance import git_commit, repo_root
 from ...run import run_many
-from .. import book, frames, queue
-from . import profiles
+from ..kit import frames, pages
+from ..kit.items import QueueItem, run_round
+from ..kit.pages import device_description, parameters_table
+from ..kit.sources import EVIDENCE, book_dir, load_reference
+from ..kit.stored import NothingStored, evidence_summary, stored_results
+from . import CHAPTER_MODULES, defenses, profiles, record
 
 OURS_STORED = "stored paper profile"
 DATASET_LABELS = {"mnist": "MNIST", "fmnist": "F.MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100",
@@ -51,12 +57,12 @@ NOTEBOOK_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open", "display"}
 
 def profiles_of(chapter: str) -> list[str]:
     """The chapter's profiles: every ``params/<chapter>/<profile>.yaml`` there is."""
-    return sorted(p.stem for p in (book.repo_root() / "params" / chapter).glob("*.yaml"))
+    return sorted(p.stem for p in (repo_root() / "params" / chapter).glob("*.yaml"))
 
 
 def notebook_defaults(chapter: str) -> dict[str, Any]:
     """The literal values of the notebook's parameters cell (a non-literal value: ``...``)."""
-    path = book.book_dir() / f"{chapter}.ipynb"
+    path = book_dir() / f"{chapter}.ipynb"
     if not path.is_file():
         return {}
     cells = json.loads(path.read_text())["cells"]
@@ -98,10 +104,41 @@ def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
 
 
 def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, column: str, config, **options):
-    """A ``fedlib.app.queue.QueueItem`` for one run of the profile ``params`` (its seed from the config;
+    """A ``fedlib.app.kit.items.QueueItem`` for one run of the profile ``params`` (its seed from the config;
     ``options``: the item's other fields, the runner ``run_round`` unless given)."""
-    return queue.QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", queue.run_round),
-                           first_seed=config.seed == params["seeds"][0], **options)
+    return QueueItem(chapter, table, row, column, config.seed, config, options.pop("runner", run_round),
+                     first_seed=config.seed == params["seeds"][0], **options)
+
+
+def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
+    """The first output of every chapter: profile, device, and this build's parameters vs the
+    paper's as a small table (the injected parameters cell itself is not shown)."""
+    from IPython.display import HTML  # the book extra's: the queue imports the chapters without it
+
+    table = parameters_table(chapter, params)
+    if profile == EVIDENCE:
+        protocol = ("<p><b>Evidence build.</b> Every number of ours on this page is a stored run of the paper's "
+                    "protocol (<code>results/runs/</code>); nothing was trained to build it. A cell without a "
+                    "stored run says so; <code>make results CHAPTER=" + escape(chapter) + " PROFILE=paper</code> "
+                    "makes the missing runs, <code>make book PROFILE=quick</code> re-runs the chapter at reduced "
+                    "scale.</p>")
+    elif profile == "paper" and table.empty:
+        protocol = "<p>This run follows the paper's protocol.</p>"
+    elif table.empty:
+        protocol = "<p>Same settings as the paper profile.</p>"
+    else:
+        rows = "".join(f"<tr><td><code>{escape(r.parameter)}</code></td><td>{escape(r._2)}</td>"
+                       f"<td>{escape(r.paper)}</td></tr>" for r in table.itertuples())
+        protocol = ("<p><b>Reduced protocol.</b> This build's parameters vs the paper's:</p>"
+                    "<table class=\"fedlib-parameters\"><thead><tr><th>parameter</th><th>this build</th>"
+                    f"<th>paper</th></tr></thead><tbody>{rows}</tbody></table>")
+    defended, commit = defenses(chapter, params), git_commit()
+    version = __version__ + (f" ({commit[:10]})" if commit else "")
+    return HTML(
+        f"<p><b>Profile:</b> <code>{escape(profile)}</code> &nbsp;·&nbsp; <b>Device:</b> "
+        f"{escape(device_description())} &nbsp;·&nbsp; <b>fedlib</b> {escape(version)}</p>{protocol}"
+        + (f"<p>{escape(defended).replace('**Defenses on:**', '<b>Defenses on:</b>')}</p>" if defended else "")
+    )
 
 
 class Chapter:
@@ -110,17 +147,15 @@ class Chapter:
     index = "row"  # the comparison frames' first index level
 
     def __init__(self, profile: str, params: dict[str, Any]):
-        from . import CHAPTER_MODULES, record
-
         self.profile, self.params = profile, params
         self.paper_params = profiles.load(self.name, "paper")
         reference = record(self.name).reference if self.name in CHAPTER_MODULES else None
-        self.reference = None if reference is None else book.load_reference(reference)
+        self.reference = None if reference is None else load_reference(reference)
         # the evidence profile's own runs are the stored paper-protocol runs: one source, no training
-        self.ours = OURS_STORED if profile == book.EVIDENCE else f"ours ({profile})"
+        self.ours = OURS_STORED if profile == EVIDENCE else f"ours ({profile})"
         self.results: dict[str, Any] = {}  # this build's runs by key
         self.runs: list = []
-        self.stored = None  # book.Stored: the stored paper-profile runs
+        self.stored = None  # fedlib.app.kit.stored.Stored: the stored paper-profile runs
 
     @classmethod
     def parameter_names(cls) -> list[str]:
@@ -138,8 +173,6 @@ class Chapter:
     # -- the runs ------------------------------------------------------------------------
     def configs(self, params: dict[str, Any] | None = None) -> list:
         """Every run of the chapter (``params``: default this build's), by its record's ``configs``."""
-        from . import record
-
         return record(self.name).configs(self.params if params is None else params)
 
     def run(self, configs=None, stored_configs=None, quiet: bool = False) -> list:
@@ -174,25 +207,25 @@ class Chapter:
     @property
     def evidence(self) -> bool:
         """Whether this build shows the stored paper-protocol runs only (``make book``'s default)."""
-        return self.profile == book.EVIDENCE
+        return self.profile == EVIDENCE
 
     def _stored_as_ours(self, configs, quiet: bool) -> list:
         """The evidence profile: the stored runs of ``configs`` stand for this build's runs (nothing
         trains); the ones not stored are counted and named with the command that makes them."""
-        self.stored = book.stored_results(self.name, configs)
+        self.stored = stored_results(self.name, configs)
         self.results = dict(self.stored.results)
         self.runs = list(self.results.values())
         missing = [c for c in configs if c.key() not in self.results]
         if not quiet:
-            print(book.evidence_summary(self.name, len(configs), len(missing)))
+            print(evidence_summary(self.name, len(configs), len(missing)))
             if self.runs:
                 print(self.stored.describe())
         if not self.runs:
-            raise book.NothingStored(book.evidence_summary(self.name, len(configs), len(missing)))
+            raise NothingStored(evidence_summary(self.name, len(configs), len(missing)))
         return self.runs
 
     def stored_runs(self, configs=None):
-        return book.stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
+        return stored_results(self.name, self.configs(self.paper_params) if configs is None else configs)
 
     def result(self, config):
         """This build's run of ``config`` (None when it was not run, e.g. no data)."""
@@ -242,7 +275,7 @@ class Chapter:
 
     # -- the page --------------------------------------------------------------------------
     def header(self):
-        return book.chapter_header(self.name, self.profile, self.params)
+        return chapter_header(self.name, self.profile, self.params)
 
     @staticmethod
     def glue(values: dict[str, Any]) -> None:
@@ -253,7 +286,7 @@ class Chapter:
             glue(name, value, display=False)
 
     def record_headlines(self, rows: list[dict[str, Any]]):
-        book.record_headlines(self.name, self.profile, rows)
-        import pandas as pd
+        pages.record_headlines(self.name, self.profile, rows)
+        import pandas as pd  # the book extra's: the queue imports the chapters without it
 
         return pd.DataFrame(rows)

@@ -33,6 +33,7 @@ EMNIST balanced, PLS and SLS by the partition's step rule over the 47 classes (`
 from __future__ import annotations
 
 import itertools
+from fractions import Fraction
 from functools import partial
 from typing import Any
 
@@ -41,12 +42,17 @@ import numpy as np
 from ... import partition
 from ...config import RunConfig, make_config
 from ...contributions import contribution_history
+from ...data import data_missing
+from ...methods import build_method
 from ...results import RunResult
 from ...stats import mean_std, pm
-from .. import frames
-from ..book import reference_value
-from ..claims import Claim, Comparison, Side, cells_row
-from . import Paper, readings, run_options, unique_configs
+from ..kit import frames
+from ..kit.claim_types import Claim, Comparison, Side, cells_row
+from ..kit.items import items_of, run_round
+from ..kit.pages import PROSE_SYMBOLS
+from ..kit.sources import reference_value
+from ..kit.stored import stored_results
+from . import Paper, readings, resolved_methods, run_options, unique_configs
 from .base import OURS_STORED, Chapter, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Part, Seeds
 
@@ -537,8 +543,6 @@ def cffl_study_frame(runs: list[tuple[str, Any]], gap_points: float = 5.0):
 def queue_items(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline rows: Dir(0.05) (Tables 1, 6), PLS (Table 4)."""
-    from ..queue import items_of, run_round
-
     prefix = dataset_label(params["dataset"])
     labels = {(spec["name"], spec.get("alpha")): row for spec, row in SPLITS.values()}  # the splits' rows
 
@@ -655,11 +659,9 @@ class CELM(Chapter):
         """Uniform FedAvg's CIFAR-10 Table 1 cells under every reading of the CIFAR-10 recipe
         (``fedlib.app.chapters.readings``; issue 30), from the stored paper-profile runs of seed 0, against the
         paper, and the reading the rule picks. (None, values) while no reading has a stored run."""
-        from .. import book
-
         params = self.paper_params
         rows = cifar10_reading_configs(params)
-        stored = book.stored_results(self.name, [c for *_, c in rows]).results
+        stored = stored_results(self.name, [c for *_, c in rows]).results
 
         def paper_of(split):
             return frames.paper_values(self.reference, "Table 1", f"CIFAR-10 {SPLITS[split][1]}", ["fedavg_uniform"],
@@ -673,10 +675,8 @@ class CELM(Chapter):
         """Uniform FedAvg's Table 2 cells (balanced and rare-class accuracy) under every reading of §6.1's
         Maverick split, from the stored paper-profile runs of seed 0, against the paper, and the reading the
         rule picks (``calibrate_maverick_readings``). (None, values) while no reading has a stored run."""
-        from .. import book
-
         rows = maverick_reading_configs(self.paper_params)
-        stored = book.stored_results(self.name, [c for _, c in rows]).results
+        stored = stored_results(self.name, [c for _, c in rows]).results
         paper = {metric: frames.paper_values(self.reference, "Table 2", f"F.MNIST {metric}", ["fedavg_uniform"],
                                              METHOD_LABELS.get)["fedavg_uniform"][0]
                  for metric in ("Balanced Acc.", "Rare Class Acc.")}
@@ -713,14 +713,12 @@ class CELM(Chapter):
     def table1_cifar10_earlier(self):
         """Table 1's CIFAR-10 rows from the stored runs of the original recipe, once the paper profile has
         adopted another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
-        from .. import book
-
         earlier, values = readings.earlier_recipe(self.paper_params)
         if earlier is None or not self.data_source("cifar10"):
             return None, values
         methods = earlier["methods"]
         made = {split: method_configs(SPLITS[split][0], methods, cifar10=True)(earlier) for split in earlier["splits"]}
-        stored = book.stored_results(self.name, [c for by in made.values() for cs in by.values() for c in cs]).results
+        stored = stored_results(self.name, [c for by in made.values() for cs in by.values() for c in cs]).results
         rows = self.measured([(f"CIFAR-10 {split}", self.paper_values("Table 1", f"CIFAR-10 {SPLITS[split][1]}", methods),
                                {f"{OURS_STORED}, earlier recipe (stale)": frames.seed_mean_std(stored, by)})
                               for split, by in made.items()])
@@ -731,8 +729,6 @@ class CELM(Chapter):
         """Table 7, EMNIST (47 classes): the paper's five splits, ours beside them from this build's and the stored
         paper-profile runs where there are any. (styled frame, note, numbers); the note says what the rows need
         when no EMNIST run exists: the data (absent here) and the command that makes them."""
-        from .. import queue
-
         methods = self.params["methods"]
         splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = [(f"{TABLE7_PREFIX} {split}",
@@ -745,7 +741,7 @@ class CELM(Chapter):
         source = self.data_source(TABLE7_DATASET)
         if measured:
             return self.styled(measured), f"data: {source}", values
-        missing = queue.data_missing(TABLE7_DATASET)
+        missing = data_missing(TABLE7_DATASET)
         runs = len(table7_configs(self.paper_params))
         note = (f"needs {TABLE7_PREFIX}: " + ("it is not under the data root here (torchvision's EMNIST/raw layout, "
                                                "README 'Choosing a data root')" if missing else
@@ -1021,16 +1017,12 @@ class CELM(Chapter):
 
 def baselines_text(params: dict[str, Any]) -> str:
     """The page's "Baselines" paragraph, its hyper-parameters rendered from what the ``params`` runs of Table 1
-    resolve (``fedlib.app.book.resolved_methods``; the paper profile's values for a method ``params`` does not run)."""
-    from fractions import Fraction
-
-    from ...methods import build_method
-    from .. import book
-
-    runs = dict(book.resolved_methods("celm", "paper"))
+    resolve (``fedlib.app.chapters.resolved_methods``; the paper profile's values for a method ``params`` does not
+    run)."""
+    runs = dict(resolved_methods("celm", "paper"))
     table1 = experiment_configs(params, "table1")
     runs |= {c.method.name: {**c.resolved()["method"], "server_val": c.resolved().get("server_val")} for c in table1}
-    sym = lambda method, s: book.PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
+    sym = lambda method, s: PROSE_SYMBOLS[method][s](runs[method])  # noqa: E731
     cffl = runs["cffl"]
     by_coefficient: dict[Fraction, list[str]] = {}  # the removal coefficient each split's CFFL runs use
     for split in params["splits"]:

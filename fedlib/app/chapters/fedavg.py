@@ -6,7 +6,7 @@ weights) beside ours and adds sample-count FedAvg. Protocol (CELM §5): 5 client
 rounds, 3 seeds.
 
 One number per paper cell: the paper's cell is read, as on the CELM page and the status page,
-from the CELM protocol's stored runs (``claims.stored_evidence("celm")``: update clipping off).
+from the CELM protocol's stored runs (``fedlib.app.kit.stored.evidence_of``: update clipping off).
 This page's own runs keep the engine's defenses (the profile's ``update_clip``, default on): they
 are labelled as this page's protocol, never as the paper's cell.
 """
@@ -19,8 +19,11 @@ import numpy as np
 
 from ... import stats
 from ...config import RunConfig
-from .. import frames
-from . import ENGINE_DEFAULT_CLIP, Paper, celm
+from ...stats import pm
+from ..kit import frames
+from ..kit.sources import reference_value
+from ..kit.stored import evidence_of
+from . import ENGINE_DEFAULT_CLIP, Paper, celm, profiles, record
 from .base import Chapter, queue_item
 from .profiles import FederationProfile, Names, Seeds
 
@@ -101,9 +104,7 @@ class FedAvg(Chapter):
     def celm_protocol(self) -> dict[str, stats.SeedSpread]:
         """CELM Table 1's FedAvg cell per split from the CELM protocol's stored runs (the runs the CELM
         page and the status page read), by seed."""
-        from .. import claims
-
-        evidence = claims.stored_evidence("celm")
+        evidence = evidence_of(record("celm").queue_items(profiles.load("celm", "paper")))
         return {split: stats.SeedSpread.of({s: 100.0 * r["final"]["accuracy"] for s, r in
                                             evidence.get(("Table 1", SPLITS[split][1], "FedAvg"), {}).items()})
                 for split in self.params["splits"]}
@@ -115,22 +116,20 @@ class FedAvg(Chapter):
         claims and the numbers the verdict quotes."""
         import pandas as pd
 
-        from .. import book
-
         methods, own = self.params["methods"], own_protocol(self.params)
         celm_cells = self.celm_protocol()
         rows, claims, sample_count_better, judged, within = [], [], 0, 0, 0
         for split in self.params["splits"]:
-            paper, paper_std = book.reference_value(self.reference, "Table 1", SPLITS[split][1], "FedAvg")
+            paper, paper_std = reference_value(self.reference, "Table 1", SPLITS[split][1], "FedAvg")
             cell = celm_cells[split]
             sources = self.sources(lambda p, split=split: {m: [config(p, split, m, s) for s in p["seeds"]]
                                                            for m in methods})
             ours = sources[self.ours]
-            ours_columns = {f"{own}, {src}: {METHOD_LABELS[m]}": book.pm(*sources[src][m])
+            ours_columns = {f"{own}, {src}: {METHOD_LABELS[m]}": pm(*sources[src][m])
                             for m in methods for src in sources}
             verdict = stats.reproduction_text(list(cell.by_seed.values()), paper, paper_std)
-            rows.append({"split": split, "paper: FedAvg (uniform)": book.pm(paper, paper_std),
-                         f"{CELM_PROTOCOL}: FedAvg (uniform)": book.pm(*cell), "reproduces the paper": verdict,
+            rows.append({"split": split, "paper: FedAvg (uniform)": pm(paper, paper_std),
+                         f"{CELM_PROTOCOL}: FedAvg (uniform)": pm(*cell), "reproduces the paper": verdict,
                          **ours_columns})
             if cell.n:
                 judged += 1
@@ -139,8 +138,8 @@ class FedAvg(Chapter):
                                "paper": paper, "ours": round(cell.mean, 2), "unit": "%"})
             pair = {m: ours[m] for m in ("fedavg", PAPER_METHOD) if m in ours}
             sample_count_better += len(pair) == 2 and frames.best_on_shared_seeds(pair) == {"fedavg"}
-        gaps = np.asarray([celm_cells[s].mean - book.reference_value(self.reference, "Table 1", SPLITS[s][1],
-                                                                      "FedAvg")[0]
+        gaps = np.asarray([celm_cells[s].mean - reference_value(self.reference, "Table 1", SPLITS[s][1],
+                                                                 "FedAvg")[0]
                            for s in self.params["splits"] if celm_cells[s].n])
         values = {"n_splits": len(self.params["splits"]), "n_judged": judged, "n_within": within,
                   "mean_gap": float(gaps.mean()) if gaps.size else float("nan"),

@@ -28,9 +28,10 @@ import numpy as np
 from ...config import RunConfig, make_config
 from ...methods import METHODS
 from ...results import RunResult
-from .. import frames
-from ..book import load_profile
-from ..claims import Claim, Comparison, Side, cells_row, final
+from ..kit import frames
+from ..kit.claim_types import Claim, Comparison, Side, cells_row, final
+from ..kit.sources import load_profile
+from ..kit.stored import stored_results
 from . import Paper, readings, run_options, unique_configs
 from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -401,8 +402,6 @@ class FedMS(Chapter):
         of the original recipe, once the profile has adopted another (``cifar10_reading``), and those run
         under the earlier validation reading (held out of training, against §5.1). (None, values) when
         neither applies or none is stored."""
-        from .. import book
-
         earlier, values = readings.earlier_recipe(self.paper_params)
         if not self.cifar_note():
             return None, values
@@ -415,8 +414,8 @@ class FedMS(Chapter):
         found, n = [], 0
         for label, params in sources:
             splits, methods = table1_grid(params, True)
-            stored = book.stored_results(self.name, [run_config(params, s, m, seed, True) for s in splits
-                                                     for m in methods for seed in params["seeds"]]).results
+            stored = stored_results(self.name, [run_config(params, s, m, seed, True) for s in splits
+                                                for m in methods for seed in params["seeds"]]).results
             n += len(stored)
             if stored:
                 found.append((label, stored, params))
@@ -547,11 +546,9 @@ class FedMS(Chapter):
         seed 0: the candidates' numbers and gaps (a cell without a stored run says so), the chosen
         reading by ``calibrate_maverick_readings``'s rule (FedAvg only), and the Maverick classes'
         last-round accuracy of each run. The frame is None when no candidate has a stored run."""
-        from .. import book
-
         params = self.paper_params
         rows = maverick_reading_configs(params)
-        stored = book.stored_results(self.name, [c for *_, c in rows]).results
+        stored = stored_results(self.name, [c for *_, c in rows]).results
         frame, chosen = calibrate_maverick_readings(params, stored, self.reference)
         n_runs = sum(c.key() in stored for *_, c in rows)
         values = {"mr_runs": n_runs, "mr_candidates": len(rows), "mr_chosen": "none (no candidate has a run)",
@@ -591,11 +588,9 @@ class FedMS(Chapter):
         """FedAvg's CIFAR-10 Table 1 cells under every reading of ``CIFAR10_READINGS`` (issue 30), from the
         stored paper-profile runs of seed 0: ours against the paper per split, and the reading
         ``calibrate_cifar10_readings``'s rule picks. (None, values) while no reading has a stored run."""
-        from .. import book
-
         params = self.paper_params
         rows = cifar10_reading_configs(params)
-        stored = book.stored_results(self.name, [c for *_, c in rows]).results
+        stored = stored_results(self.name, [c for *_, c in rows]).results
         frame, chosen = calibrate_cifar10_readings(params, stored, self.reference)
         return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows), params=params,
                              profile_file="params/fedms/paper.yaml")

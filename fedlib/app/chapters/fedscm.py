@@ -23,14 +23,16 @@ import numpy as np
 from ...cache import ResultCache
 from ...config import ScmConfig
 from ...data import DataNotFoundError
+from ...events import report
 from ...methods import scm
 from ...results import store_run
 from ...scm_pipeline import method_labels, run_pipeline
-from .. import book, frames
-from ..book import load_profile, mean_std, pm, results_dir
-from ..claims import Claim, Comparison, Side
-from ..progress import report
-from ..queue import run_scm
+from ...stats import mean_std, pm
+from ..kit import frames
+from ..kit.claim_types import Claim, Comparison, Side
+from ..kit.items import run_scm
+from ..kit.sources import load_profile
+from ..kit.stored import NothingStored, evidence_summary, results_dir
 from . import Paper, unique_configs
 from .base import Chapter, dataset_label, queue_item
 from .profiles import Names, Profile, Seeds
@@ -344,9 +346,9 @@ class FedSCM(Chapter):
         """The evidence profile's run: the stored federations of ``configs`` (NothingStored: none)."""
         self.stored = self.stored_runs()
         self.results = {c.key(): self.stored[c.key()] for c in configs if c.key() in self.stored}
-        summary = book.evidence_summary(self.name, len(configs), len(configs) - len(self.results))
+        summary = evidence_summary(self.name, len(configs), len(configs) - len(self.results))
         if not self.results:
-            raise book.NothingStored(summary)
+            raise NothingStored(summary)
         self.ours = "stored paper profile"
         print(summary)
         return self.results
@@ -373,7 +375,7 @@ class FedSCM(Chapter):
 
         if self.evidence and not self.stored_runs():  # the simulations take minutes: not for a page with no runs
             configs = self.configs()
-            raise book.NothingStored(book.evidence_summary(self.name, len(configs), len(configs)))
+            raise NothingStored(evidence_summary(self.name, len(configs), len(configs)))
         trials, rows = max(2, self.params["theory_trials"] // 4), []
         for gamma in self.params["sparsity_gammas"]:
             full, rest, count = scm.vertex_counts(gamma)

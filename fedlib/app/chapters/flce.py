@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import book, frames
 from ... import models
-from ..claims import Claim, Comparison, Side
 from ...config import RunConfig, make_config
 from ...contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
 from ...results import RunResult
+from ...stats import mean_std, pm
+from ..kit import frames
+from ..kit.claim_types import Claim, Comparison, Side
+from ..kit.sources import reference_value
 from . import Paper, run_options, unique_configs
 from .base import Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -231,8 +233,8 @@ class FLCE(Chapter):
 
     def mean(self, value, dataset: str, split, method: str, **method_params) -> float:
         """The mean over seeds of ``value(run)``."""
-        return book.mean_std(value(self.run_of(dataset, split, method, s, **method_params))
-                             for s in self.params["seeds"])[0]
+        return mean_std(value(self.run_of(dataset, split, method, s, **method_params))
+                        for s in self.params["seeds"])[0]
 
     def accuracy(self, result) -> float:
         return last_rounds_mean(result, "accuracy", self.params["last_rounds"])
@@ -245,7 +247,7 @@ class FLCE(Chapter):
         return f"{dataset_label(dataset) if dataset in ('cifar10', 'cifar100', 'eurosat') else 'CIFAR-10'} {split}"
 
     def paper(self, table: str, dataset: str, split: str, column: str) -> float:
-        return book.reference_value(self.reference, table, self.paper_row(dataset, split), column)[0]
+        return reference_value(self.reference, table, self.paper_row(dataset, split), column)[0]
 
     def table2(self):
         """Table 2: accuracy and macro-F1 (%, last rounds, mean ± std over seeds) beside the paper's; FLCE's rank."""
@@ -257,9 +259,9 @@ class FLCE(Chapter):
                 for m in methods:
                     line = {"data": self.label(d), "split": split, "method": METHOD_LABELS[m]}
                     for metric, value in (("Acc", self.accuracy), ("F1", self.f1)):
-                        ours = book.mean_std(value(self.run_of(d, split, m, s)) for s in seeds)
+                        ours = mean_std(value(self.run_of(d, split, m, s)) for s in seeds)
                         paper = self.paper("Table 2", d, split, f"{METHOD_LABELS[m]} {metric}")
-                        line.update({f"{metric} ours": book.pm(*ours), f"{metric} paper": book.pm(paper, float("nan"))})
+                        line.update({f"{metric} ours": pm(*ours), f"{metric} paper": pm(paper, float("nan"))})
                     lines.append(line)
         d0 = self.datasets_run[0]
         rank = {s: sorted(methods, key=lambda m: -self.mean(self.accuracy, d0, s, m)).index("flce") + 1 for s in SPLITS}
@@ -306,9 +308,9 @@ class FLCE(Chapter):
                 kl.update({(d, split, v): self.mean(partial(kl_to, contribute=readers[v]), d, split, "flce",
                                                     **VARIANTS[variant_run(v)]) for v in variants})
                 lines += [{**row, "source": "paper",
-                           **{v: book.pm(p[0], float("nan"), digits=4) for v, p in paper.items()}},
+                           **{v: pm(p[0], float("nan"), digits=4) for v, p in paper.items()}},
                           {**row, "source": self.ours,
-                           **{v: book.pm(kl[(d, split, v)], float("nan"), digits=4) for v in variants}}]
+                           **{v: pm(kl[(d, split, v)], float("nan"), digits=4) for v in variants}}]
         flce = lambda key: kl[(*key[:2], "FLCE")]  # noqa: E731
         ablated = [(k, v) for k, v in kl.items() if k[2] != "FLCE" and k[2] not in simplifications]
         effects = []
@@ -407,8 +409,8 @@ class FLCE(Chapter):
 
         table = pd.DataFrame(communication_cost()).set_index("Dataset")
         for column in ("Prototype", "Model", "Ratio"):
-            table[f"{column} (paper)"] = [book.reference_value(self.reference, "Table 4", d, column)[0]
-                                          for d in table.index]
+            table[f"{column} (paper)"] = [reference_value(self.reference, "Table 4", d, column)[0]
+                                     for d in table.index]
         match = all(table["Model"] == table["Model (paper)"]) and all(table["Prototype"] == table["Prototype (paper)"])
         return table[list(TABLE4_FORMAT)], {"t4_match": "match" if match else "do not match"}
 

@@ -24,9 +24,11 @@ import numpy as np
 from ...config import RunConfig, make_config
 from ...methods import METHODS
 from ...methods.logit import LogitFL as LogitMethod
-from .. import frames
-from ..book import load_profile, mean_std, pm, results_dir, stored_results
-from ..claims import Claim, cells_row
+from ...stats import mean_std, pm
+from ..kit import frames
+from ..kit.claim_types import Claim, cells_row
+from ..kit.sources import load_profile
+from ..kit.stored import results_dir, stored_results
 from . import Paper, unique_configs
 from .base import OURS_STORED, Chapter, curve, dataset_label, queue_item
 from .profiles import Ints, Names, Profile, Seeds

@@ -11,8 +11,14 @@ import numpy as np
 import pandas as pd
 from IPython.display import Markdown, display
 
-from .. import book
-from ..progress import report
+from ...events import report
+from ...models import build_model
+from ...provenance import repo_root
+from ..kit.items import work
+from ..kit.pages import measured_benchmark
+from ..kit.sources import load_profile
+from ..kit.stored import StoredIndex
+from . import celm
 from .base import Chapter
 
 ENGINE_LABELS = {"vectorized": "fedlib vectorized", "loop": "fedlib loop", "flower": "Flower (simulation)",
@@ -146,11 +152,8 @@ def step_rates(record: dict) -> list[tuple[str, int, int, float]]:
 
 def gpu_goal_text(record: dict, configs: list) -> str | None:
     """The training time of ``configs`` (CELM Table 1's CIFAR-10 runs) at the record's fastest timed step per
-    client, against the goal's minutes: client-steps = training-sample passes / batch (``queue.work``), a
-    bound that leaves out evaluation, valuation and the server. None without a timed shape at their batch."""
-    from ...models import build_model
-    from ..queue import work
-
+    client, against the goal's minutes: client-steps = training-sample passes / batch (``fedlib.app.kit.items.work``),
+    a bound that leaves out evaluation, valuation and the server. None without a timed shape at their batch."""
     batch, model = configs[0].batch_size, type(build_model(configs[0].model, (3, 32, 32), 10)).__name__  # CIFAR-10
     rates = [r for r in step_rates(record) if r[2] == batch]
     if not rates:
@@ -173,8 +176,6 @@ def gpu_packs_text(configs: list, index=None) -> str | None:
     same dataset, rounds, clients, batch and augmentation, any model or method) cost: each pack's wall time
     (its last run's) over its runs, evaluation, valuation and the server included; and ``configs`` at the
     cheapest. None without such runs."""
-    from ..queue import StoredIndex
-
     def shape(r) -> tuple:
         return tuple(r.get(k) for k in ("dataset", "rounds", "n_clients", "batch_size", "augment"))
 
@@ -223,7 +224,7 @@ def plan_text(plan: dict[str, Any]) -> str:
 def stored_benchmarks(pattern: str) -> list[tuple[Path, dict]]:
     """The stored benchmark records benchmarks/results/<pattern>, by file name."""
     return [(path, json.loads(path.read_text()))
-            for path in sorted((book.repo_root() / "benchmarks" / "results").glob(pattern))]
+            for path in sorted((repo_root() / "benchmarks" / "results").glob(pattern))]
 
 
 def cpu_order_table(record: dict) -> pd.DataFrame:
@@ -334,7 +335,7 @@ class Performance(Chapter):
         warm rebuild does not re-time), the 1-minute load average read before and after each; returns the printed
         tables. The evidence build times nothing: it shows the stored CPU run (benchmarks/results/)."""
         if self.evidence:
-            path = book.repo_root() / "benchmarks" / "results" / STORED_CPU_RUN
+            path = repo_root() / "benchmarks" / "results" / STORED_CPU_RUN
             self.live = json.loads(path.read_text())
             unknown = "" if self.live.get("load") else "; the load average during it was not recorded"
             self.stored_note = f"Stored measurement (benchmarks/results/{STORED_CPU_RUN}, {self.live['date']}{unknown}): "
@@ -350,7 +351,7 @@ class Performance(Chapter):
         runs, logs = [], []
         for i, engine in enumerate(engines):  # one invocation each: the load is read around every engine
             report("stage", name=f"timing {ENGINE_LABELS[engine]}", done=i, total=len(engines))
-            result, log = book.measured_benchmark("peers.py", [*common, "--engines", engine, *(extra if i == 0 else [])])
+            result, log = measured_benchmark("peers.py", [*common, "--engines", engine, *(extra if i == 0 else [])])
             runs.append({**result, "engine": engine})
             logs.append(log)
         report("stage", name="engines timed", done=len(engines), total=len(engines))
@@ -387,9 +388,7 @@ class Performance(Chapter):
     def packed_runs(self) -> dict[str, Any]:
         """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
         separate); glues one computed sentence per device."""
-        from . import celm
-
-        table1 = celm.experiment_configs(book.load_profile("celm", "paper"), "table1_cifar10")
+        table1 = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
         lines, goals = [], [text] if (text := gpu_packs_text(table1)) else []
         for path, record in stored_benchmarks("packed_*.json"):
             goals += [text] if (text := gpu_goal_text(record, table1)) else []

@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ..kit import sources
 from . import ENGINE_DEFAULT_CLIP
 
 # lists a page needs at least one item of
@@ -96,10 +97,8 @@ def check(schema: type[Profile], values: dict[str, Any], source: str) -> None:
 
 
 def load(page: str, profile: str) -> dict[str, Any]:
-    """``params/<page>/<profile>.yaml`` (``book.load_profile``: with what it inherits), checked against
-    the page's schema."""
-    from .. import sources
-
+    """``params/<page>/<profile>.yaml`` (``fedlib.app.kit.sources.load_profile``: with what it inherits),
+    checked against the page's schema."""
     params = sources.load_profile(page, profile)
     check(schema_of(page), params, f"params/{page}/{profile}.yaml")
     return params

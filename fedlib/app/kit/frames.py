@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from ..stats import SeedSpread, mean_std
-from .book import book_dir, pm, reference_value
+import yaml
+
+from ...stats import SeedSpread, mean_std, pm
+from .sources import book_dir, reference_value
 
 SCALES = ("percent", "fraction", "nats", "count", "unitless")  # what a reference table's numbers are in
 
@@ -16,8 +18,6 @@ def reference_scales(paper: str) -> dict[str, str]:
     """``scales`` of ``book/reference/<paper>.yaml``: table (or "table / column") -> one of
     :data:`SCALES`. Raises ValueError, one line, where a table of its entries declares none or an
     unknown one, or a table transcribed from another printed scale is not in percent."""
-    import yaml
-
     data = yaml.safe_load((book_dir() / "reference" / f"{paper}.yaml").read_text())
     scales = data.get("scales") or {}
     bad = {k: v for k, v in scales.items() if v not in SCALES}

@@ -1,6 +1,7 @@
 """The book's sources on disk, read by the chapters, the queue and the claims as much as by the build:
-the profiles (``params/<page>/<profile>.yaml``), the papers' published numbers (``book/reference/``)
-and the chapter names a command is given. Low in the application: it imports nothing of it."""
+the profiles (``params/<page>/<profile>.yaml``), the papers' published numbers (``book/reference/``,
+:func:`load_reference`, :func:`reference_value`) and the chapter names a command is given. Part of the
+chapter kit: it imports nothing of the application."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..provenance import repo_root
+from ...provenance import repo_root
 
 PROFILES = ("smoke", "quick", "paper", "evidence")
 EVIDENCE = "evidence"  # the paper profile's parameters, every number from the stored runs: nothing trains
@@ -52,6 +53,13 @@ def load_reference(paper: str):
     if "std" not in frame:
         frame["std"] = float("nan")
     return frame
+
+
+def reference_value(ref, table: str, row: str, column: str) -> tuple[float, float]:
+    hit = ref[(ref.table == table) & (ref.row == row) & (ref.column == column)]
+    if hit.empty:
+        raise KeyError(f"reference: no entry for {table} / {row} / {column}")
+    return float(hit.value.iloc[0]), float(hit["std"].iloc[0])
 
 
 def check_only(only: list[str] | None, chapters) -> None:

@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 from .federation import Prepared
-from .methods import ClientData, ClientUpdates, Federation, RoundState, TestSet
+from .methods import ClientData, ClientUpdates, DistillationProtocol, Federation, RoundState, TestSet
+from .observers import observers_for
 from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, conv_choices_for, evaluate,
                          make_client_batches, train_clients, warm_up)
 from .results import RunResult, _provenance, _strict
-from .screening import PoisoningMonitor, screen_updates
+from .screening import screen_updates
 
-__all__ = ["execute", "rounds", "TrainRequest", "EvalRequest", "reference_values"]
+__all__ = ["execute", "rounds", "TrainRequest", "EvalRequest"]
 
 
 @dataclass
@@ -68,54 +69,6 @@ def _round_generator(seed: int, round_index: int, device) -> torch.Generator:
     return g
 
 
-ATTACK_SCALE = 10.0  # scaled_update: the update times the default clip factor (issue 43)
-
-
-def alie_z(n: int, f: int) -> float:
-    """ALIE's z_max (Baruch et al. 2019, §3, Eq. 1 ff.): s = floor(n/2 + 1) - f supporters are needed;
-    z = Phi^-1((n - s) / n), clamped to [0, 3] (f >= n/2 + 1 would need no disguise)."""
-    from statistics import NormalDist
-
-    share = (n - (n // 2 + 1 - f)) / n
-    return float(min(max(NormalDist().inv_cdf(min(max(share, 0.5), 0.99865)), 0.0), 3.0))
-
-
-def _apply_roles(flat: torch.Tensor, clients: np.ndarray, roles: np.ndarray, global_flat: torch.Tensor,
-                 generator: torch.Generator) -> torch.Tensor:
-    """Behavioural roles: free-riders return the received model; random-update clients
-    send the global model plus Gaussian noise with the global parameters' std; the fault
-    roles send NaN (``nan_update``) or an update scaled by 1e6 (``huge_update``); sign-flippers
-    send ``2 w_g - w``, their update negated (``sign_flip``, issue 33); ``scaled_update`` sends
-    ``w_g + 10 (w - w_g)``; ``alie`` clients all send ``w_g + mean - z std`` of the round's trained
-    updates, per coordinate (:func:`alie_z`; issue 43)."""
-    selected_roles = roles[clients]
-
-    def rows(role):
-        return torch.from_numpy(selected_roles == role).to(flat.device)
-
-    free, noisy, alie = rows("free_rider"), rows("random_update"), rows("alie")
-    if alie.any():  # from the updates as trained, before any other role changes them
-        delta = flat - global_flat
-        z = alie_z(len(clients), int(alie.sum()))
-        flat[alie] = global_flat + delta.mean(0) - z * delta.std(0, unbiased=False)
-    scaled = rows("scaled_update")
-    if scaled.any():
-        flat[scaled] = global_flat + ATTACK_SCALE * (flat[scaled] - global_flat)
-    flat[rows("nan_update")] = float("nan")
-    huge = rows("huge_update")
-    if huge.any():
-        flat[huge] = global_flat + 1e6 * (flat[huge] - global_flat)
-    flip = rows("sign_flip")  # issue 33: sign-flipping attackers
-    if flip.any():
-        flat[flip] = 2 * global_flat - flat[flip]
-    if free.any():
-        flat[free] = global_flat
-    if noisy.any():
-        noise = torch.randn(int(noisy.sum()), flat.shape[1], generator=generator).to(flat.device)
-        flat[noisy] = global_flat + noise * global_flat.std()
-    return flat
-
-
 def execute(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None = None) -> RunResult:
     """Run one federation: its round loop (:func:`rounds`), each request answered at once."""
     loop = rounds(p, progress, on_round)
@@ -147,7 +100,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
                             client_data=lambda c: ClientData(p.x_pool, p.y_pool, [part.indices[i] for i in c],
                                                              torch.Generator().manual_seed(cfg.seed)),
                             seed=cfg.seed))
-    train_indices = method.training_indices(list(part.indices))
+    distills = isinstance(method, DistillationProtocol)  # the logit protocol's own hooks (methods.base)
+    train_indices = method.training_indices(list(part.indices)) if distills else list(part.indices)
     test_set = TestSet(model, p.x_test, p.y_test, n_classes)
     client_state = method.init_client_state(method.fed, global_flat, global_buffers)
     rng = np.random.default_rng(cfg.seed)
@@ -161,9 +115,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         bar = tqdm(rounds, desc=f"{cfg.method.name} on {cfg.dataset}", leave=False)
         rounds = bar
     last_eval = None
-    reference = None
     suspect_log: list[tuple[int, list[int]]] = []  # (round, clients): outsized updates screening could not clip
-    poisoning = PoisoningMonitor(method.parameter_uploads)  # issue 33: disagreement per round, poisoning warning
+    observers = observers_for(p, method)  # hostile clients, FLCE's similarity, reference values, the monitor
     augment_fill = black_pixel(p.dataset) if cfg.augment else None  # crop_flip's padding, normalised
     for t in rounds:
         t_round = time.perf_counter()
@@ -210,7 +163,8 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             client_state = state.client_state = method.phase_done(state, phase, selected, phase_flat, phase_bufs)
         uploads = method.client_uploads(state, selected, flat, bufs,
                                         ClientData(p.x_pool, p.y_pool, selected_indices, gen))
-        flat = _apply_roles(flat, selected, roles, global_flat, gen)
+        for observer in observers:  # the split's hostile clients change their uploads here
+            flat = observer.uploads(flat, selected, global_flat, gen)
         t_train = time.perf_counter() - t0
         # 3. server
         t0 = time.perf_counter()
@@ -239,18 +193,15 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             client_state = state.client_state = method.update_client_state(state, weights, global_flat,
                                                                            global_buffers)
         t_server = time.perf_counter() - t0
-        if cfg.reference_values and t == cfg.rounds - 1:
-            reference = reference_values(p, state, updates)
-        # cos(w_k, w_g): the contribution rule for methods without scores of their own (FLCE §4.1.3)
-        similarity = torch.nn.functional.cosine_similarity(updates.flat, global_flat.unsqueeze(0), dim=1)
         record: dict[str, Any] = {
             "round": t, "lr": lr, "selected": selected.tolist(), "dropped": screened.dropped,
             "clipped": screened.clipped,
             "aggregated": updates.clients.tolist(), "weights": weights.cpu().tolist(),
             "time_train": t_train, "time_server": t_server,  # time_monitor: the poisoning monitor, in time_server
             "time_monitor": screened.monitor_time,
-            "similarity": similarity.cpu().tolist(),
         }
+        for observer in observers:  # e.g. FLCE's similarity; the reference values of the last round
+            record.update(observer.after_server(t, state, updates, global_flat) or {})
         scores = method.scores()
         if scores is not None:
             record["scores"] = np.asarray(scores, dtype=float).tolist()
@@ -277,13 +228,14 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
             if bar is not None:
                 bar.set_postfix(acc=f"{100 * record['accuracy']:.1f}%")
         _set_diagnostics(record, method.diagnostics(state))
-        for phase in method.round_end_phases(state, updates.clients, local):  # e.g. logit-FL refinement
+        for phase in method.round_end_phases(state, updates.clients, local) if distills else ():  # the refinement
             t0 = time.perf_counter()
             phase_flat, phase_bufs = yield run_phase(phase, None)
             client_state = state.client_state = method.phase_done(state, phase, updates.clients, phase_flat, phase_bufs)
             record["time_train"] += time.perf_counter() - t0  # local training, though after the server step
         record["time_round"] = time.perf_counter() - t_round  # all of the round, bookkeeping included
-        poisoning.observe(record, screened)  # issue 33: adds record["disagreement"]
+        for observer in observers:  # the poisoning monitor: record["disagreement"]
+            observer.after_round(record, screened)
         record = _strict(record)
         history.append(record)
         if on_round is not None:
@@ -299,10 +251,10 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
                      per_class_accuracy=last_eval.per_class_accuracy[0].cpu().tolist())
     else:
         final.update(accuracy=None, balanced_accuracy=None, per_class_accuracy=[])
-    poisoning.finish(final, f"{cfg.method.name} on {cfg.dataset}")  # issue 33: final["poisoning_warning"]
-    if reference is not None:
-        final["reference"] = reference
-    final.update(method.final_extras() or {})
+    for observer in observers:  # final["poisoning_warning"], final["reference"]
+        observer.finish(final, f"{cfg.method.name} on {cfg.dataset}")
+    if distills:
+        final.update(method.final_extras() or {})
     meta = {**_provenance(p, time.perf_counter() - t_start), **(meta or {})}
     meta["warmup_s"] = warmup
     conv = conv_choices_for(p.model, p.device)
@@ -338,28 +290,6 @@ def _stop_message(t: int, lr: float, screened, everything_dropped: bool,
         return (f"round {t + 1}: {what}, so the round has nothing to aggregate; {kept}. If these clients are faulty "
                 f"or hostile, exclude them; if their local training diverged, try a smaller lr (now {lr:g}).")
     return f"round {t + 1}: {what}, so training diverged; {kept}. Try a smaller lr (now {lr:g})."
-
-
-def reference_values(p: Prepared, state: RoundState, updates: ClientUpdates) -> dict[str, Any]:
-    """Exact Shapley and leave-one-out values of one round's aggregated clients (``RunConfig.reference_values``).
-
-    The utility of a coalition Q is the validation accuracy of the sample-count average of its
-    members' uploads (the empty coalition: the round's incoming global model), all 2^n coalitions
-    evaluated in batches (``fedlib.methods.shapley``); not part of the round's server time."""
-    from .methods.shapley import coalition_utility, exact_shapley, leave_one_out
-
-    t0 = time.perf_counter()
-    sizes = np.maximum(updates.sizes, 1)
-    utility = coalition_utility(p.model, updates.flat, updates.buffers, torch.as_tensor(sizes, dtype=torch.float32),
-                                p.x_val, p.y_val, p.dataset.num_classes, state.global_flat, state.global_buffers,
-                                classwise=False)
-    n = len(updates.clients)
-    shapley, loo = exact_shapley(utility, n), leave_one_out(utility, n)
-    ends = utility(torch.stack([torch.zeros(n, dtype=torch.bool), torch.ones(n, dtype=torch.bool)]))
-    return {"clients": updates.clients.tolist(), "shapley": shapley.tolist(), "loo": loo.tolist(),
-            "sizes": np.asarray(updates.sizes).tolist(), "utility_empty": float(ends[0]),
-            "utility_all": float(ends[1]), "coalitions": utility.evaluations,
-            "time": time.perf_counter() - t0}
 
 
 _execute = execute  # the name tests and older code import

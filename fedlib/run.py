@@ -16,7 +16,7 @@ from typing import Callable
 from .cache import ResultCache, as_store
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset
-from .engine import _apply_roles, _execute, _round_generator, _stop_message, execute, reference_values  # noqa: F401
+from .engine import _execute, _round_generator, _stop_message, execute  # noqa: F401
 from .federation import DEFAULT_SERVER_VAL, Prepared, _load, _subsample, prepare, resolve_device  # noqa: F401
 from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
 from .events import report as report_progress

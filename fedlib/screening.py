@@ -27,11 +27,16 @@ every coordinate. A round's anomalous clients (:func:`round_anomalies`), n >= 3:
   D. B and C count only for >= 2 clients and >= ``POISONED_SHARE`` of the round, and only when the rest
      agree (their cosines' 10-90 % spread <= ``TIGHT_COSINE``, norm ratios' <= ``TIGHT_NORM`` times).
 With fewer than three updates, only the ``suspects`` above. The thresholds are calibrated on the
-committed runs: no run without a hostile client warns (tests/test_screening.py). What they cannot
-separate, they leave alone: one odd client (a Maverick's update points against the median and can be
-100 times the median norm, like one sign-flipper or one noise upload), and label flipping, whose
-updates still point with the majority (core cosine about half the benign clients') as label-skewed
-clients' do; under label skew (PLS, Dirichlet) the rest do not agree and B and C are silent.
+committed runs: no run without a hostile client warns about a client that is not a Maverick
+(tests/test_screening.py). What they cannot separate, they leave alone: one odd client (a Maverick's
+update points against the median and can be 100 times the median norm, like one sign-flipper or one
+noise upload), and label flipping, whose updates still point with the majority (core cosine about half
+the benign clients') as label-skewed clients' do; under label skew (PLS, Dirichlet) the rest do not
+agree and B and C are silent. What they wrongly flag, a known false positive: two Mavericks that a
+selection rule puts in every round (FedEMD on FedMS's MNIST split: 2 of the 5 clients of each round)
+form a group of 40 % whose updates, once the global model has learnt the common classes, point against
+an agreeing majority (core cosine about -0.3) exactly as two colluding sign-flippers' would; update
+geometry alone cannot tell rare classes from an attack.
 """
 
 from __future__ import annotations

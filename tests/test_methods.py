@@ -51,6 +51,40 @@ def test_the_method_hooks_are_listed_in_the_order_the_engine_calls_them():
     for name in re.findall(r"method\.([a-z_]+)\(", inspect.getsource(engine)):
         if name not in called and name != "resolved_hyperparameters":  # a key of the run, not a hook
             called.append(name)
-    listed = [name for name in vars(base.Method) if name in called]
-    assert listed == called
+    # the logit protocol's own hooks are named apart (DistillationProtocol), each list in the engine's order
+    protocol = [name for name in vars(base.DistillationProtocol) if name in called]
+    assert protocol == ["training_indices", "round_end_phases", "final_extras"]
+    assert [name for name in vars(base.Method) if name in called] == [n for n in called if n not in protocol]
+    assert protocol == [n for n in called if n in protocol] and not set(protocol) & set(vars(base.Method))
     assert all(f"``{name}``" in base.__doc__ for name in called)
+
+
+def test_every_method_module_is_discovered_and_registers_its_methods():
+    """Issue 46.5: methods register themselves as chapters do: every module of fedlib/methods is imported by
+    the package (no hand-kept list), and every registered method's class lives in one of them."""
+    from pathlib import Path
+
+    import fedlib.methods as methods
+
+    sources = sorted(p.stem for p in Path(methods.__file__).parent.glob("*.py") if p.stem not in ("__init__", "base"))
+    assert list(methods.MODULES) == sources
+    homes = {cls.__module__.rsplit(".", 1)[-1] for cls in methods.METHODS.values()}
+    assert homes <= set(sources) and {"fedavg", "celm", "logit", "robust", "shapley"} <= homes
+
+
+def test_a_run_switches_on_its_observers():
+    """Issue 46.5: the engine's extras are observers a run switches on: hostile clients only where the split
+    declares upload-changing roles, reference values only with ``reference_values``; FLCE's similarity and
+    the poisoning monitor always, in the order their hooks run."""
+    from types import SimpleNamespace
+
+    from fedlib.observers import Adversaries, Monitor, ReferenceValues, UpdateSimilarity, observers_for
+
+    def kinds(roles, reference=False):
+        prepared = SimpleNamespace(config=SimpleNamespace(reference_values=reference, rounds=3),
+                                   partition=SimpleNamespace(roles=roles))
+        return [type(o) for o in observers_for(prepared, SimpleNamespace(parameter_uploads=True))]
+
+    assert kinds(["benign", "maverick", "label_flip"]) == [UpdateSimilarity, Monitor]
+    assert kinds(["benign", "sign_flip"]) == [Adversaries, UpdateSimilarity, Monitor]
+    assert kinds(["benign", "free_rider"], reference=True) == [Adversaries, UpdateSimilarity, ReferenceValues, Monitor]

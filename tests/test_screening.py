@@ -13,7 +13,8 @@ import fedlib
 import fedlib.screening as screening
 from fedlib.config import make_config
 from fedlib.record import reduce_history
-from fedlib.engine import ATTACK_SCALE, _apply_roles, alie_z
+from fedlib.observers import ATTACK_SCALE, alie_z
+from fedlib.observers import apply_roles as _apply_roles
 from fedlib.screening import (ANOMALY_NORM, HOSTILE_ROLES, fixed_sum, judge, monitor_sample, round_anomalies,
                               update_disagreement)
 
@@ -193,7 +194,9 @@ def test_bad_attack_counts_are_one_line(key, value, texts):
 
 def test_no_stored_clean_run_warns_under_the_rule():
     """Every committed run without a hostile client, judged again from its stored per-round statistics
-    (runs stored before issue 43 carry the cosine to the median, which stands in for the core cosine)."""
+    (runs stored before issue 43 carry the cosine to the median, which stands in for the core cosine),
+    warns about no client but a Maverick: the known false positive of two Mavericks that a selection rule
+    puts in every round is stated in fedlib.screening's docstring, and only Mavericks may carry it."""
     from fedlib.cache import ResultCache
     from fedlib.results import read_stored
 
@@ -205,6 +208,7 @@ def test_no_stored_clean_run_warns_under_the_rule():
         if problem or roles is None or not history or HOSTILE_ROLES & set(roles):
             continue
         judged += 1
-        if judge(history, result["meta"]["client_sizes"]) is not None:
+        found = judge(history, result["meta"]["client_sizes"])
+        if found is not None and any(roles[c] != "maverick" for c in found["clients"]):
             warned.append(path.name)
     assert judged >= 300 and warned == []

@@ -5,8 +5,7 @@ every piece of state it passes around; a method answers its hooks, which the cla
 the order the engine calls them, by side of the protocol:
 
 - before the run: ``validate`` (the hyper-parameters, at construction), ``check_run`` (against the
-  config), ``adapt_model`` (e.g. MOON's projection head), ``setup``, ``training_indices``,
-  ``init_client_state``;
+  config), ``adapt_model`` (e.g. MOON's projection head), ``setup``, ``init_client_state``;
 - each round, (1) the server plans: ``select_clients`` (who), ``local_training`` (the local
   objective: FedProx's term, extra losses), ``start_models`` (from which models);
 - (2) the clients train, all at once (the engine; no method calls the trainer);
@@ -18,8 +17,9 @@ the order the engine calls them, by side of the protocol:
 - (6) the record: ``scores`` (contribution per client), ``diagnostics`` (the round's extras, which
   its hooks put in ``state.round_data["diagnostics"]``; read after the evaluation);
 - (7) the evaluation: ``evaluate`` (default: the new global model on the test set);
-- (8) passes at the round's end: ``round_end_phases``, each followed by ``phase_done``;
-- after the run: ``final_extras``.
+- the logit protocol's own hooks, named apart (:class:`DistillationProtocol`): ``training_indices``
+  (before the run), ``round_end_phases`` (passes at the round's end, each followed by ``phase_done``)
+  and ``final_extras`` (after the run).
 
 Hyper-parameters are dataclass fields, validated in ``validate``. A method registers itself
 where it is defined: the ``@register`` decorator adds it to ``METHODS`` by its ``name`` (a name
@@ -48,8 +48,8 @@ Local phases. After the main local pass (the uploads), a method may ask for more
 round's selected clients (``local_phases``: from which models, with which objective), e.g.
 Ditto's personal models; the engine runs each vectorized on the round's batches and hands the
 trained models to ``phase_done``, which returns the new per-client state. A phase may instead train
-on its own data (the logit protocol's public set with soft targets), replace the uploads, or run
-at the end of the round (``round_end_phases``).
+on its own data (the logit protocol's public set with soft targets), replace the uploads, or (the
+logit protocol's) run at the end of the round (``DistillationProtocol.round_end_phases``).
 
 Evaluation. ``evaluate`` scores the round (default: the global model on the test set); Ditto
 scores the clients' personal models as its authors do, the logit protocol its aggregated
@@ -254,11 +254,6 @@ class Method:
     def setup(self, fed: Federation) -> None:
         self.fed = fed
 
-    def training_indices(self, indices: list[np.ndarray]) -> list[np.ndarray]:
-        """Each client's samples for local training, from its share of the split (default: all of
-        them; the logit protocol keeps a validation split out). Called once, after ``setup``."""
-        return indices
-
     def init_client_state(self, fed: Federation, global_flat: torch.Tensor,
                           global_buffers: dict[str, torch.Tensor]) -> ClientState | None:
         """The engine-held per-client state at the start of the run; None (default) = none."""
@@ -334,16 +329,6 @@ class Method:
         ``state.client_state`` is the updated state, ``state.updates`` the round's uploads."""
         return None
 
-    # -- 8. passes at the end of the round (then phase_done again); after the last round ---------
-    def round_end_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
-        """Local passes of ``clients`` at the end of the round, after the server step and the
-        evaluation (default none), e.g. the logit protocol's refinement on the new soft targets."""
-        return []
-
-    def final_extras(self) -> dict[str, Any] | None:
-        """JSON-ready entries for the run's ``final`` block besides the test metrics."""
-        return None
-
     def resolved_hyperparameters(self) -> dict[str, Any]:
         """Every hyper-parameter of this instance, defaults filled in (part of the cache key)."""
         if not dataclasses.is_dataclass(self):
@@ -353,6 +338,28 @@ class Method:
     @classmethod
     def hyperparameters(cls) -> dict[str, Any]:
         return {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+
+
+class DistillationProtocol:
+    """The second protocol the engine runs: the logit-based one ("Who to trust?"), whose clients keep
+    their own models and learn from each other's logits. Its three hooks exist for it alone, so they are
+    named here, not on :class:`Method`; the engine calls them only for a method of this protocol (a
+    ``Method`` that also derives from this class)."""
+
+    def training_indices(self, indices: list[np.ndarray]) -> list[np.ndarray]:
+        """Each client's samples for local training, from its share of the split (the logit protocol keeps
+        a validation split out). Called once, after ``setup``."""
+        return indices
+
+    # -- 8. passes at the end of the round (then phase_done again); after the last round ---------
+    def round_end_phases(self, state: RoundState, clients: np.ndarray, base: LocalTraining) -> list[LocalPhase]:
+        """Local passes of ``clients`` at the end of the round, after the server step and the evaluation,
+        e.g. the refinement on the new soft targets."""
+        return []
+
+    def final_extras(self) -> dict[str, Any] | None:
+        """JSON-ready entries for the run's ``final`` block besides the test metrics."""
+        return None
 
 
 METHODS: dict[str, type[Method]] = {}

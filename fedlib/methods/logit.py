@@ -293,11 +293,11 @@ def weight_diagnostics(w: torch.Tensor, present: torch.Tensor, y: torch.Tensor, 
     }
 
 
-from .base import ClientState, LocalPhase, Method, register  # noqa: E402  (the functions above need none of it)
+from .base import ClientState, DistillationProtocol, LocalPhase, Method, register  # noqa: E402  (the functions above need none of it)
 
 
 @dataclass
-class LogitFL(Method):
+class LogitFL(DistillationProtocol, Method):
     """The logit-based protocol ("Who to trust?", arXiv 2509.15147) on the engine. Each client
     keeps its own model (the engine's client state); per round:
 

@@ -1,6 +1,6 @@
 """How long the quick book takes: from an empty cache, re-executed from a warm cache, unchanged.
 
-Measure (on a quiet machine; the README's figure comes from this):
+Measure (on a quiet machine; benchmarks/README.md's figure comes from this):
 
     python benchmarks/quick_build_time.py [--profile quick] [--jobs 2]
 

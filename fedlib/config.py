@@ -482,7 +482,7 @@ class ScmConfig(ExperimentConfig):
     def resolved(self) -> dict[str, Any]:
         """As run, without the data root and ``predict_chunk`` (evaluation batching). ``client_chunk``
         enters when set: training clients in chunks changes the numbers in the last bits (batched
-        kernels sum in another order; see the README); unset, it is left out, as in the keys stored
+        kernels sum in another order; see book/how_fedlib_runs.md); unset, it is left out, as in the keys stored
         before it entered."""
         exclude = {"data_root", "predict_chunk"} | ({"client_chunk"} if self.client_chunk is None else set())
         return _plain(self.model_dump(mode="json", exclude=exclude))

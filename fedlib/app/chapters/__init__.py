@@ -54,7 +54,7 @@ class Paper:
 
     name: str  # the chapter key: fedlib/app/chapters/<name>.py, book/<name>.ipynb, params/<name>/
     title: str  # as the book names it (the status page's headings)
-    profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper}.yaml and the notebook's parameters cell
+    profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper,evidence}.yaml and the notebook's parameters cell
     configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once
     queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.app.queue)
     reference: str | None  # book/reference/<reference>.yaml: the published numbers the page compares with

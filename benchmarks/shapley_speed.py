@@ -22,7 +22,7 @@ import time
 import torch
 
 from fedlib.data import DataNotFoundError, load_dataset
-from fedlib.methods.shapley import all_coalitions, coalition_utility, exact_shapley
+from fedlib.valuation import all_coalitions, coalition_utility, exact_shapley
 from fedlib.models import build_model
 from fedlib.population import ParamLayout
 

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .methods.shapley import coalition_utility, exact_shapley, leave_one_out
 from .screening import PoisoningMonitor
+from .valuation import coalition_utility, exact_shapley, leave_one_out
 
 __all__ = ["ATTACK_SCALE", "UPLOAD_ROLES", "Adversaries", "Monitor", "ReferenceValues", "RoundObserver",
            "UpdateSimilarity", "alie_z", "apply_roles", "observers_for", "reference_values"]
@@ -165,7 +165,7 @@ def reference_values(p, state, updates) -> dict[str, Any]:
 
     The utility of a coalition Q is the validation accuracy of the sample-count average of its
     members' uploads (the empty coalition: the round's incoming global model), all 2^n coalitions
-    evaluated in batches (``fedlib.methods.shapley``)."""
+    evaluated in batches (``fedlib.valuation``)."""
     t0 = time.perf_counter()
     sizes = np.maximum(updates.sizes, 1)
     utility = coalition_utility(p.model, updates.flat, updates.buffers, torch.as_tensor(sizes, dtype=torch.float32),

@@ -11,10 +11,11 @@ from fedlib.app.chapters import fedms as chapter
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
-from fedlib.methods.shapley import all_coalitions, class_difficulty, coalition_utility, selection_probabilities
+from fedlib.methods.shapley import selection_probabilities
 from fedlib.models import build_model
 from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 from fedlib.run import RunResult, run
+from fedlib.valuation import all_coalitions, class_difficulty, coalition_utility
 
 SHAPE = (1, 8, 8)
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from fedlib.data import load_dataset
-from fedlib.methods.shapley import (
+from fedlib.models import build_model
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.valuation import (
     all_coalitions,
     best_coalition,
     class_difficulty,
@@ -21,8 +23,6 @@ from fedlib.methods.shapley import (
     mr_shapley,
     tmr_shapley,
 )
-from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
 
 SHAPE = (1, 8, 8)
 

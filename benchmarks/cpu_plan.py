@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from fedlib.app.book import load_profile  # noqa: E402
-from fedlib.app.chapters import celm  # noqa: E402
+from fedlib.app.chapters.celm import protocol as celm_protocol  # noqa: E402
 from fedlib.provenance import device_name, environment  # noqa: E402
 from fedlib.engine import _execute  # noqa: E402
 from fedlib.federation import prepare  # noqa: E402
@@ -46,7 +46,7 @@ SPLITS = {"dir0.01": ("dirichlet", 0.01), "dir0.05": ("dirichlet", 0.05), "dir0.
 def table1_fedavg(split: str, rounds: int):
     """CELM Table 1 Fashion-MNIST, FedAvg, seed 0, on ``split``, cut to ``rounds`` rounds."""
     name, alpha = SPLITS[split]
-    for config in celm.experiment_configs(load_profile("celm", "paper"), "table1"):
+    for config in celm_protocol.experiment_configs(load_profile("celm", "paper"), "table1"):
         if (config.method.name.startswith("fedavg") and config.seed == 0 and config.split.name == name
                 and (alpha is None or math.isclose(getattr(config.split, "alpha", -1.0), alpha))):
             return config.model_copy(update={"rounds": rounds})

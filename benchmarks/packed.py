@@ -49,7 +49,7 @@ import torch  # noqa: E402
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from fedlib.app.book import load_profile  # noqa: E402
-from fedlib.app.chapters import celm  # noqa: E402
+from fedlib.app.chapters.celm import protocol as celm_protocol  # noqa: E402
 from fedlib.app.queue import work  # noqa: E402
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
@@ -61,7 +61,7 @@ def table1_configs(model: str, device: str, rounds: int | None, fraction: float 
     """CELM Table 1 runs of the paper profile: CIFAR-10 (model cnn) or Fashion-MNIST with ``model``."""
     params = load_profile("celm", "paper")
     experiment = "table1_cifar10" if model == "cnn" else "table1"
-    configs = [c for c in celm.experiment_configs(params, experiment)]
+    configs = [c for c in celm_protocol.experiment_configs(params, experiment)]
     change = {"device": device}
     if model != "cnn":
         change["model"] = model

@@ -195,7 +195,7 @@ def test_a_warmup_covering_the_whole_run_is_refused(fraction, rounds):
 
 
 def test_pls_search_finds_the_equal_size_splits_that_give_the_papers_uniform_pair():
-    from fedlib.app.chapters.celm import PLS_MATCHES, pls_class_count_search
+    from fedlib.app.chapters.celm.analysis import PLS_MATCHES, pls_class_count_search
 
     found = pls_class_count_search()
     assert tuple(found) == PLS_MATCHES and (1, 3, 6, 8, 10) not in found  # ours gives 0.470 / 0.542
@@ -205,7 +205,8 @@ def test_uniform_column_of_sls_by_hand():
     """SLS, N = 5, C = 10: client i holds (i + 1) u samples over k_i = 1, 3, 6, 8, 10 classes, so a
     held cell has mass (i + 1) / (15 k_i) and BC = Σ_i sqrt(k_i (i + 1) / 750)
     = (1 + √6 + √18 + √32 + √50) / √750 = 0.745634, H = sqrt(1 - BC) = 0.504347 (paper: 0.500)."""
-    from fedlib.app.chapters.celm import SPLITS, split_counts
+    from fedlib.app.chapters.celm.protocol import SPLITS
+    from fedlib.app.chapters.celm.analysis import split_counts
     from fedlib.metrics import joint_distances
 
     counts = split_counts(SPLITS["SLS"][0], 5000)
@@ -218,7 +219,7 @@ def test_uniform_column_of_sls_by_hand():
 def test_fidelity_uses_the_table4_definitions():
     from types import SimpleNamespace
 
-    from fedlib.app.chapters.celm import fidelity
+    from fedlib.app.chapters.celm.protocol import fidelity
     from fedlib.metrics import joint_distances
 
     counts = np.array([[10, 0, 5], [0, 8, 2]])
@@ -235,7 +236,8 @@ def test_fidelity_uses_the_table4_definitions():
 
 def test_chapter_readers_match_their_loop_oracles():
     """removal_rounds, _even_counts and free_riders (vectorized) against per-client loops."""
-    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import analysis as celm_analysis
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.run import RunResult
 
     rng = np.random.default_rng(1)
@@ -247,18 +249,18 @@ def test_chapter_readers_match_their_loop_oracles():
         for c in h["selected"]:
             last[c] = h["round"]
     expected = [last.get(c, -1) + 1 if last.get(c, -1) < history[-1]["round"] else None for c in range(n)]
-    assert chapter.removal_rounds(run) == expected
+    assert celm_analysis.removal_rounds(run) == expected
     recorded = [{**h, "diagnostics": {"removed": [t % n] if t % 3 == 0 else []}} for t, h in enumerate(history)]
     run = RunResult(config={}, history=recorded, final={}, meta={"client_sizes": [1] * n})
-    assert chapter.removal_rounds(run) == [7, None, None, 4, None, None]  # rounds 0, 3, 6 remove clients 0, 3, 0
+    assert celm_analysis.removal_rounds(run) == [7, None, None, 4, None, None]  # rounds 0, 3, 6 remove clients 0, 3, 0
     k, sizes = [1, 3, 12], [10.0, 30.0, 24.0]
     loop = np.zeros((3, 12))
     for i in range(3):
         loop[i, : k[i]] = sizes[i] / k[i]
-    np.testing.assert_allclose(chapter._even_counts(k, sizes), loop)
+    np.testing.assert_allclose(celm_analysis._even_counts(k, sizes), loop)
     roles = ["benign", "free_rider", "maverick", "weak_free_rider"]
     run = RunResult(config={}, history=[], final={}, meta={"client_roles": roles})
-    assert chapter.free_riders(run).tolist() == [False, True, False, True]
+    assert celm_protocol.free_riders(run).tolist() == [False, True, False, True]
 
 
 # ----------------------------------------------------------------------------- PLS allocation and CFFL (issue 30)
@@ -268,7 +270,8 @@ def test_the_pls_split_uses_the_allocation_that_gives_the_papers_uniform_column(
     """PLS_ALLOCATION = (2, 3, 4, 5, 9) on Fashion-MNIST (6,000 per class, 5 clients, seeds 0-2): equal
     client sizes, k_i classes each, and Table 4's Uniform JSD 0.508 and Hellinger 0.586 once rounded
     as the paper prints them (the values do not depend on which classes a client holds)."""
-    from fedlib.app.chapters.celm import PLS_ALLOCATION, SPLITS, split_counts
+    from fedlib.app.chapters.celm.protocol import PLS_ALLOCATION, SPLITS
+    from fedlib.app.chapters.celm.analysis import split_counts
     from fedlib.metrics import joint_distances
 
     assert PLS_ALLOCATION == (2, 3, 4, 5, 9) and SPLITS["PLS"][0]["classes_per_client"] == [2, 3, 4, 5, 9]
@@ -284,7 +287,8 @@ def test_the_pls_allocation_rule_by_hand():
     Without it, the nearest to (0.508, 0.586): (1, 3, 4, 8, 8) gives (0.508278, 0.585618), a gap of
     0.000278 + 0.000382 = 0.000660; (2, 2, 6, 6, 7) gives (0.508073, 0.586467), 0.000073 + 0.000467 =
     0.000540, the nearer."""
-    from fedlib.app.chapters.celm import PLS_ALLOCATION, PLS_MATCHES, choose_pls_allocation, pls_class_count_search
+    from fedlib.app.chapters.celm.protocol import PLS_ALLOCATION
+    from fedlib.app.chapters.celm.analysis import PLS_MATCHES, choose_pls_allocation, pls_class_count_search
 
     chosen, rule = choose_pls_allocation(pls_class_count_search())
     assert chosen == PLS_ALLOCATION and rule.startswith("1 of 3 give every client a different number of classes")
@@ -296,7 +300,7 @@ def test_the_pls_allocation_rule_by_hand():
 
 def test_cffl_takes_the_label_imbalance_coefficient_on_pls_and_sls_only():
     from fedlib.app.kit.sources import load_profile
-    from fedlib.app.chapters.celm import SPLITS, run_config
+    from fedlib.app.chapters.celm.protocol import SPLITS, run_config
     from fedlib.methods import build_method
 
     params = load_profile("celm", "smoke")
@@ -321,7 +325,8 @@ def test_cffl_study_rows_and_conclusion_by_hand():
     rounds 3 and 4), 1/6 removes client 3 only, removal off ends at 30 %: 50 points below FedAvg with every
     client kept, more than 5, so the threshold is not what holds CFFL back. With removal off at 78 % (and
     1/3 at 40 %, 40 points below) it is; with 1/3 at 77 % there is no shortfall to explain."""
-    from fedlib.app.chapters.celm import CFFL_VARIANTS, cffl_study_frame
+    from fedlib.app.chapters.celm.protocol import CFFL_VARIANTS
+    from fedlib.app.chapters.celm.analysis import cffl_study_frame
 
     labels = ["uniform FedAvg"] + [label for label, _ in CFFL_VARIANTS]
     runs = [_study_run(0.8, [[]] * 4), _study_run(0.4, [[], [], [3], [0, 1]]), _study_run(0.5, [[], [], [3], []]),
@@ -345,7 +350,7 @@ def test_cffl_study_rows_and_conclusion_by_hand():
 
 def test_cffl_study_configs_share_one_reduced_protocol():
     from fedlib.app.kit.sources import load_profile
-    from fedlib.app.chapters.celm import cffl_study_configs, configs
+    from fedlib.app.chapters.celm.protocol import cffl_study_configs, configs
 
     params = load_profile("celm", "quick")
     rows = cffl_study_configs(params)
@@ -360,31 +365,33 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     fedlib.app.chapters.readings; the paper's FedAvg there is 65.12. Stored: the protocol so far at 55 %
     (gap 10.12) and momentum 0.9 at 64 % (gap 1.12): momentum is chosen."""
     from fedlib.app.chapters import celm, readings
+    from fedlib.app.chapters.celm import page as celm_page
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.kit.sources import load_profile
     from fedlib.app.kit.stored import Stored
     from fedlib.run import RunResult
 
     adopted = load_profile("celm", "paper")
     params = readings.screen_params(adopted)  # the original recipe, the base every reading changes
-    rows = celm.cifar10_reading_configs(params)
-    assert [c.key() for *_, c in rows] == [c.key() for *_, c in celm.cifar10_reading_configs(adopted)]
+    rows = celm_protocol.cifar10_reading_configs(params)
+    assert [c.key() for *_, c in rows] == [c.key() for *_, c in celm_protocol.cifar10_reading_configs(adopted)]
     assert [r for _, r, _ in rows] == list(readings.CIFAR10_READINGS) and {s for s, _, _ in rows} == {"Dir(0.05)"}
-    split, seed = celm.SPLITS["Dir(0.05)"][0], params["seeds"][0]
-    table1 = celm.run_config(params, split, "fedavg_uniform", seed, cifar10=True)
+    split, seed = celm_protocol.SPLITS["Dir(0.05)"][0], params["seeds"][0]
+    table1 = celm_protocol.run_config(params, split, "fedavg_uniform", seed, cifar10=True)
     assert rows[0][2].key() == table1.key() and rows[-2][2].momentum == 0.9 and rows[-1][2].model == "cnn_wide"
     # the paper profile adopted the wider CNN (the screen's choice): its Table 1 FedAvg run is that reading's
-    assert celm.run_config(adopted, split, "fedavg_uniform", seed, cifar10=True).key() == rows[-1][2].key()
+    assert celm_protocol.run_config(adopted, split, "fedavg_uniform", seed, cifar10=True).key() == rows[-1][2].key()
     finals = {"no augmentation, no weight decay": 0.55, "SGD momentum 0.9": 0.64}
     stored = {c.key(): RunResult(config={}, history=[], final={"accuracy": finals[r]}, meta={})
               for _, r, c in rows if r in finals}
-    monkeypatch.setattr(celm, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
+    monkeypatch.setattr(celm_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = celm.CELM("paper", params)
     chapter.paper_params = params
     frame, values = chapter.cifar10_readings()
     assert values["cr_runs"] == 2 and values["cr_candidates"] == 6 and values["cr_chosen"] == "SGD momentum 0.9"
     assert values["cr_chosen_gap"] == pytest.approx(1.12) and values["cr_baseline_gap"] == pytest.approx(10.12)
     assert frame.loc["crop + flip", "Dir(0.05) ours (paper 65.12)"] == "no stored run yet"
-    items = [i for i in celm.queue_items(params) if i.table == "CIFAR-10 readings"]
+    items = [i for i in celm_protocol.queue_items(params) if i.table == "CIFAR-10 readings"]
     assert len(items) == 6 and items[0].row == "CIFAR-10 Dir. (0.05)"
 
 
@@ -393,21 +400,24 @@ def test_an_adopted_cifar10_reading_moves_table_1s_cifar10_runs_and_shows_the_ea
     that reading becomes Table 1's uniform FedAvg run), Fashion-MNIST runs keep their keys, and the runs of
     the original recipe are shown apart as stale."""
     from fedlib.app.chapters import celm, readings
+    from fedlib.app.chapters.celm import page as celm_page
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.kit.sources import load_profile
     from fedlib.app.kit.stored import Stored
     from fedlib.run import RunResult
 
     params = readings.screen_params(load_profile("celm", "paper"))  # the original recipe
     crop = {**params, "cifar10_reading": "crop + flip"}
-    split = celm.SPLITS["Dir(0.05)"][0]
-    screen = {r: c for _, r, c in celm.cifar10_reading_configs(params)}
-    assert [c.key() for *_, c in celm.cifar10_reading_configs(crop)] == [c.key() for c in screen.values()]
-    assert celm.run_config(crop, split, "fedavg_uniform", 0, cifar10=True).key() == screen["crop + flip"].key()
-    assert celm.run_config(crop, split, "celm", 1, cifar10=True).augment == "crop_flip"
-    assert celm.run_config(crop, split, "celm", 1).key() == celm.run_config(params, split, "celm", 1).key()
-    earlier = {celm.run_config(params, split, m, 0, cifar10=True).key(): 0.5 + i / 100
+    split = celm_protocol.SPLITS["Dir(0.05)"][0]
+    screen = {r: c for _, r, c in celm_protocol.cifar10_reading_configs(params)}
+    assert [c.key() for *_, c in celm_protocol.cifar10_reading_configs(crop)] == [c.key() for c in screen.values()]
+    assert celm_protocol.run_config(crop, split, "fedavg_uniform", 0, cifar10=True).key() == screen["crop + flip"].key()
+    assert celm_protocol.run_config(crop, split, "celm", 1, cifar10=True).augment == "crop_flip"
+    assert (celm_protocol.run_config(crop, split, "celm", 1).key()
+            == celm_protocol.run_config(params, split, "celm", 1).key())
+    earlier = {celm_protocol.run_config(params, split, m, 0, cifar10=True).key(): 0.5 + i / 100
                for i, m in enumerate(("fedavg_uniform", "celm"))}
-    monkeypatch.setattr(celm, "stored_results", lambda chapter, configs: Stored(
+    monkeypatch.setattr(celm_page, "stored_results", lambda chapter, configs: Stored(
         {c.key(): RunResult(config={}, history=[], final={"accuracy": earlier[c.key()]}, meta={})
          for c in configs if c.key() in earlier}, {}, []))
     for profile, shown in ((params, False), (crop, True)):
@@ -427,12 +437,14 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     from types import SimpleNamespace
 
     from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import analysis as celm_analysis
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.profiles import load
 
     params = load("celm", "paper")
-    rows = chapter.maverick_reading_configs(params)
-    assert [r for r, _ in rows] == list(chapter.MAVERICK_READINGS)
-    table2_fedavg = chapter.run_config(params, chapter.MAVERICK, "fedavg_uniform", params["seeds"][0])
+    rows = celm_protocol.maverick_reading_configs(params)
+    assert [r for r, _ in rows] == list(celm_protocol.MAVERICK_READINGS)
+    table2_fedavg = celm_protocol.run_config(params, celm_protocol.MAVERICK, "fedavg_uniform", params["seeds"][0])
     assert rows[0][1].key() == table2_fedavg.key()
     assert [(c.split.name, c.split.params.get("rare_fraction")) for _, c in rows[1:]] == [
         ("celm_maverick", 0.25), ("celm_maverick", 0.5), ("celm_maverick", 1.0), ("celm_maverick_shared", 0.1),
@@ -447,35 +459,37 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     paper = {"Balanced Acc.": 84.79, "Rare Class Acc.": 81.76}
     results = {rows[0][1].key(): run(80.0, [0.2, 0.3]), rows[1][1].key(): run(84.0, [0.7, 0.8]),
                rows[3][1].key(): run(86.0, [0.9, 0.95])}
-    frame, chosen = chapter.calibrate_maverick_readings(rows, results, paper)
+    frame, chosen = celm_analysis.calibrate_maverick_readings(rows, results, paper)
     # gaps: 10 % (4.79 + 56.76) / 2 = 30.775; 25 % (0.79 + 6.76) / 2 = 3.775; whole (1.21 + 10.74) / 2 = 5.975
     assert frame["mean |ours − paper|"].round(3).tolist()[:2] == [30.775, 3.775]
     assert round(frame["mean |ours − paper|"].iloc[3], 3) == 5.975 and np.isnan(frame["mean |ours − paper|"].iloc[2])
     assert chosen == "25 % of each rare class"
-    assert chapter.calibrate_maverick_readings(rows, {}, paper)[1] is None
+    assert celm_analysis.calibrate_maverick_readings(rows, {}, paper)[1] is None
     # the page (issue 30's regression: the CIFAR-10 screen's adoption sentence must not be asked of this frame)
+    from fedlib.app.chapters.celm import page as celm_page
     from fedlib.app.kit.stored import Stored
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(chapter, "stored_results", lambda name, configs: Stored(
+        patch.setattr(celm_page, "stored_results", lambda name, configs: Stored(
             {c.key(): results[c.key()] for c in configs if c.key() in results}, {}, []))
         shown, values = chapter.CELM("paper", params).maverick_readings()
     assert values["mr_chosen"] == "25 % of each rare class" and values["mr_protocol"].startswith("the paper profile")
 
 
 def test_table_2_takes_the_profiles_maverick_reading():
-    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.profiles import load
 
     params = load("celm", "paper")  # the permitted reading the screen picked: 50 % of each rare class
-    assert {c.split.params.get("rare_fraction") for c in chapter.experiment_configs(params, "table2")} == {0.5}
-    params = {**params, "table2_reading": next(iter(chapter.MAVERICK_READINGS))}  # the split so far
-    default = chapter.experiment_configs(params, "table2")
+    assert {c.split.params.get("rare_fraction") for c in celm_protocol.experiment_configs(params, "table2")} == {0.5}
+    params = {**params, "table2_reading": next(iter(celm_protocol.MAVERICK_READINGS))}  # the split so far
+    default = celm_protocol.experiment_configs(params, "table2")
     assert {c.split.name for c in default} == {"celm_maverick"} and not default[0].split.params.get("rare_fraction")
-    shared = chapter.experiment_configs({**params, "table2_reading": list(chapter.MAVERICK_READINGS)[-1]}, "table2")
+    shared = celm_protocol.experiment_configs({**params, "table2_reading": list(celm_protocol.MAVERICK_READINGS)[-1]},
+                                              "table2")
     assert {c.split.name for c in shared} == {"celm_maverick_shared"} and len(shared) == len(default)
     with pytest.raises(ValueError, match="table2_reading: must be one of"):
-        chapter.experiment_configs({**params, "table2_reading": "half"}, "table2")
+        celm_protocol.experiment_configs({**params, "table2_reading": "half"}, "table2")
 
 
 def test_only_readings_that_keep_the_mavericks_classes_rare_may_be_chosen():
@@ -483,11 +497,12 @@ def test_only_readings_that_keep_the_mavericks_classes_rare_may_be_chosen():
     with the smallest gap; the rule takes the best of the rare ones (gaps set by hand)."""
     from types import SimpleNamespace
 
-    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import analysis as celm_analysis
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.profiles import load
 
-    rows = chapter.maverick_reading_configs(load("celm", "paper"))
-    assert [chapter.keeps_rare({"name": c.split.name, **c.split.params}) for _, c in rows] == [
+    rows = celm_protocol.maverick_reading_configs(load("celm", "paper"))
+    assert [celm_protocol.keeps_rare({"name": c.split.name, **c.split.params}) for _, c in rows] == [
         True, True, True, False, True, False]
 
     def run(balanced, rare_per_class):
@@ -500,29 +515,30 @@ def test_only_readings_that_keep_the_mavericks_classes_rare_may_be_chosen():
     results = {rows[2][1].key(): run(83.0, [0.3, 0.4]),   # 50 %: (1.79 + 46.76) / 2 = 24.275
                rows[3][1].key(): run(84.79, [0.8176, 0.8176]),  # the whole class: gap 0, not permitted
                rows[4][1].key(): run(80.0, [0.1, 0.2])}   # shared, 10 %: (4.79 + 66.76) / 2 = 35.775
-    frame, chosen = chapter.calibrate_maverick_readings(rows, results, paper)
+    frame, chosen = celm_analysis.calibrate_maverick_readings(rows, results, paper)
     assert frame["keeps its classes rare"].tolist() == [True, True, True, False, True, False]
     assert round(frame["mean |ours − paper|"].iloc[2], 3) == 24.275 and frame["mean |ours − paper|"].iloc[3] == 0
     assert chosen == "50 % of each rare class"
-    assert chapter.calibrate_maverick_readings(rows, {rows[3][1].key(): results[rows[3][1].key()]}, paper)[1] is None
+    only = {rows[3][1].key(): results[rows[3][1].key()]}
+    assert celm_analysis.calibrate_maverick_readings(rows, only, paper)[1] is None
 
 
 def test_table_3s_frm_maverick_is_table_2s():
     """Issue 44.3: one Maverick for Tables 2 and 3: FRM takes Table 2's share (and sharing), FR is unchanged,
     and the first reading leaves FRM's stored keys as they were."""
-    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.profiles import load
 
     params = load("celm", "paper")
-    assert chapter.detection_splits(params) == {
+    assert celm_protocol.detection_splits(params) == {
         "FR": {"name": "celm_free_rider"},
         "FRM": {"name": "celm_free_rider", "with_maverick": True, "rare_fraction": 0.5}}
     first = {**params, "table2_reading": "a Maverick keeps 10 % of each rare class"}
-    assert chapter.detection_splits(first)["FRM"] == {"name": "celm_free_rider", "with_maverick": True}
+    assert celm_protocol.detection_splits(first)["FRM"] == {"name": "celm_free_rider", "with_maverick": True}
     shared = {**params, "table2_reading": "the Maverick also shares the common classes, 10 % of each rare class"}
-    assert chapter.detection_splits(shared)["FRM"] == {"name": "celm_free_rider", "with_maverick": True,
+    assert celm_protocol.detection_splits(shared)["FRM"] == {"name": "celm_free_rider", "with_maverick": True,
                                                        "maverick_shares_common": True}
-    frm = [c for c in chapter.experiment_configs(params, "table3") if c.split.params.get("with_maverick")]
+    frm = [c for c in celm_protocol.experiment_configs(params, "table3") if c.split.params.get("with_maverick")]
     assert frm and {c.split.params["rare_fraction"] for c in frm} == {0.5}
 
 
@@ -552,15 +568,16 @@ def test_table7_runs_are_the_paper_protocol_on_emnist_with_the_step_rule_for_pls
     step rule k_i = 1 + floor(i (47 - 1) / 4 + 1/2) = 1, 13, 24, 36, 47 (the 10-class allocation would cover
     only 2 + 3 + 4 + 5 + 9 = 23 of the 47 classes)."""
     from fedlib.app.kit.sources import load_profile
-    from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import analysis as celm_analysis
+    from fedlib.app.chapters.celm import protocol as celm_protocol
 
     params = load_profile("celm", "paper")
-    runs = chapter.experiment_configs(params, "table7")
+    runs = celm_protocol.experiment_configs(params, "table7")
     assert len(runs) == 75 and {c.dataset for c in runs} == {"emnist"}
     assert {(c.model, c.rounds, c.lr, c.n_clients, c.batch_size) for c in runs} == {("mlp", 100, 0.1, 5, 128)}
-    assert chapter.table7_split("PLS") == {"name": "pls"} and chapter.table7_split("SLS") == {"name": "sls"}
-    assert chapter.table7_split("Dir(0.05)") == {"name": "dirichlet", "alpha": 0.05}
-    counts = chapter.split_counts(chapter.table7_split("PLS"), 100, n_classes=47)
+    assert celm_protocol.table7_split("PLS") == {"name": "pls"} and celm_protocol.table7_split("SLS") == {"name": "sls"}
+    assert celm_protocol.table7_split("Dir(0.05)") == {"name": "dirichlet", "alpha": 0.05}
+    counts = celm_analysis.split_counts(celm_protocol.table7_split("PLS"), 100, n_classes=47)
     assert sorted((counts > 0).sum(1).tolist()) == [1, 13, 24, 36, 47]
     cffl = {c.split.name: c.method.params.get("split_kind") for c in runs if c.method.name == "cffl"}
     assert cffl == {"dirichlet": None, "pls": "label_imbalance", "sls": "label_imbalance"}
@@ -570,14 +587,16 @@ def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeyp
     from fedlib.app import coverage, queue
     from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters import celm as chapter
+    from fedlib.app.chapters.celm import page as celm_page
+    from fedlib.app.chapters.celm import protocol as celm_protocol
 
-    items = [i for i in chapter.queue_items(load_profile("celm", "paper")) if i.table == "Table 7"]
+    items = [i for i in celm_protocol.queue_items(load_profile("celm", "paper")) if i.table == "Table 7"]
     assert len(items) == 75 and {i.dataset for i in items} == {"emnist"}
     assert {i.cells[0] for i in items if i.seed == 0} == {
         ("Table 7", f"EMNIST {r}", m) for r in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")
         for m in ("FedAvg", "CFFL", "CGSV", "ShapFed", "CELM")}
     monkeypatch.setattr(queue, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
-    monkeypatch.setattr(chapter, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
+    monkeypatch.setattr(celm_page, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
     cells = [c for c in coverage.coverage("celm", "smoke", stored=set()) if c.table == "Table 7"]
     assert len(cells) == 25 and {c.level for c in cells} == {"not runnable here"}
     assert {c.detail for c in cells} == {"needs EMNIST (not on this machine): python -m fedlib results --chapter celm "

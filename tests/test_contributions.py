@@ -10,7 +10,8 @@ import pytest
 
 import fedlib
 from fedlib import contributions, plots
-from fedlib.app.chapters import celm, flce
+from fedlib.app.chapters import flce
+from fedlib.app.chapters.celm import protocol as celm_protocol
 from fedlib.app.chapters import leaderboard as lb
 from fedlib.run import RunResult
 
@@ -28,7 +29,7 @@ def _stored(method: str) -> RunResult:
 def test_every_reader_is_the_one_function():
     assert flce.contributions is contributions.contribution_vector
     assert plots.final_contributions is contributions.contribution_vector
-    assert celm.score_history is contributions.contribution_history
+    assert celm_protocol.score_history is contributions.contribution_history
     assert flce.similarity_contributions is contributions.similarity_contributions
     assert flce.flce_contributions is contributions.flce_contributions
 
@@ -55,7 +56,7 @@ def test_chapters_leaderboard_and_explorer_agree_on_a_run(method):
     if method == "cgsv":  # scores: the last recorded row, clipped at 0, normalised
         last = np.clip(r.history[-1]["scores"], 0, None)
         np.testing.assert_allclose(vector, last / last.sum())
-        np.testing.assert_array_equal(celm.score_history(r), history)
+        np.testing.assert_array_equal(celm_protocol.score_history(r), history)
     else:  # FLCE §4.1.3 by hand: per-round similarity shares of the aggregated clients, summed
         total = np.zeros(4)
         for h in r.history:

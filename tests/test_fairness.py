@@ -482,7 +482,7 @@ def _fake_run(method, history, counts):
 
 
 def test_celm_page_reads_cffl_removals_and_cgsv_concentration_from_the_history():
-    from fedlib.app.chapters.celm import diagnose_baseline, removal_rounds
+    from fedlib.app.chapters.celm.analysis import diagnose_baseline, removal_rounds
 
     counts = [[5, 0, 0], [0, 5, 0], [3, 3, 3]]
     # recorded diagnostics (new runs): client 1 removed in round index 1 -> "after round 2"

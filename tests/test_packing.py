@@ -216,7 +216,7 @@ def test_the_performance_page_bounds_the_gpu_goal_by_the_timed_steps():
     runs each train 200 rounds x 50,000 samples / 128 = 78,125 client-steps, 5,859,375 in all; at the fastest
     timed rate, 0.3 ms per client (6 ms for 20 clients), that is 1,757.8 s = 29.3 min."""
     from fedlib.app.book import load_profile
-    from fedlib.app.chapters import celm
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.performance import gpu_goal_text, step_rates
 
     record = {"device": "gpu", "conv_choices": {
@@ -224,7 +224,8 @@ def test_the_performance_page_bounds_the_gpu_goal_by_the_timed_steps():
         "CNN | 9 | 20 | 128 | (3, 32, 32) | cuda:0": {"lowering": "matmul", "seconds": {"native": 0.009, "matmul": 0.006}},
         "CNN | 9 | 2 | 2 | (3, 32, 32) | cuda:0": {"lowering": "native", "seconds": {"native": 1e-6, "matmul": 1e-6}}}}
     assert step_rates(record)[0] == ("CNN", 2, 2, 5e-7)  # another batch size: not CELM's shape
-    adopted = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")  # the wider CNN (issue 30)
+    # the wider CNN (issue 30)
+    adopted = celm_protocol.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
     table1 = [c.model_copy(update={"model": "cnn"}) for c in adopted]
     assert gpu_goal_text(record, table1) == (
         "gpu: a captured training step of the CNN, 128 images per client, cost 0.400 / 0.300 ms per client with 5 / 20 "
@@ -247,10 +248,10 @@ def test_the_performance_page_costs_the_gpu_goal_by_the_stored_packs():
     from types import SimpleNamespace
 
     from fedlib.app.book import load_profile
-    from fedlib.app.chapters import celm
+    from fedlib.app.chapters.celm import protocol as celm_protocol
     from fedlib.app.chapters.performance import gpu_packs_text
 
-    table1 = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
+    table1 = celm_protocol.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
     protocol = table1[0].resolved()
 
     def run(model="cnn", size=2, wall=40.0, date="d1", device="cuda:0 (NVIDIA H100 80GB HBM3)", **change):

@@ -47,7 +47,11 @@ def _declarations(path: Path) -> int:
 
 
 def test_every_chapter_module_declares_exactly_one_paper():
-    declared = {p.stem: _declarations(p) for p in sorted((ROOT / "fedlib" / "app" / "chapters").glob("*.py"))}
+    folder = ROOT / "fedlib" / "app" / "chapters"  # a module <name>.py, or a package <name>/ (its __init__)
+    declared = {p.stem: _declarations(p) for p in sorted(folder.glob("*.py"))}
+    declared |= {p.parent.name: _declarations(p) for p in sorted(folder.glob("*/__init__.py"))}
+    declared |= {f"{p.parent.name}.{p.stem}": _declarations(p) for p in sorted(folder.glob("*/*.py"))
+                 if p.stem != "__init__"}  # a package's other modules declare none
     assert {name: n for name, n in declared.items() if n} == dict.fromkeys(chapters.CHAPTER_MODULES, 1)
     for name, paper in chapters.registry().items():
         assert paper.name == name and chapters.chapter_module(name).PAPER is paper
@@ -142,7 +146,10 @@ def test_the_chapter_modules_are_found_from_their_declarations(tmp_path):
     (tmp_path / "beta.py").write_text("PAPER = Paper('beta', 'Beta', None, None, None, None, rank=-1)\n")
     (tmp_path / "helpers.py").write_text("def f():\n    PAPER = Paper('no', 'No', None, None, None, None)\n")
     (tmp_path / "gamma.py").write_text("PAPER = Paper('gamma', 'Gamma', None, None, None, None)\n")
-    assert chapters.declared_chapters(tmp_path) == ("beta", "zeta", "alpha", "gamma")
+    (tmp_path / "delta").mkdir()  # a chapter split into a package: its __init__ declares the record
+    (tmp_path / "delta" / "__init__.py").write_text("PAPER = Paper('delta', 'Delta', None, None, None, None, rank=3)\n")
+    (tmp_path / "delta" / "page.py").write_text("PAPER = Paper('page', 'Page', None, None, None, None)\n")
+    assert chapters.declared_chapters(tmp_path) == ("beta", "zeta", "delta", "alpha", "gamma")
 
 
 def test_a_chapter_the_toc_does_not_name_is_listed_with_the_papers(tmp_path, monkeypatch):

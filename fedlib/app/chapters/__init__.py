@@ -1,6 +1,7 @@
 """The book's chapters: one module per chapter, each declaring one :class:`Paper` record.
 
-A chapter module (``fedlib/app/chapters/<name>.py``) holds its runs (``configs``, ``queue_items``),
+A chapter module (``fedlib/app/chapters/<name>.py``, or a package ``<name>/`` whose ``__init__``
+declares the record) holds its runs (``configs``, ``queue_items``),
 its profile schema (``fedlib.app.chapters.profiles``), the paper's claims and the tables and figures
 its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
 claims, the coverage and status pages and the command line use is derived from these records
@@ -29,17 +30,26 @@ ENGINE_DEFAULT_CLIP = 10.0  # RunConfig.update_clip's default
 DEFAULT_RANK = 100  # a chapter that states no rank comes after those that do, by name
 
 
+def chapter_sources(folder: Path = Path(__file__).parent) -> dict[str, Path]:
+    """Module name -> the source that may declare its ``PAPER``: ``<name>.py``, or ``<name>/__init__.py`` for a
+    chapter split into a package (``celm/``: its ``__init__`` declares the record)."""
+    found = {path.stem: path for path in folder.glob("*.py") if path.stem != "__init__"}
+    found |= {path.parent.name: path for path in folder.glob("*/__init__.py")}
+    return dict(sorted(found.items()))
+
+
 def declared_chapters(folder: Path = Path(__file__).parent) -> tuple[str, ...]:
-    """The modules in ``folder`` with a top-level ``PAPER = Paper(...)``, by their ``rank=`` (then name).
+    """The modules (or packages) in ``folder`` with a top-level ``PAPER = Paper(...)``, by their ``rank=`` (then
+    name).
 
     Read from the sources (no import), so the list exists before any chapter module is loaded."""
     found = []
-    for path in sorted(folder.glob("*.py")):
+    for name, path in chapter_sources(folder).items():
         for node in ast.parse(path.read_text()).body:
             if (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["PAPER"]
                     and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", None) == "Paper"):
                 rank = next((ast.literal_eval(k.value) for k in node.value.keywords if k.arg == "rank"), DEFAULT_RANK)
-                found.append((rank, path.stem))
+                found.append((rank, name))
     return tuple(name for _, name in sorted(found))
 
 
@@ -52,7 +62,7 @@ class Paper:
     """One chapter's declaration: what the queue, the claims, the coverage and status pages and the
     profile checks know of it (a paper's chapter, or one of ours: the FedAvg baselines, the leaderboard)."""
 
-    name: str  # the chapter key: fedlib/app/chapters/<name>.py, book/<name>.ipynb, params/<name>/
+    name: str  # the chapter key: fedlib/app/chapters/<name>.py (or <name>/), book/<name>.ipynb, params/<name>/
     title: str  # as the book names it (the status page's headings)
     profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper,evidence}.yaml and the notebook's parameters cell
     configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once

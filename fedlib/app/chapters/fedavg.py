@@ -23,12 +23,13 @@ from ...stats import pm
 from ..kit import frames
 from ..kit.sources import reference_value
 from ..kit.stored import evidence_of
-from . import ENGINE_DEFAULT_CLIP, Paper, celm, profiles, record
+from . import ENGINE_DEFAULT_CLIP, Paper, profiles, record
+from .celm import protocol as celm_protocol
 from .base import Chapter, queue_item
 from .profiles import FederationProfile, Names, Seeds
 
 # split label -> (split spec, CELM Table 1 row): CELM's label-skew splits
-SPLITS = {split: (spec, f"F.MNIST {row}") for split, (spec, row) in celm.SPLITS.items() if split != "IID"}
+SPLITS = {split: (spec, f"F.MNIST {row}") for split, (spec, row) in celm_protocol.SPLITS.items() if split != "IID"}
 METHOD_LABELS = {"fedavg_uniform": "FedAvg (uniform)", "fedavg": "FedAvg (sample count)"}
 PAPER_METHOD = "fedavg_uniform"  # CELM's FedAvg column uses uniform weights
 CELM_PROTOCOL = "CELM protocol (stored; clipping off)"  # the paper cell's runs, shared with the CELM page
@@ -43,7 +44,7 @@ def own_protocol(params: dict[str, Any]) -> str:
 def config(params: dict[str, Any], split: str, method: str, seed: int) -> RunConfig:
     if split not in SPLITS:
         raise ValueError(f"splits: unknown split {split!r}; known: {', '.join(SPLITS)}")
-    return celm.run_config({**params, "model": "mlp"}, SPLITS[split][0], method, seed)  # CELM's protocol
+    return celm_protocol.run_config({**params, "model": "mlp"}, SPLITS[split][0], method, seed)  # CELM's protocol
 
 
 def configs(params: dict[str, Any]) -> list[RunConfig]:

@@ -41,7 +41,7 @@ from ... import contributions
 from ...config import RunConfig, make_config
 from ...screening import judge
 from . import Paper, run_options
-from . import celm as celm_chapter
+from .celm import protocol as celm_chapter
 from .base import Chapter, queue_item
 from .profiles import FederationProfile, Names, Part, Seeds
 

@@ -18,7 +18,7 @@ from ..kit.items import work
 from ..kit.pages import measured_benchmark
 from ..kit.sources import load_profile
 from ..kit.stored import StoredIndex
-from . import celm
+from .celm import protocol as celm_protocol
 from .base import Chapter
 
 ENGINE_LABELS = {"vectorized": "fedlib vectorized", "loop": "fedlib loop", "flower": "Flower (simulation)",
@@ -388,7 +388,7 @@ class Performance(Chapter):
     def packed_runs(self) -> dict[str, Any]:
         """Shows each stored ``benchmarks/packed.py`` measurement (table of runs per device-minute, packed vs
         separate); glues one computed sentence per device."""
-        table1 = celm.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
+        table1 = celm_protocol.experiment_configs(load_profile("celm", "paper"), "table1_cifar10")
         lines, goals = [], [text] if (text := gpu_packs_text(table1)) else []
         for path, record in stored_benchmarks("packed_*.json"):
             goals += [text] if (text := gpu_goal_text(record, table1)) else []

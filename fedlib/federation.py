@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import partition as partition_module
+from .allocation import Partition, client_class_counts
 from .config import DEFAULT_SERVER_VAL, ConfigError, RunConfig, make_config
 from .data import Dataset, load_dataset
 from .methods import build_method
@@ -38,7 +38,7 @@ class Prepared:
     config: RunConfig
     device: torch.device
     dataset: Dataset
-    partition: partition_module.Partition
+    partition: Partition
     x_pool: torch.Tensor
     y_pool: torch.Tensor
     x_test: torch.Tensor
@@ -170,8 +170,8 @@ def given(config: RunConfig, dataset: Dataset, model: torch.nn.Module, x: torch.
         raise ConfigError(f"config: n_clients: must equal the {len(indices)} given clients (got {config.n_clients})")
     device = resolve_device(config.device)
     indices = [np.asarray(i, dtype=np.int64) for i in indices]
-    counts = partition_module.client_class_counts(indices, y.cpu().numpy(), dataset.num_classes)
-    part = partition_module.Partition(indices, counts, ["benign"] * len(indices))
+    counts = client_class_counts(indices, y.cpu().numpy(), dataset.num_classes)
+    part = Partition(indices, counts, ["benign"] * len(indices))
     method = build_method(config.method.name, config.method.params)
     return Prepared(config, device, dataset, part, x.to(device), y.to(device), x_test.to(device), y_test.to(device),
                     model.to(device), method, init=init, keep_model=keep_model)

@@ -13,7 +13,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator, StrMethodFormatter
 
 from fedlib.contributions import contribution_vector
-from fedlib.partition import ROLES
+from fedlib.allocation import ROLES
 
 ROLE_COLORS = dict(
     zip(ROLES, ["#4c72b0", "#dd8452", "#c44e52", "#da8bc3", "#8172b3", "#937860", "#55a868"])

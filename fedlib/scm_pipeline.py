@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from . import partition as partition_module
+from .allocation import Partition
 from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
@@ -70,6 +71,7 @@ from .population import (
     train_clients,
 )
 from .results import _key_provenance, environment, run_of, stored_payload
+from .splits import covariate_shift
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
           "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
@@ -129,10 +131,10 @@ def build_federation(config: ScmConfig, dataset) -> dict[str, Any]:
         pool_x = torch.cat([x, x_test])
         pool_y = torch.cat([y, y_test])
         target_rows = len(y) + np.arange(len(y_test))  # the (K+1)-th client: the test images
-        joint = partition_module.Partition(list(indices) + [target_rows],
+        joint = Partition(list(indices) + [target_rows],
                                            np.vstack([counts, np.bincount(y_test.numpy(), minlength=c)]),
                                            ["benign"] * (k + 1))
-        shifted = partition_module.covariate_shift(pool_x, pool_y, joint, sigma=config.sigma, seed=config.seed)
+        shifted = covariate_shift(pool_x, pool_y, joint, sigma=config.sigma, seed=config.seed)
         x, x_test = shifted.x[: len(y)], shifted.x[len(y):]
     server_idx, eval_idx = _target_draw(y_test.numpy(), proportions, config.server_samples, config.eval_samples, rng)
     return {

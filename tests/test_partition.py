@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedlib import allocation, splits
 from fedlib import partition as P
 
 N_PER_CLASS = 6000  # Fashion-MNIST-sized synthetic labels: 10 classes x 6000
@@ -26,12 +27,12 @@ SPLITS = {
     "k_classes": lambda y, s: P.k_classes(y, 6, 2, s),
     "pls": lambda y, s: P.pls(y, 5, s),
     "sls": lambda y, s: P.sls(y, 5, s),
-    "maverick": lambda y, s: P.maverick(y, 12, 2, 0.5, s),
-    "maverick_iid": lambda y, s: P.maverick_iid(y, seed=s),
-    "celm_maverick": lambda y, s: P.celm_maverick(y, seed=s),
-    "celm_fr": lambda y, s: P.celm_free_rider(y, seed=s),
-    "celm_frm": lambda y, s: P.celm_free_rider(y, seed=s, with_maverick=True),
-    "adversarial": lambda y, s: P.adversarial(y, gamma=0.5, seed=s, x=torch.zeros(y.size, 2)),
+    "maverick": lambda y, s: splits.maverick(y, 12, 2, 0.5, s),
+    "maverick_iid": lambda y, s: splits.maverick_iid(y, seed=s),
+    "celm_maverick": lambda y, s: splits.celm_maverick(y, seed=s),
+    "celm_fr": lambda y, s: splits.celm_free_rider(y, seed=s),
+    "celm_frm": lambda y, s: splits.celm_free_rider(y, seed=s, with_maverick=True),
+    "adversarial": lambda y, s: splits.adversarial(y, gamma=0.5, seed=s, x=torch.zeros(y.size, 2)),
 }
 FULL = {"iid", "dirichlet", "k_classes", "maverick", "maverick_iid", "adversarial"}
 
@@ -57,7 +58,7 @@ def test_split_is_a_valid_partition(name, small):
     assert p.n_classes == 10
     np.testing.assert_array_equal(p.sizes, [idx.size for idx in p.indices])
     assert (p.sizes.sum() == labels.size) if name in FULL else (p.sizes.sum() <= labels.size)
-    assert set(p.roles) <= set(P.ROLES)
+    assert set(p.roles) <= set(allocation.ROLES)
 
 
 @pytest.mark.parametrize("name", SPLITS)
@@ -70,8 +71,8 @@ def test_split_is_deterministic_in_the_seed(name, small):
 
 def test_client_class_counts_accepts_indices_or_labels():
     labels = np.array([0, 1, 1, 2, 2, 2])
-    by_index = P.client_class_counts([np.array([0, 3]), np.array([1, 2, 4, 5])], labels, 4)
-    by_label = P.client_class_counts([np.array([0, 2]), np.array([1, 1, 2, 2])], n_classes=4)
+    by_index = allocation.client_class_counts([np.array([0, 3]), np.array([1, 2, 4, 5])], labels, 4)
+    by_label = allocation.client_class_counts([np.array([0, 2]), np.array([1, 1, 2, 2])], n_classes=4)
     np.testing.assert_array_equal(by_index, [[1, 0, 1, 0], [0, 2, 2, 0]])
     np.testing.assert_array_equal(by_label, by_index)
 
@@ -91,7 +92,7 @@ def test_dirichlet_tiny_alpha_leaves_no_client_below_min_size(fmnist_labels, min
 def test_min_size_repair_rule_is_deterministic():
     counts = np.array([[5, 3], [0, 0], [1, 0]])
     # client 1 takes 2 of the largest client's top class; client 2 then takes 1 more
-    np.testing.assert_array_equal(P._repair_min_size(counts, 2), [[2, 3], [2, 0], [2, 0]])
+    np.testing.assert_array_equal(allocation._repair_min_size(counts, 2), [[2, 3], [2, 0], [2, 0]])
 
 
 def mean_entropy(counts):
@@ -144,7 +145,7 @@ def test_label_skew_custom_classes_per_client(small):
 
 
 def test_maverick_classes_are_exclusive(fmnist_labels):
-    p = P.maverick(fmnist_labels, 50, 2, 0.1, seed=0)
+    p = splits.maverick(fmnist_labels, 50, 2, 0.1, seed=0)
     assert p.roles[-2:] == ["maverick"] * 2 and set(p.roles[:-2]) == {"benign"}
     holders = (p.counts > 0).sum(axis=0)
     exclusive = np.flatnonzero(holders == 1)
@@ -161,14 +162,14 @@ def test_maverick_share_counts_by_hand():
     keep all 101 samples each: 8 x 101 + 2 x 25 = 858 samples used. Share 1 is the default, sample
     for sample."""
     labels = np.random.default_rng(2).permutation(np.repeat(np.arange(10), 101))
-    p = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=0.25)
+    p = splits.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=0.25)
     np.testing.assert_array_equal(p.counts[:, [2, 7]], [[0, 0], [0, 0], [0, 0], [25, 0], [0, 25]])
     shared = np.setdiff1d(np.arange(10), [2, 7])
     np.testing.assert_array_equal(p.counts[:, shared].sum(0), [101] * 8)
     assert p.counts.sum() == 858 and sum(len(i) for i in p.indices) == 858
     assert np.all(labels[p.indices[3]][np.isin(labels[p.indices[3]], [2, 7])] == 2)
-    whole = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7])
-    same = P.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=1.0)
+    whole = splits.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7])
+    same = splits.maverick(labels, 5, 2, 1.0, seed=0, maverick_classes=[2, 7], maverick_share=1.0)
     np.testing.assert_array_equal(whole.counts[:, [2, 7]], [[0, 0], [0, 0], [0, 0], [101, 0], [0, 101]])
     assert all(np.array_equal(a, b) for a, b in zip(whole.indices, same.indices))
 
@@ -185,7 +186,7 @@ def test_maverick_share_is_a_run_parameter_that_enters_the_key_only_when_set():
     shared = make_config(**{**base, "split": {**base["split"], "maverick_share": 0.02}})
     assert shared.resolved()["split"]["maverick_share"] == 0.02 and shared.key({}) != plain.key({})
     labels = np.random.default_rng(3).permutation(np.repeat(np.arange(10), 6000))
-    p = P._call_with_params(P.maverick, "maverick", {"n_mavericks": 2, "gamma": 10.0, "maverick_share": 0.02},
+    p = P._call_with_params(splits.maverick, "maverick", {"n_mavericks": 2, "gamma": 10.0, "maverick_share": 0.02},
                             labels=labels, n_clients=50, seed=0, n_classes=10)
     exclusive = np.flatnonzero(p.counts[:48].sum(0) == 0)
     assert exclusive.size == 2
@@ -194,14 +195,14 @@ def test_maverick_share_is_a_run_parameter_that_enters_the_key_only_when_set():
 
 
 def test_maverick_iid_documented_counts(fmnist_labels):
-    p = P.maverick_iid(fmnist_labels, seed=0, maverick_class=8)
+    p = splits.maverick_iid(fmnist_labels, seed=0, maverick_class=8)
     np.testing.assert_array_equal(p.sizes, [10800] * 4 + [16800])
     np.testing.assert_array_equal(p.counts[:4, 8], 0)
     assert np.all(p.counts[:4] == p.counts[0])  # identical (IID) non-Mavericks
 
 
 def test_celm_maverick_documented_counts(fmnist_labels):
-    p = P.celm_maverick(fmnist_labels, seed=0)
+    p = splits.celm_maverick(fmnist_labels, seed=0)
     np.testing.assert_array_equal(p.sizes, [12000] * 4 + [1200])
     rare = np.flatnonzero(p.counts[-1])
     assert rare.size == 2 and np.all(p.counts[:-1, rare] == 0)
@@ -212,20 +213,20 @@ def test_celm_maverick_shared_documented_counts(fmnist_labels):
     """The reading where the Maverick also shares the common classes (issue 30): every client holds
     6000 / 5 = 1200 of each of the 8 common classes; the Maverick also all 6000 of each of its 2 rare
     classes, which no other client holds; the rare classes are the same draw as celm_maverick's."""
-    p = P.celm_maverick_shared(fmnist_labels, seed=0)
+    p = splits.celm_maverick_shared(fmnist_labels, seed=0)
     rare = np.flatnonzero(p.counts[:-1].sum(0) == 0)
     common = np.setdiff1d(np.arange(10), rare)
-    assert rare.tolist() == np.flatnonzero(P.celm_maverick(fmnist_labels, seed=0).counts[-1]).tolist()
+    assert rare.tolist() == np.flatnonzero(splits.celm_maverick(fmnist_labels, seed=0).counts[-1]).tolist()
     assert np.all(p.counts[:, common] == 1200) and np.all(p.counts[-1, rare] == 6000)
     np.testing.assert_array_equal(p.sizes, [9600] * 4 + [9600 + 12000])
     assert p.roles == ["benign"] * 4 + ["maverick"]
-    half = P.celm_maverick_shared(fmnist_labels, seed=0, rare_fraction=0.1)
+    half = splits.celm_maverick_shared(fmnist_labels, seed=0, rare_fraction=0.1)
     assert np.all(half.counts[-1, rare] == 600)
 
 
 def test_celm_free_rider_documented_counts(fmnist_labels):
-    fr = P.celm_free_rider(fmnist_labels, seed=0)
-    frm = P.celm_free_rider(fmnist_labels, seed=0, with_maverick=True)
+    fr = splits.celm_free_rider(fmnist_labels, seed=0)
+    frm = splits.celm_free_rider(fmnist_labels, seed=0, with_maverick=True)
     np.testing.assert_array_equal(fr.sizes, [14940] * 4 + [240])
     np.testing.assert_array_equal(frm.sizes, [15920] * 3 + [1200, 240])
     assert frm.roles == ["benign"] * 3 + ["maverick", "weak_free_rider"]
@@ -238,13 +239,13 @@ def test_frm_maverick_can_share_the_common_classes_and_keep_the_earlier_keys(fmn
     parameter, added later, stays out of the key at its default (``ADDED_LATER``)."""
     from fedlib.config import make_config
 
-    frm = P.celm_free_rider(fmnist_labels, seed=0, with_maverick=True, rare_fraction=0.5, maverick_shares_common=True)
+    frm = splits.celm_free_rider(fmnist_labels, seed=0, with_maverick=True, rare_fraction=0.5, maverick_shares_common=True)
     rare = np.flatnonzero(frm.counts[:3].sum(axis=0) == 0)
     assert len(rare) == 2 and np.all(frm.counts[3, rare] == 3000)
     common = np.setdiff1d(np.flatnonzero(frm.counts[:3].sum(axis=0)), np.flatnonzero(frm.counts[-1]))
     np.testing.assert_array_equal(frm.counts[3, common], frm.counts[0, common])  # four sharers, evenly
     with pytest.raises(ValueError, match="maverick_shares_common needs with_maverick"):
-        P.celm_free_rider(fmnist_labels, seed=0, maverick_shares_common=True)
+        splits.celm_free_rider(fmnist_labels, seed=0, maverick_shares_common=True)
     split = {"name": "celm_free_rider", "with_maverick": True}
     base = make_config(dataset="fmnist", split=split).resolved()["split"]
     assert "maverick_shares_common" not in base
@@ -255,20 +256,20 @@ def test_frm_maverick_can_share_the_common_classes_and_keep_the_earlier_keys(fmn
 
 def test_weak_free_rider_takes_the_most_abundant_classes():
     labels = np.repeat(np.arange(5), [100, 400, 100, 300, 100])
-    p = P.celm_free_rider(labels, 3, seed=0, free_rider_classes=2, rare_classes=1)
+    p = splits.celm_free_rider(labels, 3, seed=0, free_rider_classes=2, rare_classes=1)
     assert set(np.flatnonzero(p.counts[-1])) == {1, 3}
 
 
 def test_free_rider_marks_last_benign_clients(fmnist_labels):
-    base = P.maverick(fmnist_labels, 10, 2, 1.0, seed=0)
-    p = P.free_rider(base, 2)
+    base = splits.maverick(fmnist_labels, 10, 2, 1.0, seed=0)
+    p = splits.free_rider(base, 2)
     assert p.roles == ["benign"] * 6 + ["free_rider"] * 2 + ["maverick"] * 2
     np.testing.assert_array_equal(p.counts, base.counts)
 
 
 def test_adversarial_pool(small):
     labels, x = small
-    p = P.adversarial(labels, gamma=0.1, seed=0, x=x)
+    p = splits.adversarial(labels, gamma=0.1, seed=0, x=x)
     assert p.n_clients == 58
     expected_roles = (["benign"] * 48 + ["maverick"] * 2 + ["label_flip"] * 2
                       + ["random_data"] * 2 + ["random_update"] * 2 + ["free_rider"] * 2)
@@ -287,7 +288,7 @@ def test_adversarial_pool(small):
 
 def test_adversarial_without_random_data_keeps_images():
     labels = np.repeat(np.arange(10), 60)
-    p = P.adversarial(labels, gamma=1.0, seed=0, n_benign=8, n_random_data=0)
+    p = splits.adversarial(labels, gamma=1.0, seed=0, n_benign=8, n_random_data=0)
     assert p.x is None and p.y is not None and p.n_clients == 16
 
 
@@ -295,9 +296,9 @@ def test_covariate_shift_is_client_specific_and_deterministic(small):
     labels, _ = small
     x = torch.ones(labels.size, 2, 3, 3)
     p = P.pls(labels, 5, seed=0)
-    shifted = P.covariate_shift(x, labels, p, 0.05, seed=0)
-    again = P.covariate_shift(x, labels, p, 0.05, seed=0)
-    other = P.covariate_shift(x, labels, p, 0.05, seed=1)
+    shifted = splits.covariate_shift(x, labels, p, 0.05, seed=0)
+    again = splits.covariate_shift(x, labels, p, 0.05, seed=0)
+    other = splits.covariate_shift(x, labels, p, 0.05, seed=1)
     assert shifted.x.shape == x.shape and torch.equal(shifted.x, again.x)
     assert not torch.equal(shifted.x, other.x)
     first = [shifted.x[torch.from_numpy(idx[:1])] for idx in p.indices]
@@ -314,17 +315,17 @@ def test_covariate_shift_is_client_specific_and_deterministic(small):
 def test_covariate_shift_sigma_zero_is_identity(small):
     labels, x = small
     p = P.iid(labels, 4, seed=0)
-    assert torch.equal(P.covariate_shift(x, labels, p, 0.0, seed=0).x, x)
+    assert torch.equal(splits.covariate_shift(x, labels, p, 0.0, seed=0).x, x)
 
 
 def test_label_noise_rates(small):
     labels, x = small
     p = P.iid(labels, 4, seed=0)
     y = torch.from_numpy(labels)
-    assert torch.equal(P.label_noise(x, y, p, 0.0, seed=0).y, y)
-    all_noisy = P.label_noise(x, y, p, 1.0, seed=0)
+    assert torch.equal(splits.label_noise(x, y, p, 0.0, seed=0).y, y)
+    all_noisy = splits.label_noise(x, y, p, 1.0, seed=0)
     assert bool((all_noisy.y != y).all())
-    part = P.label_noise(x, y, p, 0.3, seed=0, clients=[1])
+    part = splits.label_noise(x, y, p, 0.3, seed=0, clients=[1])
     changed = (part.y != y).numpy()
     assert changed.sum() == changed[p.indices[1]].sum() == round(0.3 * p.sizes[1])
     expected = np.stack([np.bincount(part.y.numpy()[idx], minlength=10) for idx in p.indices])
@@ -334,8 +335,8 @@ def test_label_noise_rates(small):
 def test_feature_noise_only_on_chosen_clients(small):
     labels, x = small
     p = P.iid(labels, 4, seed=0)
-    assert torch.equal(P.feature_noise(x, labels, p, 0.0, seed=0).x, x)
-    noisy = P.feature_noise(x, labels, p, 0.5, seed=0, clients=[2])
+    assert torch.equal(splits.feature_noise(x, labels, p, 0.0, seed=0).x, x)
+    noisy = splits.feature_noise(x, labels, p, 0.5, seed=0, clients=[2])
     chosen = torch.from_numpy(p.indices[2])
     others = torch.from_numpy(np.concatenate([p.indices[i] for i in (0, 1, 3)]))
     assert torch.equal(noisy.x[others], x[others])
@@ -344,33 +345,33 @@ def test_feature_noise_only_on_chosen_clients(small):
 
 def test_transforms_use_the_partition_pool(small):
     labels, x = small
-    adv = P.adversarial(labels, gamma=1.0, seed=0, x=x)
-    noisy = P.label_noise(x, labels, adv, 0.0, seed=0)
+    adv = splits.adversarial(labels, gamma=1.0, seed=0, x=x)
+    noisy = splits.label_noise(x, labels, adv, 0.0, seed=0)
     assert torch.equal(noisy.y, adv.y) and noisy.x is adv.x
 
 
 ERRORS = [
     ("alpha", lambda y: P.dirichlet(y, 5, 0.0, seed=0)),
-    ("gamma", lambda y: P.maverick(y, 5, 1, -1.0, seed=0)),
+    ("gamma", lambda y: splits.maverick(y, 5, 1, -1.0, seed=0)),
     ("k", lambda y: P.k_classes(y, 5, 0, seed=0)),
     ("k", lambda y: P.k_classes(y, 5, 11, seed=0)),
     ("n_clients", lambda y: P.iid(y, 0, seed=0)),
     ("n_clients", lambda y: P.dirichlet(y, y.size + 1, 1.0, seed=0)),
-    ("n_mavericks", lambda y: P.maverick(y, 20, 10, 1.0, seed=0)),
-    ("n_mavericks", lambda y: P.maverick(y, 3, 3, 1.0, seed=0)),
+    ("n_mavericks", lambda y: splits.maverick(y, 20, 10, 1.0, seed=0)),
+    ("n_mavericks", lambda y: splits.maverick(y, 3, 3, 1.0, seed=0)),
     ("min_size", lambda y: P.dirichlet(y, 10, 1.0, seed=0, min_size=1000)),
     ("classes_per_client", lambda y: P.pls(y, 3, seed=0, classes_per_client=[1, 2, 3])),
-    ("rate", lambda y: P.label_noise(None, y, P.iid(y, 2, seed=0), 1.5, seed=0)),
-    ("rate", lambda y: P.label_noise(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
-    ("sigma", lambda y: P.covariate_shift(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
-    ("std", lambda y: P.feature_noise(None, y, P.iid(y, 2, seed=0), -1.0, seed=0)),
-    ("n_free_riders", lambda y: P.free_rider(P.iid(y, 2, seed=0), 3)),
-    ("x", lambda y: P.adversarial(y, gamma=1.0, seed=0)),
-    ("maverick_classes", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_classes=[10])),
-    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.0)),
-    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=1.5)),
-    ("maverick_share", lambda y: P.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.005)),  # floor(0.5) = 0
-    ("free_rider_fraction", lambda y: P.celm_free_rider(y, seed=0, free_rider_fraction=0.0)),
+    ("rate", lambda y: splits.label_noise(None, y, P.iid(y, 2, seed=0), 1.5, seed=0)),
+    ("rate", lambda y: splits.label_noise(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
+    ("sigma", lambda y: splits.covariate_shift(None, y, P.iid(y, 2, seed=0), -0.1, seed=0)),
+    ("std", lambda y: splits.feature_noise(None, y, P.iid(y, 2, seed=0), -1.0, seed=0)),
+    ("n_free_riders", lambda y: splits.free_rider(P.iid(y, 2, seed=0), 3)),
+    ("x", lambda y: splits.adversarial(y, gamma=1.0, seed=0)),
+    ("maverick_classes", lambda y: splits.maverick(y, 5, 1, 1.0, seed=0, maverick_classes=[10])),
+    ("maverick_share", lambda y: splits.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.0)),
+    ("maverick_share", lambda y: splits.maverick(y, 5, 1, 1.0, seed=0, maverick_share=1.5)),
+    ("maverick_share", lambda y: splits.maverick(y, 5, 1, 1.0, seed=0, maverick_share=0.005)),  # floor(0.5) = 0
+    ("free_rider_fraction", lambda y: splits.celm_free_rider(y, seed=0, free_rider_fraction=0.0)),
 ]
 
 
@@ -386,7 +387,7 @@ def test_errors_are_one_line_and_name_the_field(field, call):
 def test_even_split_rows_matches_the_per_row_loop():
     """The vectorized row split (PLS/SLS counts, k_classes, Maverick and CELM columns) against
     its loop oracle: row i is ``_even_split(totals[i], parts[i])`` over its held entries."""
-    from fedlib.partition import _even_split, _even_split_rows
+    from fedlib.allocation import _even_split, _even_split_rows
 
     rng = np.random.default_rng(4)
     holds = rng.random((9, 7)) < 0.5
@@ -402,11 +403,11 @@ def test_even_split_rows_matches_the_per_row_loop():
 
 
 def test_free_rider_and_hostile_roles_mark_the_last_benign_clients():
-    from fedlib.partition import _mark_benign
+    from fedlib.splits import _mark_benign
 
     base = P.iid(np.arange(40) % 4, n_clients=5, seed=0)
     base.roles[4] = "maverick"
-    marked = P.free_rider(base, 2)
+    marked = splits.free_rider(base, 2)
     assert marked.roles == ["benign", "benign", "free_rider", "free_rider", "maverick"]
     hostile = _mark_benign(marked, 1, "nan_update", "nan_updates")
     assert hostile.roles[1] == "nan_update"

@@ -7,6 +7,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from fedlib import partition as P  # noqa: E402
+from fedlib import splits  # noqa: E402
 from fedlib.plots import ROLE_COLORS, bubble_plot  # noqa: E402
 
 
@@ -34,7 +35,7 @@ def test_bubble_area_is_proportional_to_count():
 
 
 def test_bubble_plot_names_non_benign_roles(labels, tmp_path):
-    p = P.adversarial(labels, gamma=0.1, seed=0, n_random_data=0)
+    p = splits.adversarial(labels, gamma=0.1, seed=0, n_random_data=0)
     fig = bubble_plot(p.counts, p.roles, class_names=[f"c{i}" for i in range(10)])
     main, top, right, corner = fig.axes
     legend = corner.get_legend()

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from fedlib.app.kit import sources
-from fedlib.app.chapters import fedms as chapter
+from fedlib.app.chapters.fedms import analysis as fedms_analysis
+from fedlib.app.chapters.fedms import protocol as fedms_protocol
 from fedlib.config import make_config
 from fedlib.data import load_dataset
 from fedlib.methods import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
@@ -176,14 +177,14 @@ def test_bad_hyperparameters_are_one_line_errors(name, params, message):
 
 def test_chapter_configs_use_the_papers_hyperparameters():
     quick = sources.load_profile("fedms", "quick")
-    assert len(chapter.experiment_configs(quick, "table1")) == 3 * (7 + 2)  # + FedMS, S-FedAvg with ×100
-    c = chapter.run_config(quick, "Dir(10)", "fedms", 0)
+    assert len(fedms_protocol.experiment_configs(quick, "table1")) == 3 * (7 + 2)  # + FedMS, S-FedAvg with ×100
+    c = fedms_protocol.run_config(quick, "Dir(10)", "fedms", 0)
     assert c.method.params["alpha"] == 0.8 and c.split.params == {"n_mavericks": 2, "gamma": 10.0}
-    assert chapter.run_config(quick, "Dir(0.1)", "fedms", 0).method.params["eps_d_end"] == 0.2
-    assert chapter.run_config(quick, "Dir(1)", "poc", 0).method.params["decay"] == 0.9
-    assert chapter.run_config(quick, "Dir(10)", "fedemd", 0).method.params["beta"] == 0.001
-    assert chapter.run_config(quick, "Dir(1)", "fedprox", 0).method.params["mu"] == 1.0
-    assert chapter.adversarial_config(quick, "fedms", 0).n_clients == 58
+    assert fedms_protocol.run_config(quick, "Dir(0.1)", "fedms", 0).method.params["eps_d_end"] == 0.2
+    assert fedms_protocol.run_config(quick, "Dir(1)", "poc", 0).method.params["decay"] == 0.9
+    assert fedms_protocol.run_config(quick, "Dir(10)", "fedemd", 0).method.params["beta"] == 0.001
+    assert fedms_protocol.run_config(quick, "Dir(1)", "fedprox", 0).method.params["mu"] == 1.0
+    assert fedms_protocol.adversarial_config(quick, "fedms", 0).n_clients == 58
     paper = sources.load_profile("fedms", "paper")
     assert (paper["rounds"], paper["local_epochs"], paper["batch_size"], paper["lr"], len(paper["seeds"])) == \
         (100, 5, 64, 0.05, 3)
@@ -199,9 +200,9 @@ def test_participation_and_reward_series():
         {"aggregated": [0, 2], "weights": [0.5, 0.5], "diagnostics": {"rewards": [0.1, 0.4]}},
         {"aggregated": [1, 3], "weights": [1.0, 0.0], "diagnostics": {"rewards": [0.2, -0.3]}},
     ]
-    rates = chapter.participation(_fake(roles, history))
+    rates = fedms_protocol.participation(_fake(roles, history))
     assert rates["maverick"] == 50.0 and rates["label_flip"] == 0.0 and np.isnan(rates["free_rider"])
-    s = chapter.reward_series(_fake(roles, history))
+    s = fedms_protocol.reward_series(_fake(roles, history))
     np.testing.assert_allclose(s["cumulative_maverick"], [0.4, 0.4])
     np.testing.assert_allclose(s["cumulative_other"], [0.1 / 3, 0.0], atol=1e-12)
     assert np.isnan(s["mean_maverick"][1])
@@ -237,7 +238,7 @@ def test_eq12_is_the_default_and_the_scale_an_option(world):
 def test_chapter_runs_both_softmax_variants_in_every_profile():
     for profile in ("smoke", "quick", "paper"):
         params = sources.load_profile("fedms", profile)
-        specs = [c.method.params | {"name": c.method.name} for c in chapter.experiment_configs(params, "table1")]
+        specs = [c.method.params | {"name": c.method.name} for c in fedms_protocol.experiment_configs(params, "table1")]
         for name in ("fedms", "s_fedavg"):
             if name in params["methods"]:
                 assert any(s["name"] == name and s.get("score_scale") == 100.0 for s in specs)
@@ -245,7 +246,7 @@ def test_chapter_runs_both_softmax_variants_in_every_profile():
     rows = [("Dir(1)", {"fedms": (92.0, 0.1), "s_fedavg": (80.0, 0.1)},
              {"ours": {"fedms": (90.0, 0.0), "fedms_x100": (91.5, 0.0), "s_fedavg": (79.0, 0.0),
                        "s_fedavg_x100": (70.0, 0.0)}})]
-    verdict = {v["method"]: v for v in chapter.softmax_verdict(rows, "ours")}
+    verdict = {v["method"]: v for v in fedms_analysis.softmax_verdict(rows, "ours")}
     assert verdict["FedMS"]["nearer"] == "×100" and verdict["FedMS"]["gap, softmax(Ŝ) (Eq. 12)"] == 2.0
     assert verdict["S-FedAvg"]["nearer"] == "Eq. 12 as printed" and verdict["S-FedAvg"]["gap, softmax(100 Ŝ)"] == 10.0
 
@@ -266,14 +267,14 @@ def test_a_shortfall_is_read_from_the_runs_history():
     """Hand-built histories: the Maverick aggregated in 1 of 5 rounds (FedAvg: 4), its class at 10 %
     (FedAvg 80 %); accuracy still rising by 20 points in the last round (FedAvg: 1 point)."""
     fedavg = _history_run(4, 0.8, [0.5, 0.6, 0.7, 0.8, 0.81])
-    starved = chapter.diagnose_shortfall(_history_run(1, 0.1, [0.1, 0.2, 0.3, 0.4, 0.6]), fedavg)
-    assert chapter.aggregated_rounds(fedavg).tolist() == [5, 1, 4]
+    starved = fedms_analysis.diagnose_shortfall(_history_run(1, 0.1, [0.1, 0.2, 0.3, 0.4, 0.6]), fedavg)
+    assert fedms_protocol.aggregated_rounds(fedavg).tolist() == [5, 1, 4]
     assert starved["Mavericks aggregated (rounds)"] == "1" and starved["Maverick classes' accuracy (%)"] == "10"
     assert starved["gain, last fifth (points)"] == pytest.approx(20.0)
     why = starved["why (from the run's history)"]
     assert "aggregated in 1 of 5 rounds (FedAvg: 4)" in why and "end at 10 % (FedAvg: 80 %)" in why
     assert "still learning: +20.0 points" in why and "(FedAvg +1.0)" in why
-    slowed = chapter.diagnose_shortfall(_history_run(4, 0.2, [0.5, 0.6, 0.7, 0.8, 0.8],
+    slowed = fedms_analysis.diagnose_shortfall(_history_run(4, 0.2, [0.5, 0.6, 0.7, 0.8, 0.8],
                                                      {"name": "fedprox", "mu": 1.0}), fedavg)
     assert "took part as often as under FedAvg" in slowed["why (from the run's history)"]
     assert "μ = 1" in slowed["why (from the run's history)"]

@@ -4,7 +4,10 @@ queue-able configs and the calibration rule, on hand-made histories."""
 import numpy as np
 import pytest
 
-from fedlib.app.chapters import fedms
+from fedlib.app.chapters.fedms import FedMS
+from fedlib.app.chapters.fedms import analysis as fedms_analysis
+from fedlib.app.chapters.fedms import page as fedms_page
+from fedlib.app.chapters.fedms import protocol as fedms
 from fedlib.app.kit.sources import load_profile, load_reference
 from fedlib.app.kit.stored import Stored
 from fedlib.run import RunResult
@@ -144,7 +147,7 @@ def test_calibration_picks_the_smallest_mean_gap_among_permitted_readings_by_han
             results[config.key()] = _run([0.9] * 9 + [0.96])
         elif reading == "uniform weights, validation held out of training":
             results[config.key()] = _run([0.8] * 10)
-    frame, chosen = fedms.calibrate_maverick_readings(params, results, load_reference("fedms"))
+    frame, chosen = fedms_analysis.calibrate_maverick_readings(params, results, load_reference("fedms"))
     first = frame.loc[(fedms.PAPER_READING, "last round")]
     assert first["mean |ours − paper|"] == pytest.approx((16.87 + 17.0 + 21.45) / 3)
     assert frame.loc[(fedms.PAPER_READING, "mean of the last 10 rounds"), "Dir(10) ours"] == pytest.approx(90.6)
@@ -153,11 +156,11 @@ def test_calibration_picks_the_smallest_mean_gap_among_permitted_readings_by_han
     assert uniform["departs from"].str.contains("Eq. 3").all() and first["departs from"] == "—"
     assert chosen == (fedms.PAPER_READING, "mean of the last 10 rounds")  # 90.6, tied with all rounds: the first
     assert np.isnan(frame.loc[(HELD_OUT, "last round"), "mean |ours − paper|"])
-    _, none = fedms.calibrate_maverick_readings(params, {}, load_reference("fedms"))
+    _, none = fedms_analysis.calibrate_maverick_readings(params, {}, load_reference("fedms"))
     assert none is None
     only_deviations = {k: v for k, v in results.items() if k not in {c.key() for _, r, c in rows
                                                                       if r == fedms.PAPER_READING}}
-    assert fedms.calibrate_maverick_readings(params, only_deviations, load_reference("fedms"))[1] is None
+    assert fedms_analysis.calibrate_maverick_readings(params, only_deviations, load_reference("fedms"))[1] is None
 
 
 def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monkeypatch):
@@ -171,7 +174,7 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     run = RunResult(config={}, history=[{"round": t, "accuracy": 0.8} for t in range(10)],
                     final={"accuracy": 0.8, "per_class_accuracy": [1.0, 0.0]}, meta=meta)
     stored = {c.key(): run for _, r, c in fedms.maverick_reading_configs(params) if r == reading}
-    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
+    monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
     frame, values = chapter.maverick_readings()
@@ -188,7 +191,7 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     chapter.paper_params = {**params, "table1_score": "mean over all rounds"}
     assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it lands within 3 points of the paper on Dir(10)")
     assert values["mr_chosen_mav"] == pytest.approx(0.0) and values["mr_runner_up"] == "none"  # one run reading
-    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored({}, {}, []))
+    monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored({}, {}, []))
     frame, empty = chapter.maverick_readings()
     assert frame is None and empty["mr_runs"] == 0 and empty["mr_chosen"] == "none (no candidate has a run)"
     assert empty["mr_protocol"] == "the protocol stays as it was" and np.isnan(empty["mr_chosen_gap"])
@@ -208,7 +211,7 @@ def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkey
     paper, uniform = fedms.PAPER_READING, "uniform weights, validation held out of training"
     stored = {c.key(): run(0.8, 0.0) if r == paper else run(0.79, 0.5)
               for _, r, c in fedms.maverick_reading_configs(params) if r in (paper, uniform)}
-    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
+    monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
     _, values = chapter.maverick_readings()
@@ -254,12 +257,12 @@ def test_cifar10_calibration_by_hand(params):
     finals = {"no augmentation, no weight decay": 0.54, "weight decay 5e-4": 0.60}
     results = {c.key(): _run([0.3, finals[r]]) for s, r, c in rows if r in finals and s != "Dir(0.1)"}
     results.update({c.key(): _run([0.62]) for s, r, c in rows if r == "crop + flip" and s == "Dir(10)"})
-    frame, chosen = fedms.calibrate_cifar10_readings(params, results, load_reference("fedms"))
+    frame, chosen = fedms_analysis.calibrate_cifar10_readings(params, results, load_reference("fedms"))
     assert frame.loc["no augmentation, no weight decay", "mean |ours − paper|"] == pytest.approx((9.36 + 7.52) / 2)
     assert frame.loc["crop + flip", "mean |ours − paper|"] == pytest.approx(1.36)
     assert frame.loc["weight decay 5e-4", "mean |ours − paper|"] == pytest.approx((3.36 + 1.52) / 2)
     assert chosen == "weight decay 5e-4"
-    assert fedms.calibrate_cifar10_readings(params, {}, load_reference("fedms"))[1] is None
+    assert fedms_analysis.calibrate_cifar10_readings(params, {}, load_reference("fedms"))[1] is None
 
 
 def test_an_adopted_cifar10_reading_sets_every_cifar10_run_and_the_screen_keeps_its_keys(params):
@@ -296,11 +299,11 @@ def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeyp
     stored = {c.key(): _run([finals.get(r, 0.2)]) for s, r, c in rows if r in finals or s != "Dir(1)"}
     earlier_fedms = fedms.run_config({**params, "table1_reading": HELD_OUT}, "Dir(1)", "fedms", 0, cifar10=True)
     stored[earlier_fedms.key()] = _run([0.5])
-    monkeypatch.setattr(fedms, "stored_results", lambda chapter, configs: Stored(
+    monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(
         {c.key(): stored[c.key()] for c in configs if c.key() in stored}, {}, []))
     for profile, expected in ((params, "not every candidate has a run on every split yet"),
                               ({**params, "cifar10_reading": wide}, "the paper profile uses it")):
-        chapter = fedms.FedMS("paper", profile)
+        chapter = FedMS("paper", profile)
         chapter.paper_params = profile
         monkeypatch.setattr(chapter, "cifar_note", lambda: "CIFAR-10")
         frame, values = chapter.cifar10_readings()

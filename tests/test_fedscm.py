@@ -12,7 +12,7 @@ import torch
 from fedlib.app.kit import sources
 from fedlib.app.kit.stored import results_dir
 from fedlib.cache import ResultCache
-from fedlib.app.chapters import fedscm as chapter
+from fedlib.app.chapters.fedscm import protocol as chapter  # the chapter's runs and stored results
 from fedlib.config import ConfigError, ScmConfig
 from fedlib.provenance import repo_root
 from fedlib.data import load_dataset

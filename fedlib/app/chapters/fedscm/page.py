@@ -1,266 +1,39 @@
-"""The FedSCM chapter: sparse consensus matching, its theory checked by simulation, and
-the one-shot selection pipeline (Algorithm 2) against its baselines.
-
-Theory (simulated client predictions under the Dirichlet expertise model, Def. 4):
-  sparsity   Theorem 3: the solvers' own outputs (before any rounding) per γ
-  recovery   Theorem 6: P(exact recovery of the experts) vs n and vs K
-  optimum    Theorem 9: PGD and SLSQP against exhaustive search over vertices (small K)
-Pipeline (``fedlib.scm_pipeline``; one federation per shift, α and seed):
-  table2     label + quantity shift, Dirichlet α in ``alphas``            (Table 2)
-  table4     covariate shift, per-client affine maps with σ                (Table 4)
-  table1     stability of repeated selections with/without the size regulariser (Table 1)
-  fig5/fig8  client weights and η̂ against target accuracy                (Fig. 5, Fig. 8)
-The page (book/fedscm.ipynb) is ``FedSCM``: one method per table or figure.
-"""
+"""The FedSCM page (book/fedscm.ipynb): Theorems 3, 6 and 9 by simulation, Tables 1, 2 and 4, Figs. 5 and 8
+and the issue-22 diagnosis."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...cache import ResultCache
-from ...config import ScmConfig
-from ...data import DataNotFoundError
-from ...events import report
-from ...methods import scm
-from ...results import store_run
-from ...scm_pipeline import method_labels, run_pipeline
-from ...stats import mean_std, pm
-from ..kit import frames
-from ..kit.claim_types import Claim, Comparison, Side
-from ..kit.items import run_scm
-from ..kit.sources import load_profile
-from ..kit.stored import NothingStored, evidence_summary, results_dir
-from . import Paper, unique_configs
-from .base import Chapter, dataset_label, queue_item
-from .profiles import Names, Profile, Seeds
+from ....data import DataNotFoundError
+from ....events import report
+from ....methods import scm
+from ....scm_pipeline import run_pipeline
+from ....stats import pm
+from ...kit import frames
+from ...kit.stored import NothingStored, evidence_summary
+from ..base import Chapter
+from .analysis import (
+    EXPERTISE,
+    SOLVER_VARIANTS,
+    _expert_sample,
+    accuracy_rows,
+    constant_predictor_demo,
+    diagnosis_rows,
+    recovery_curve,
+)
+from .protocol import (
+    diagnosis_configs,
+    experiment_configs,
+    pipeline_config,
+    selected_vs_unselected,
+    stored_results,
+)
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-PIPELINE_KEYS = ("dataset", "model", "fraction", "n_clients", "sigma", "server_samples", "eval_samples",
-                 "local_epochs", "batch_size", "lr", "momentum", "post_rounds", "post_steps", "post_lr", "prox_mu",
-                 "gammas", "solver", "random_sizes", "sdea_clients", "fedavg_per_round")
-OPTIONAL_KEYS = ("projection", "rounding", "temperatures", "adapt_steps", "vote_gate", "cf_permutations", "ot_reg",
-                 "ot_samples", "comda_clients")  # ScmConfig's defaults when a profile omits them
-
-
-def pipeline_config(params: dict[str, Any], shift: str, alpha: float, seed: int) -> ScmConfig:
-    """One federation of the chapter's protocol; Table 1's repeated selections ride on the
-    federation with ``alpha == stability_alpha`` (seed 0 of the profile)."""
-    data = {k: params[k] for k in PIPELINE_KEYS}
-    data.update({k: params[k] for k in OPTIONAL_KEYS if params.get(k) is not None})
-    stability = (shift == "label" and alpha == params["stability_alpha"] and seed == params["seeds"][0])
-    return ScmConfig.make(data, source="fedscm params", shift=shift, alpha=alpha, seed=seed,
-                           stability_runs=params["stability_runs"] if stability else 0,
-                           stability_kappa=params["stability_kappa"])
-
-
-def experiment_configs(params: dict[str, Any], experiment: str) -> list[ScmConfig]:
-    if experiment == "table2":
-        return [pipeline_config(params, "label", a, s) for a in params["alphas"] for s in params["seeds"]]
-    if experiment == "table4":
-        return [pipeline_config(params, "covariate", params["alphas"][0], s) for s in params["seeds"]]
-    raise ValueError(f"experiments: unknown experiment {experiment!r}")
-
-
-configs = partial(unique_configs, experiment_configs)  # Tables 1–4 (the issue-22 variants: ``diagnosis_configs``)
-
-
-def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
-    """Issue 22 (c): selection-only federations (no post-training, FedSCM and Best Source
-    only) at label shift α = ``stability_alpha``, first seed, each with one protocol change
-    from ``diagnosis_variants`` (a list of ScmConfig overrides) — the profile's own protocol
-    first, as ``as profiled``."""
-    base = pipeline_config(params, "label", params["stability_alpha"], params["seeds"][0]).to_dict()
-    base.update(methods=("fedscm", "best_source"), post_rounds=0, stability_runs=0,
-                expertise_repeats=max(base["expertise_repeats"], 2))
-    out = [("as profiled", ScmConfig.make(base, source="fedscm params"))]
-    for change in params.get("diagnosis_variants") or []:
-        name = ", ".join(f"{k} = {v}" for k, v in change.items())
-        out.append((name, ScmConfig.make({**base, **change}, source=f"fedscm params: diagnosis_variants {name}")))
-    return out
-
-
-# the pipeline's Def. 4 diagnosis keys -> (the variants table's column, the page's glue name)
-EXPERTISE = {"max η̂": ("max η̂", "d_eta"), "clients with η̂ ≥ 0.5": ("clients η̂ ≥ 0.5", "d_experts"),
-             "trained: mean mode share": ("mode share (trained)", "d_mode"),
-             "Def. 4 simulation: mean mode share": ("mode share (Def. 4)", "d_mode_sim"),
-             "trained: non-expert pairs agreeing on ≥ 90 % of inputs":
-                 ("agreeing non-expert pairs (trained)", "d_pairs"),
-             "Def. 4 simulation: non-expert pairs agreeing on ≥ 90 %":
-                 ("agreeing non-expert pairs (Def. 4)", "d_pairs_sim")}
-
-
-def selection_quality(result: dict, gamma_key: str | None = None) -> dict[str, float]:
-    """Did the selection recover the right clients? The selected clients' mean accuracy on the
-    target set against the best client, the mean client and the m most accurate clients
-    (m = number selected), and the share of the selection among those m."""
-    gk = gamma_key or f"{result['config']['gammas'][0]:g}"
-    acc = 100 * np.asarray(result["clients"]["target_accuracy"])
-    chosen = np.asarray(result["selections"][gk]["selected"], dtype=int)
-    m = max(len(chosen), 1)
-    top = np.argsort(-acc, kind="stable")[:m]
-    return {"selected": len(chosen), "selected accuracy (%)": float(acc[chosen].mean()) if len(chosen) else np.nan,
-            "top-m accuracy (%)": float(acc[top].mean()), "mean client (%)": float(acc.mean()),
-            "best client (%)": float(acc.max()),
-            "share of selection in top-m": float(np.isin(chosen, top).mean()) if len(chosen) else np.nan}
-
-
-def diagnosis_rows(results: dict[str, dict]) -> "pd.DataFrame":
-    """One row per issue-22 variant: selection quality and how far the clients are from Def. 4."""
-    import pandas as pd
-
-    rows = []
-    for name, result in results.items():
-        cfg, dg = result["config"], result["diagnosis"]
-        ex = dg.get("expertise", {})
-        rows.append({"variant": name, "data": cfg["dataset"], "model": cfg["model"], "K": cfg["n_clients"],
-                     "local epochs": cfg["local_epochs"], "α": cfg["alpha"],
-                     "mean client size": float(np.mean(result["clients"]["sizes"])),
-                     **selection_quality(result), **{col: ex.get(key, np.nan) for key, (col, _) in EXPERTISE.items()}})
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- theory
-
-
-def _expert_sample(k, n, c, experts, seed, hard: bool, noise_alpha: float):
-    ranges = {"expert_range": (0.5, 0.8), "other_range": (0.0, 0.4)} if hard else {}
-    eta = scm.expertise_levels(k, experts, seed=seed, **ranges)
-    return scm.simulate_expertise(k, n, c, eta, noise_alpha=noise_alpha, seed=seed)
-
-
-SOLVER_VARIANTS = {"PGD (Alg. 1 step)": ("pgd", {"projection": "paper"}),
-                   "PGD (Euclidean)": ("pgd", {"projection": "euclidean"}), "SLSQP": ("slsqp", {})}
-
-
-def recovery_curve(values, vary: str, fixed: dict, trials: int, seed: int = 0, gamma: float = 2 / 3):
-    """P(FedSCM selects exactly the 3 experts) as n or K varies, for PGD and SLSQP, in the
-    hard regime (experts η ∈ [0.5, 0.8], others η ∈ [0, 0.4], Dirichlet noise α = 0.3)."""
-    import pandas as pd
-
-    rows = []
-    for v in values:
-        setting = {**fixed, vary: v}
-        hits = {"pgd": 0, "slsqp": 0}
-        for t in range(trials):  # independent trials of the experiment
-            s = _expert_sample(setting["k"], setting["n"], setting["c"], 3, seed + 1000 * t + v, hard=True,
-                               noise_alpha=0.3)
-            for solver in hits:
-                hits[solver] += set(scm.select(s.probs, gamma, solver).selected) == set(s.experts)
-        for solver, h in hits.items():
-            rows.append({vary: v, "solver": solver.upper(), "recovery": h / trials})
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- pipeline tables
-
-
-def accuracy_rows(results: dict, cfgs: list[ScmConfig]) -> dict[str, tuple[float, float]]:
-    """{method label: (mean, std) of target accuracy in %} over the runs (seeds) present."""
-    present = [results[c.key()]["methods"] for c in cfgs if c.key() in results]
-    return {label: mean_std(100 * r[label]["accuracy"] for r in present) for label in method_labels(cfgs[0])}
-
-
-def selected_vs_unselected(result: dict, gamma_key: str) -> dict[str, dict[str, float]]:
-    """Fig. 6's comparison as numbers: mean accuracy on the target set and 1 − JSD to the
-    target's label distribution of selected and unselected clients."""
-    cl = result["clients"]
-    sel = np.zeros(len(cl["sizes"]), dtype=bool)
-    sel[result["selections"][gamma_key]["selected"]] = True
-    out = {}
-    for name, mask in (("selected", sel), ("unselected", ~sel)):
-        out[name] = {"target accuracy (%)": 100 * float(np.mean(np.asarray(cl["target_accuracy"])[mask])),
-                     "1 − JSD to target labels": float(np.mean(np.asarray(cl["similarity"])[mask])),
-                     "mean prediction entropy": float(np.mean(np.asarray(cl["mean_entropy"])[mask])),
-                     "local samples": float(np.mean(np.asarray(cl["sizes"])[mask]))}
-    return out
-
-
-# ----------------------------------------------------------------------------- stored runs
-
-
-def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool = False) -> list:
-    """Run a profile's federations and keep each under ``results/runs/<key>.json.gz`` with its
-    provenance (``fedlib.results.store_run``; files that exist are not recomputed). ``diagnosis=True``
-    runs the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
-    store = ResultCache(results_dir(), protect=True)
-    written = []
-    params = load_profile("fedscm", profile)
-    cfgs = ([c for _, c in diagnosis_configs(params)] if diagnosis else []) + configs(params)
-    for i, config in enumerate(cfgs):
-        if store.get(config.key()) is not None:
-            continue
-        if progress:
-            print(f"[{i + 1}/{len(cfgs)}] fedscm: {config.shift} α={config.alpha} seed {config.seed}", flush=True)
-        result = run_pipeline(config, progress=progress)
-        written.append(store_run(config.key(), config.to_dict(), result))
-    return written
-
-
-def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
-    """Stored pipeline results (``results/runs/``) whose config is one of ``configs(params)``
-    (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
-    store = ResultCache(results_dir(), protect=True)
-    out = {}
-    for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
-        payload = store.get(config.key())
-        if payload is not None:
-            out[config.key()] = payload["result"]
-    return out
-
-
-def constant_predictor_demo(trials: int, k: int = 50, n: int = 200, c: int = 10, seed: int = 0,
-                            noise_alpha: float = 0.1, label_smoothing: float = 0.2) -> "pd.DataFrame":
-    """Issue 22 in simulation: the same expertise levels (3 experts η ∈ [0.9, 1], the rest
-    η ∈ [0, 0.1]) with Def. 4's per-input Dirichlet noise and with per-client noise (one Q_k
-    for all inputs: constant, confident non-experts, as trained clients under label shift).
-    Per noise model: exact recovery of the experts, experts among the selected, and the share
-    of selections whose clients all predict one constant class."""
-    import pandas as pd
-
-    rows = []
-    for noise in ("per_sample", "per_client"):
-        exact, experts_in, constant = 0, [], 0
-        for t in range(trials):
-            eta = scm.expertise_levels(k, 3, seed=seed + t)
-            s = scm.simulate_expertise(k, n, c, eta, noise_alpha=noise_alpha, label_smoothing=label_smoothing,
-                                       seed=seed + t, noise=noise)
-            chosen = scm.select(s.probs, 2 / 3, "pgd").selected
-            st = scm.prediction_structure(s.probs)
-            exact += set(chosen) == set(s.experts)
-            experts_in.append(float(np.isin(chosen, s.experts).mean()))
-            constant += bool((st["mode_share"][chosen] == 1).all()
-                             and len(set(st["modal_class"][chosen].tolist())) == 1)
-        rows.append({"non-expert noise": {"per_sample": "Def. 4: fresh Q per input",
-                                          "per_client": "one Q per client (constant predictor)"}[noise],
-                     "exact recovery": exact / trials, "experts among the selected": float(np.mean(experts_in)),
-                     "selection = constant predictors of one class": constant / trials})
-    return pd.DataFrame(rows)
-
-
-# ----------------------------------------------------------------------------- the results queue
-
-
-def queue_items(params: dict[str, Any]) -> list:
-    """Every federation of the profile for ``python -m fedlib results`` (fedlib.app.queue): one
-    pipeline run backs a whole column of Table 2 (all methods); the seed-0 federation at
-    ``stability_alpha`` also carries Table 1; headline: α = 0.1."""
-    item = partial(queue_item, "fedscm", params, runner=run_scm)
-    label, items = dataset_label(params["dataset"]), []
-    for experiment in params["experiments"]:
-        for c in experiment_configs(params, experiment):
-            if experiment == "table2":
-                column = f"{label} α={c.alpha:g}" if c.alpha != 1 else f"{label} α=1.0"
-                backs = [("Table 2", "*", column)] + ([("Table 1", "*", "*")] if c.stability_runs else [])
-                items.append(item("Table 2", "all methods", column, c, headline=c.alpha == 0.1, backs=tuple(backs)))
-            else:
-                items.append(item("Table 4", "all methods", label, c, table_rank=1, headline=True,
-                                  backs=(("Table 4", "*", label),)))
-    return items
+    pass
 
 
 # ----------------------------------------------------------------------------- the page
@@ -664,83 +437,3 @@ class FedSCM(Chapter):
             {"claim": f"{label}, label shift α = {w['α']} ({self.paper_table}; paper: {self.paper_name}; {self.ours})",
              "paper": w["paper"][label][0], "ours": round(w["ours"][label][0], 2), "unit": "%", "notes": self.ours}
             for w in wins for label in HEADLINE_LABELS if label in w["ours"]])
-
-
-# ----------------------------------------------------------------------------- the declaration
-
-
-class FedSCMProfile(Profile):
-    dataset: str
-    model: str
-    fraction: float
-    n_clients: int
-    alphas: list[float]  # Table 2's Dirichlet α
-    sigma: float
-    server_samples: int
-    eval_samples: int
-    local_epochs: int
-    batch_size: int
-    lr: float
-    momentum: float
-    post_rounds: int
-    post_steps: int | None  # null: every local step of an epoch
-    post_lr: float
-    prox_mu: float
-    gammas: list[float]
-    solver: str
-    random_sizes: list[int]
-    sdea_clients: int
-    fedavg_per_round: int | None  # null: every client each round
-    seeds: Seeds
-    experiments: Names
-    stability_runs: int
-    stability_kappa: float
-    stability_alpha: float
-    sparsity_gammas: list[float]
-    theory_trials: int
-    n_grid: list[int]
-    k_grid: list[int]
-    k_grid_n: int
-    optimum_trials: int
-    projection: str
-    rounding: str
-    temperatures: list[float]
-    adapt_steps: int
-    vote_gate: float
-    cf_permutations: int
-    ot_reg: float
-    ot_samples: int
-    comda_clients: int
-    diagnosis_variants: list[dict[str, Any]]  # each: the protocol's keys (or alpha) it changes
-
-
-def scm_accuracy(result: dict, label: str) -> float:
-    """A pipeline run's target accuracy (%) of the method ``label``: the claims' reading of Table 2."""
-    return 100.0 * float(result["methods"][label]["accuracy"])
-
-
-def selected_minus_unselected(result: dict, gamma: str) -> float:
-    """Target accuracy (points) of the clients FedSCM selects at ``gamma`` minus the others' (Fig. 5)."""
-    split = selected_vs_unselected(result, gamma)
-    return split["selected"]["target accuracy (%)"] - split["unselected"]["target accuracy (%)"]
-
-
-def table2_claim_columns() -> list[str]:
-    return [f"CIFAR-10 α={a}" for a in ("1.0", "0.1", "0.01")]
-
-
-CLAIMS = (
-    Claim("FedSCM (γ = 0.67) beats FedAvg on every CIFAR-10 Table 2 column", "Table 2",
-          "tables-23-label-and-quantity-shift",
-          tuple(Comparison(col, Side(("Table 2", "all methods", col), "scm_accuracy", "FedSCM (γ = 0.67)",
-                                     ref=("Table 2", "FedSCM (γ = 0.67)", col)),
-                           Side(("Table 2", "all methods", col), "scm_accuracy", "FedAvg", ref=("Table 2", "FedAvg", col)))
-                for col in table2_claim_columns())),
-    Claim("FedSCM's selection recovers the experts: the selected clients are more accurate on the target "
-          "than the others (γ = 0.67)", "Fig. 5", "fig-5-which-clients-does-fedscm-pick",
-          tuple(Comparison(col, Side(("Table 2", "all methods", col), "selected_minus_unselected", "0.67"))
-                for col in table2_claim_columns())),
-)
-
-PAPER = Paper("fedscm", "FedSCM", FedSCMProfile, configs, queue_items, reference="fedscm", claims=CLAIMS,
-              metrics={"scm_accuracy": scm_accuracy, "selected_minus_unselected": selected_minus_unselected}, rank=3)

@@ -8,11 +8,11 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from fedlib.app import book
+from fedlib.app import book, pagecheck
 from fedlib.app.chapters import chapter_module
 from fedlib.app.chapters.base import chapter_header
 from fedlib.app.kit.pages import parameters_table, protocol_differences
-from fedlib.app.kit.sources import load_reference, reference_value
+from fedlib.app.kit.sources import PROFILES, load_reference, reference_value
 from fedlib.app.kit.stored import evidence_summary, stored_results
 from fedlib.cache import load_entry
 
@@ -32,7 +32,7 @@ def test_source_notebooks_have_no_outputs_and_a_parameters_cell(path):
 def test_every_chapter_has_three_profiles_matching_its_parameters_cell(chapter):
     nb = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
     cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
-    for profile in book.PROFILES:
+    for profile in PROFILES:
         params = book.load_profile(chapter, profile)
         for key in params:
             assert f"{key} =" in cell.source, f"{chapter}/{profile}.yaml sets {key!r}, unknown to the notebook"
@@ -70,7 +70,7 @@ def _mini_repo(tmp_path, cell_source):
     nb.cells = [params, nbformat.v4.new_code_cell(cell_source)]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "book" / "mini.ipynb")
-    for profile in book.PROFILES:
+    for profile in PROFILES:
         (tmp_path / "params" / "mini" / f"{profile}.yaml").write_text("value: 2\n")
     return tmp_path
 
@@ -417,29 +417,30 @@ with the aggregate, reputation EMA α = 0.95), ShapFed (class-wise cosine of the
 
 
 def test_the_drift_check_catches_the_stale_celm_baselines_paragraph():
-    assert book.prose_drift("celm", STALE_CELM_BASELINES) == [
+    assert pagecheck.prose_drift("celm", STALE_CELM_BASELINES) == [
         "celm: the text states cffl α = 5, its paper-profile runs use α = 5(1 + t/T)",
         "celm: the text states cffl fade = 0.5, its paper-profile runs use fade = 0.8",
         "celm: the text states shapfed μ = 0.5, its paper-profile runs use μ = 0.9"]
     # main's text between the two: fade fixed, α and μ still the old variants'
-    assert [line.split(",")[0] for line in book.prose_drift("celm", STALE_CELM_BASELINES.replace(
+    assert [line.split(",")[0] for line in pagecheck.prose_drift("celm", STALE_CELM_BASELINES.replace(
         "fade = 0.5", "fade = 0.8"))] == ["celm: the text states cffl α = 5", "celm: the text states shapfed μ = 0.5"]
     # a paragraph naming no method speaks of the chapter's own: CELM's EMA β
-    assert book.prose_drift("celm", "smoothed by an EMA with β = 0.7 (Eq. 13)") == [
+    assert pagecheck.prose_drift("celm", "smoothed by an EMA with β = 0.7 (Eq. 13)") == [
         "celm: the text states celm β = 0.7, its paper-profile runs use β = 0.5"]
 
 
 def test_the_drift_check_reads_each_method_in_its_own_part_of_the_paragraph():
-    assert book.prose_drift("flce", "Baselines: FedProx (μ = 0.1), MOON (μ = 1, τ = 0.7), CGSV (α = 0.95)") == [
+    flce_text = "Baselines: FedProx (μ = 0.1), MOON (μ = 1, τ = 0.7), CGSV (α = 0.95)"
+    assert pagecheck.prose_drift("flce", flce_text) == [
         "flce: the text states fedprox μ = 0.1, its paper-profile runs use μ = 0.01",
         "flce: the text states moon τ = 0.7, its paper-profile runs use τ = 0.5"]
-    assert book.prose_drift("fedms", "FedProx (μ = 1); FedMS: T = 0.1, ε_b = 0.001") == [
+    assert pagecheck.prose_drift("fedms", "FedProx (μ = 1); FedMS: T = 0.1, ε_b = 0.001") == [
         "fedms: the text states fedms T = 0.1, its paper-profile runs use T = 0.01"]
 
 
 @pytest.mark.parametrize("chapter", ["fedavg", "celm", "flce", "fedscm", "logitfl", "fedms", "leaderboard"])
 def test_no_chapter_states_a_value_its_runs_do_not_use(chapter):
-    assert book.prose_drift(chapter) == []
+    assert pagecheck.prose_drift(chapter) == []
 
 
 def test_the_celm_baselines_are_rendered_from_the_runs():
@@ -448,7 +449,7 @@ def test_the_celm_baselines_are_rendered_from_the_runs():
     text = baselines_text(book.load_profile("celm", "paper"))
     assert "α = 5(1 + t/T) and fade = 0.8" in text and "μ = 0.9" in text and "rows' parameters" in text
     assert "1,000 training samples" in text and "coefficient 1/3, or 1/6 on PLS and SLS" in text
-    assert book.prose_drift("celm", text) == []
+    assert pagecheck.prose_drift("celm", text) == []
 
 
 # ----------------------------------------------------------------------------- the performance page (#32)
@@ -519,7 +520,7 @@ def test_every_profile_and_the_parameters_cell_fit_the_page_schema(page):
     from fedlib.app.chapters.base import notebook_defaults
 
     schema = profiles.schema_of(page)
-    sources = {f"params/{page}/{p}.yaml": book.load_profile(page, p) for p in book.PROFILES}
+    sources = {f"params/{page}/{p}.yaml": book.load_profile(page, p) for p in PROFILES}
     sources[f"book/{page}.ipynb"] = {k: v for k, v in notebook_defaults(page).items() if k != "profile"}
     for source, values in sources.items():
         profiles.check(schema, values, source)
@@ -565,23 +566,23 @@ make book                                   # every chapter, profile quick, then
 
 
 def test_the_readme_the_intro_and_the_cli_agree_with_the_makefiles_default_profile():
-    assert book.default_profile() == "evidence"  # the Makefile's PROFILE ?= evidence
-    assert "(default: evidence" in " ".join(book.cli_book_help().split())  # argparse prints the real default
-    assert book.profile_drift() == []
+    assert pagecheck.default_profile() == "evidence"  # the Makefile's PROFILE ?= evidence
+    assert "(default: evidence" in " ".join(pagecheck.cli_book_help().split())  # argparse prints the real default
+    assert pagecheck.profile_drift() == []
 
 
 def test_the_profile_drift_check_catches_a_stale_default_and_wrong_names():
-    assert book.profile_drift({"book/intro.md": STALE_INTRO}, default="evidence") == [
+    assert pagecheck.profile_drift({"book/intro.md": STALE_INTRO}, default="evidence") == [
         "book/intro.md: says the default profile is 'quick'; the Makefile's (PROFILE ?= evidence) is the default"]
-    assert book.profile_drift({"fedlib book --help": "--profile {smoke,quick,paper,evidence}\n  (default:\n quick)"},
-                              default="evidence") == [
+    help_text = "--profile {smoke,quick,paper,evidence}\n  (default:\n quick)"
+    assert pagecheck.profile_drift({"fedlib book --help": help_text}, default="evidence") == [
         "fedlib book --help: says the default profile is 'quick'; the Makefile's (PROFILE ?= evidence) is the default",
         "fedlib book --help: states no default profile (the Makefile's is 'evidence')"]
-    assert book.profile_drift({"README.md": "`params/<chapter>/{smoke,quick,paper}.yaml`; make book PROFILE=fast"},
-                              default="evidence") == [
+    assert pagecheck.profile_drift({"README.md": "`params/<chapter>/{smoke,quick,paper}.yaml`; make book PROFILE=fast"},
+                                   default="evidence") == [
         "README.md: names the profile 'fast', not one of smoke, quick, paper, evidence",
         "README.md: lists the profiles {smoke,quick,paper}; they are smoke, quick, paper, evidence"]
     # agreeing texts: a default stated as the Makefile's, a command choosing another profile explicitly
-    assert book.profile_drift({"README.md": "- **`make book`** (profile `evidence`, the default)\n"
-                                            "make book PROFILE=quick   # profile quick, reduced"},
-                              default="evidence") == []
+    assert pagecheck.profile_drift({"README.md": "- **`make book`** (profile `evidence`, the default)\n"
+                                                 "make book PROFILE=quick   # profile quick, reduced"},
+                                   default="evidence") == []

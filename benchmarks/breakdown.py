@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import fedlib  # noqa: E402
 from fedlib.config import make_config  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
-from fedlib.population import LocalTraining, execution_plan  # noqa: E402
+from fedlib.plans import execution_plan  # noqa: E402
+from fedlib.population import LocalTraining  # noqa: E402
 
 VALUATIONS = {  # label -> (method spec, which rounds carry the method's server work)
     "CELM probing (warm-up rounds)": ({"name": "celm", "warmup_fraction": 0.5}, "warmup"),

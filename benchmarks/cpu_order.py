@@ -1,6 +1,6 @@
 """The CPU order of a round's clients, vectorized vs one client at a time, in one invocation.
 
-One round of local training (``fedlib.population.train_clients``: 1 epoch, batch 128, SGD lr 0.1) of
+One round of local training (``fedlib.training.train_clients``: 1 epoch, batch 128, SGD lr 0.1) of
 N clients on 60,000 Fashion-MNIST-shaped samples (1 x 28 x 28, random: the timing does not depend on
 the values), for CELM's MLP and LeNet-5, under three plans, interleaved ``--repeats`` times:
 
@@ -16,7 +16,7 @@ Splits: ``iid`` (N equal clients) and, for N = 5, ``celm`` (CELM's Dir(0.01) cli
 vectorized/clients and loop/clients (> 1: the client order is faster) and the largest parameter
 difference between the plans (random labels at lr 0.1 amplify float-order differences over an epoch;
 the plans' equality to 1e-6 is tested on short runs, tests/test_cpu_order.py). The load average before and after is recorded: ratios measured while
-other work shares the cores are indicative. The rule ``fedlib.population.CLIENT_ORDER_RULE`` cites
+other work shares the cores are indicative. The rule ``fedlib.plans.client_order`` cites
 this table.
 
     python benchmarks/cpu_order.py [--clients 5 20 100 500] [--models mlp lenet5] [--repeats 3]
@@ -40,14 +40,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedlib.models import build_model  # noqa: E402
-from fedlib.population import (  # noqa: E402
-    LocalTraining,
-    ParamLayout,
-    execution_plan,
-    make_client_batches,
-    stack_buffers,
-    train_clients,
-)
+from fedlib.plans import execution_plan  # noqa: E402
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, stack_buffers  # noqa: E402
+from fedlib.training import train_clients  # noqa: E402
 from fedlib.provenance import environment  # noqa: E402
 from fedlib.testing import train_clients_loop  # noqa: E402
 

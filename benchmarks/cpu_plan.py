@@ -6,7 +6,7 @@ one per split. Each is trained ``--rounds`` rounds twice in turn, ``--repeats`` 
   - plain    (``FEDLIB_CPU_BALANCE=off``): every step computes every client of a thread's group, a
              finished client on masked padding; groups are contiguous halves of the clients;
   - balanced (``on``, the default): a step trains only the clients with samples left, and the
-             threads' groups are dealt by steps (``fedlib.population.balanced_groups``).
+             threads' groups are dealt by steps (``fedlib.plans.balanced_groups``).
 
 The table gives the median seconds of local training per round (``time_train``), the ratio
 plain / balanced, and ``waste``: the client-steps the plain plan computes over those with samples

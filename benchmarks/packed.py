@@ -53,7 +53,7 @@ from fedlib.app.chapters.celm import protocol as celm_protocol  # noqa: E402
 from fedlib.app.queue import work  # noqa: E402
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
-from fedlib.population import CONV_CHOICES  # noqa: E402
+from fedlib.training import CONV_CHOICES  # noqa: E402
 from fedlib.run import run, run_many  # noqa: E402
 
 

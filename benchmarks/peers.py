@@ -6,7 +6,7 @@ client selected, IID split of the 60,000 training samples over N clients:
   (a) fedlib's engine (vmap over the stacked population; the steps after a round's first one
       replayed from a CUDA graph on CUDA; on CPU one worker thread per core with one intra-op thread,
       each training its clients as one vmapped call or one client at a time, by the rule of
-      ``fedlib.population.client_order``: the plan is printed per N),
+      ``fedlib.plans.client_order``: the plan is printed per N),
   (b) fedlib's per-client loop (the test oracle),
   (c) Flower's simulation engine (flwr + Ray; a standard NumPyClient wrapping the same
       PyTorch model and data; Ray's start-up reported separately),
@@ -52,13 +52,9 @@ from round_speed import _sync, centralized_epoch, fedavg_round  # noqa: E402
 from fedlib.data import load_dataset  # noqa: E402
 from fedlib.models import build_model  # noqa: E402
 from fedlib.partition import iid  # noqa: E402
-from fedlib.population import (  # noqa: E402
-    LocalTraining,
-    ParamLayout,
-    evaluate,
-    execution_plan,
-    train_clients,
-)
+from fedlib.plans import execution_plan  # noqa: E402
+from fedlib.population import LocalTraining, ParamLayout, evaluate  # noqa: E402
+from fedlib.training import train_clients  # noqa: E402
 from fedlib.testing import train_clients_loop
 
 ENGINES = ("vectorized", "eager", "loop", "flower", "central")

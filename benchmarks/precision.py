@@ -47,16 +47,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from fedlib.models import build_model  # noqa: E402
-from fedlib.population import (  # noqa: E402
-    LocalTraining,
-    ParamLayout,
-    aggregate,
-    evaluate,
-    execution_plan,
-    make_client_batches,
-    stack_buffers,
-    train_clients,
-)
+from fedlib.plans import execution_plan  # noqa: E402
+from fedlib.population import (LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, stack_buffers)  # noqa: E402
+from fedlib.training import train_clients  # noqa: E402
 from fedlib.provenance import environment  # noqa: E402
 
 SHAPES = {"mlp": (1, 28, 28), "lenet5": (1, 28, 28), "cnn": (3, 32, 32), "cnn_wide": (3, 32, 32), "resnet20": (3, 32, 32)}

@@ -62,7 +62,8 @@ def check_capture(device: str, compact: bool = False) -> str | None:
     """None when the captured step gives the eager step's numbers, else why not. With ``compact``, the
     replays of only the clients with samples (two clients of unequal size: the second trains alone at
     the end of each epoch)."""
-    from fedlib.population import LocalTraining, make_client_batches, train_clients
+    from fedlib.population import LocalTraining, make_client_batches
+    from fedlib.training import train_clients
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 8), torch.nn.ReLU(),
@@ -88,8 +89,8 @@ def check_conv(device: str) -> str | None:
     """None when a tiny CNN trains to the same parameters under both convolution lowerings (the
     timed choice included, on CUDA), else why not."""
     from fedlib.models import build_model
-    from fedlib.population import (LocalTraining, ParamLayout, conv_lowering_for, make_client_batches,
-                                   stack_buffers, train_clients)
+    from fedlib.population import LocalTraining, ParamLayout, make_client_batches, stack_buffers
+    from fedlib.training import conv_lowering_for, train_clients
 
     torch.manual_seed(0)
     model = build_model("cnn", (3, 16, 16), 10).to(device)

@@ -20,13 +20,8 @@ import torch.nn.functional as F
 from fedlib.data import load_dataset
 from fedlib.models import build_model
 from fedlib.partition import iid
-from fedlib.population import (
-    LocalTraining,
-    ParamLayout,
-    aggregate,
-    make_client_batches,
-    train_clients,
-)
+from fedlib.population import LocalTraining, ParamLayout, aggregate, make_client_batches
+from fedlib.training import train_clients
 from fedlib.testing import train_clients_loop
 
 

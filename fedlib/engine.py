@@ -17,8 +17,8 @@ import torch
 from .federation import Prepared
 from .methods import ClientData, ClientUpdates, DistillationProtocol, Federation, RoundState, TestSet
 from .observers import observers_for
-from .population import (ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, conv_choices_for, evaluate,
-                         make_client_batches, train_clients, warm_up)
+from .population import ClientBatches, LocalTraining, ParamLayout, aggregate, black_pixel, evaluate, make_client_batches
+from .training import conv_choices_for, train_clients, warm_up
 from .results import RunResult, _provenance, _strict
 from .screening import screen_updates
 

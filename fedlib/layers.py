@@ -12,7 +12,7 @@ over stacked weights PyTorch runs a convolution of M models as one grouped convo
 (groups = M), which cuDNN may serve slowly for small layers; within :func:`conv_lowering`
 ("matmul") the layer runs as an unfold and one matrix product per model instead. Both give
 the same numbers up to float summation order; the engine picks one per shape
-(``fedlib.population.conv_lowering_for``).
+(``fedlib.training.conv_lowering_for``).
 """
 
 from __future__ import annotations

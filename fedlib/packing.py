@@ -34,7 +34,8 @@ import torch.nn.functional as F
 
 from .engine import EvalRequest, TrainRequest, rounds
 from .federation import Prepared
-from .population import ClientBatches, Evaluation, ParamLayout, evaluate, train_clients
+from .population import ClientBatches, Evaluation, ParamLayout, evaluate
+from .training import train_clients
 from .results import RunResult
 
 __all__ = ["execute_packed", "train_together", "evaluate_together", "pack_signature", "make_packs",

@@ -5,7 +5,7 @@ and quantity shift: per-class Dirichlet(α) proportions over K + 1 clients; cova
 an IID split with a per-client affine map x -> (I + Λ_k) x + δ_k, σ = 0.05), the server's
 target is drawn like the (K + 1)-th client, and then
 
-1. all K client models are trained locally at once (``population.train_clients``, vmapped,
+1. all K client models are trained locally at once (``training.train_clients``, vmapped,
    in chunks of ``client_chunk`` clients);
 2. their predictions on the server's n unlabeled target samples come from one batched pass
    (``population.predict``) -> ``probs [K, n, C]``                       (Alg. 2, step 1);
@@ -60,16 +60,8 @@ from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
 from .events import report
-from .population import (
-    ClientBatches,
-    LocalTraining,
-    ParamLayout,
-    aggregate,
-    evaluate,
-    make_client_batches,
-    predict,
-    train_clients,
-)
+from .population import ClientBatches, LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, predict
+from .training import train_clients
 from .results import _key_provenance, environment, run_of, stored_payload
 from .splits import covariate_shift
 

@@ -1,7 +1,7 @@
 """Loop oracles: plain per-client, per-class (or per-pair) versions of the vectorized
 production code, used only by the tests and the benchmarks as references.
 
-  train_clients_loop     fedlib.population.train_clients   one client after another, torch.optim.SGD
+  train_clients_loop     fedlib.training.train_clients     one client after another, torch.optim.SGD
   probe_loop             fedlib.methods.celm.probe          one model, one class, one Adam at a time
   supcon_loss_loop       fedlib.methods.flce.supcon_loss    FLCE Eq. 4 term by term
   class_prototypes_loop  fedlib.methods.flce.class_prototypes  one client, one class at a time
@@ -175,7 +175,8 @@ def logit_protocol_loop(config) -> list[dict]:
     is ``logit_simple``, ``logit_uwa`` or ``logit_meta``. Oracle of ``fedlib.methods.logit``."""
     from .federation import prepare
     from .methods import logit as agg
-    from .population import make_client_batches, predict, train_clients
+    from .population import make_client_batches, predict
+    from .training import train_clients
 
     p = prepare(config)
     m, model = p.method, p.model

@@ -13,7 +13,8 @@ from fedlib.methods import ClientUpdates, Federation, RoundState, build_method
 from fedlib.methods.celm import class_evidence, instant_scores, probe
 from fedlib.testing import probe_loop
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches
+from fedlib.training import train_clients
 
 SHAPE = (1, 8, 8)
 

@@ -1,5 +1,5 @@
 """Convolutions as unfold + matmul (fedlib.layers.Conv2d) against torch's convolution, and the
-engine's choice of lowering per shape (fedlib.population.conv_lowering_for)."""
+engine's choice of lowering per shape (fedlib.training.conv_lowering_for)."""
 
 from dataclasses import replace
 
@@ -11,19 +11,12 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 import fedlib.layers as layers
-from fedlib import population
+from fedlib import training
 from fedlib.layers import Conv2d, conv2d_as_matmul, conv_lowering, current_conv_lowering
 from fedlib.models import build_model
-from fedlib.population import (
-    LocalTraining,
-    ParamLayout,
-    conv_lowering_for,
-    execution_plan,
-    make_client_batches,
-    stack_buffers,
-    time_conv_lowerings,
-    train_clients,
-)
+from fedlib.plans import execution_plan
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, stack_buffers
+from fedlib.training import conv_lowering_for, time_conv_lowerings, train_clients
 
 
 def _rel(a, b):
@@ -139,7 +132,7 @@ def test_training_under_matmul_equals_native(workers, matmul_calls):
 
 def test_auto_is_native_on_a_cpu_without_timing(monkeypatch, matmul_calls):
     monkeypatch.delenv("FEDLIB_CONV", raising=False)
-    monkeypatch.setattr(population, "time_conv_lowerings", lambda *a, **k: pytest.fail("timed on a CPU"))
+    monkeypatch.setattr(training, "time_conv_lowerings", lambda *a, **k: pytest.fail("timed on a CPU"))
     torch.manual_seed(0)
     model = build_model("cnn", (3, 16, 16), 10)
     x, y, indices = _cnn_federation()
@@ -156,10 +149,10 @@ def test_auto_takes_the_faster_lowering_timed_once_per_shape(monkeypatch, matmul
         timings.append(1)
         return {"native": 0.02, "matmul": 0.01}
 
-    monkeypatch.setattr(population, "time_conv_lowerings", fake)
-    real_for = population.conv_lowering_for
-    monkeypatch.setattr(population, "conv_lowering_for", lambda *a, **k: real_for(*a, **{**k, "autotune": True}))
-    monkeypatch.setattr(population, "CONV_CHOICES", {})
+    monkeypatch.setattr(training, "time_conv_lowerings", fake)
+    real_for = training.conv_lowering_for
+    monkeypatch.setattr(training, "conv_lowering_for", lambda *a, **k: real_for(*a, **{**k, "autotune": True}))
+    monkeypatch.setattr(training, "CONV_CHOICES", {})
     torch.manual_seed(0)
     model = build_model("cnn", (3, 16, 16), 10)
     x, y, indices = _cnn_federation()
@@ -167,16 +160,16 @@ def test_auto_takes_the_faster_lowering_timed_once_per_shape(monkeypatch, matmul
     _train(model, x, y, indices, cfg)
     _train(model, x, y, indices, cfg)
     assert timings == [1] and matmul_calls
-    (choice,) = population.CONV_CHOICES.values()
+    (choice,) = training.CONV_CHOICES.values()
     assert choice == {"lowering": "matmul", "seconds": {"native": 0.02, "matmul": 0.01}}
     # a run's provenance: the choice by shape (6 clients x batch 8) with the step times in ms
-    assert population.conv_choices_for(model, "cpu") == {"6 x 8": {"lowering": "matmul",
+    assert training.conv_choices_for(model, "cpu") == {"6 x 8": {"lowering": "matmul",
                                                                    "step_ms": {"native": 20.0, "matmul": 10.0}}}
-    assert population.conv_choices_for(build_model("lenet5", (3, 32, 32), 10), "cpu") == {}
+    assert training.conv_choices_for(build_model("lenet5", (3, 32, 32), 10), "cpu") == {}
 
 
 def test_mlp_never_times_lowerings(monkeypatch):
-    monkeypatch.setattr(population, "time_conv_lowerings", lambda *a, **k: pytest.fail("an MLP has no convolution"))
+    monkeypatch.setattr(training, "time_conv_lowerings", lambda *a, **k: pytest.fail("an MLP has no convolution"))
     model = build_model("mlp", (1, 8, 8), 10)
     layout = ParamLayout(model)
     x, y = torch.randn(20, 1, 8, 8), torch.randint(0, 10, (20,))

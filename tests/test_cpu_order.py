@@ -7,19 +7,10 @@ import pytest
 import torch
 
 from fedlib.models import build_model
-from fedlib.population import (
-    CLIENT_ORDER_MIN_FLOPS,
-    CLIENT_ORDER_MIN_STEPS,
-    LocalTraining,
-    ParamLayout,
-    client_order,
-    client_schedule,
-    execution_plan,
-    make_client_batches,
-    stack_buffers,
-    step_flops,
-    train_clients,
-)
+from fedlib.plans import (CLIENT_ORDER_MIN_FLOPS, CLIENT_ORDER_MIN_STEPS, client_order, client_schedule, execution_plan,
+                          step_flops)
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, stack_buffers
+from fedlib.training import train_clients
 from fedlib.testing import train_clients_loop
 
 from test_cpu_plan import CONFIG_IDS, CONFIGS, SIZES, TinyBN, _federation, extra_loss_federation
@@ -119,10 +110,10 @@ def test_the_rule_and_its_error(monkeypatch):
 def test_the_engine_takes_the_rule(monkeypatch, min_flops, expected):
     """Under auto a conv model's round goes client by client when its step is large enough: the numbers are
     the forced order's, bit for bit."""
-    import fedlib.population as population
+    import fedlib.plans as plans
 
     monkeypatch.delenv("FEDLIB_CPU_ORDER", raising=False)
-    monkeypatch.setattr(population, "CLIENT_ORDER_MIN_FLOPS", min_flops)
+    monkeypatch.setattr(plans, "CLIENT_ORDER_MIN_FLOPS", min_flops)
     torch.manual_seed(0)
     model = build_model("cnn", (3, 16, 16), 4)
     x, y, indices = _federation([12, 5, 9], (3, 16, 16), 4)

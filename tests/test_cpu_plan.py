@@ -13,15 +13,9 @@ from torch import nn
 from fedlib.determinism import PLAN
 from fedlib.layers import MaskedBatchNorm
 from fedlib.models import FedModel, build_model
-from fedlib.population import (
-    LocalTraining,
-    ParamLayout,
-    balanced,
-    balanced_groups,
-    make_client_batches,
-    stack_buffers,
-    train_clients,
-)
+from fedlib.plans import balanced, balanced_groups
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, stack_buffers
+from fedlib.training import train_clients
 
 
 class TinyBN(FedModel):

@@ -318,7 +318,8 @@ def test_fedfa_weights_and_momentum_follow_the_formula():
 
 
 def test_moon_vectorized_training_equals_the_per_client_loop():
-    from fedlib.population import LocalTraining, make_client_batches, train_clients
+    from fedlib.population import LocalTraining, make_client_batches
+    from fedlib.training import train_clients
     from fedlib.testing import train_clients_loop
 
     fed, _, _, _, data = _two_clients()
@@ -383,7 +384,8 @@ def _ditto(lam=0.5, scored="personal"):
 def test_ditto_personal_models_are_a_local_phase_from_the_initial_model():
     """Alg. 1 line 6: v_k <- v_k - η(∇F_k(v_k) + λ(v_k - w^t)), v_k from w^0 (their local_models);
     the engine runs the phase on the round's batches and keeps v_k in its client state."""
-    from fedlib.population import LocalTraining, make_client_batches, train_clients
+    from fedlib.population import LocalTraining, make_client_batches
+    from fedlib.training import train_clients
     from fedlib.testing import train_clients_loop
 
     fed, method, state, w, owners = _ditto()

@@ -14,7 +14,8 @@ from fedlib.data import load_dataset
 from fedlib.methods import METHODS, ClientUpdates, Federation, Method, RoundState, build_method, register
 from fedlib.methods.shapley import selection_probabilities
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches
+from fedlib.training import train_clients
 from fedlib.run import RunResult, run
 from fedlib.valuation import all_coalitions, class_difficulty, coalition_utility
 

@@ -22,7 +22,8 @@ from fedlib.methods.flce import (
     supcon_loss,
 )
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches
+from fedlib.training import train_clients
 from fedlib.testing import class_prototypes_loop, supcon_loss_loop, train_clients_loop
 
 

@@ -18,7 +18,8 @@ from fedlib.app.chapters.logitfl import fedavg_config, protocol_config
 from fedlib.methods import logit as agg
 from fedlib.models import build_model
 from fedlib.partition import k_classes
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, predict, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches, predict
+from fedlib.training import train_clients
 
 SHAPE = (1, 8, 8)
 

@@ -10,7 +10,8 @@ from fedlib.engine import execute
 from fedlib.federation import prepare
 from fedlib.methods import METHODS
 from fedlib.packing import make_packs, pack_signature, train_together
-from fedlib.population import LocalTraining, make_client_batches, train_clients
+from fedlib.population import LocalTraining, make_client_batches
+from fedlib.training import train_clients
 from fedlib.run import run_many
 from fedlib.engine import TrainRequest
 from fedlib.testing import train_clients_loop
@@ -370,7 +371,8 @@ def test_packed_runs_on_compacted_captured_steps_equal_the_runs_alone(monkeypatc
     """The GPU plan rehearsed on a CPU: captured steps run eagerly on their static tensors ("static"),
     replaying only the clients with samples. FedAvg and FedProx runs packed this way give each run its
     numbers alone (eager steps)."""
-    import fedlib.population as population
+    import fedlib.plans as plans
+    import fedlib.training as training
     from fedlib.packing import execute_packed
 
     configs = _variants("fedavg") + _variants("fedprox")
@@ -379,10 +381,10 @@ def test_packed_runs_on_compacted_captured_steps_equal_the_runs_alone(monkeypatc
         return [setattr(p, "keep_model", True) or p for p in map(prepare, configs)]
 
     alone = [execute(p, progress=False) for p in prepared()]
-    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
-    population._CAPTURED.clear()
+    monkeypatch.setattr(plans, "step_backend", lambda *_: "static")
+    training._CAPTURED.clear()
     packed = execute_packed(prepared())
-    sizes = {key[2] for key in population._CAPTURED}
+    sizes = {key[2] for key in training._CAPTURED}
     assert len(sizes) > 1  # the pack's chunk and smaller compacted sizes were replayed
     for i, (a, b) in enumerate(zip(alone, packed)):
         _assert_same_run(a, b, f"{configs[i].method.name} seed {configs[i].seed} {configs[i].split.name}")

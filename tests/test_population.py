@@ -10,17 +10,9 @@ import torch
 from torch import nn
 
 from fedlib.models import build_model
-from fedlib.population import (
-    LocalTraining,
-    ParamLayout,
-    aggregate,
-    evaluate,
-    make_client_batches,
-    padded_indices,
-    predict,
-    stack_buffers,
-    train_clients,
-)
+from fedlib.population import (LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, padded_indices,
+                               predict, stack_buffers)
+from fedlib.training import train_clients
 from fedlib.testing import train_clients_loop
 
 
@@ -138,7 +130,7 @@ def test_evaluate_matches_per_model_forward():
         assert ev.loss[m].item() == pytest.approx(expected_loss, rel=1e-5)
 
 
-# -- the captured step and CPU worker groups (fedlib.population.step_backend / cpu_workers) --------
+# -- the captured step and CPU worker groups (fedlib.plans.step_backend / cpu_workers) --------
 
 
 @pytest.mark.parametrize(
@@ -153,7 +145,8 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
     """The static-buffer step that CUDA graphs and inductor capture, run eagerly on CPU: the same
     kernels on the same values (lr enters as (on * lr) * g with on in {0, 1}: exact), so the
     parameters and BatchNorm statistics must be bit-identical to the eager engine's."""
-    import fedlib.population as population
+    import fedlib.plans as plans
+    import fedlib.training as training
 
     for name, shape, n_clients, low, high in (("mlp", (1, 8, 8), 7, 5, 60), ("resnet20", (3, 8, 8), 4, 6, 30)):
         torch.manual_seed(0)
@@ -163,8 +156,8 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
         batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(1))
         start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
         eager = train_clients(model, start, bufs, x, y, batches, replace(cfg, compile="off", workers=1, order="vectorized"))
-        monkeypatch.setattr(population, "step_backend", lambda *_: "static")
-        population._CAPTURED.clear()
+        monkeypatch.setattr(plans, "step_backend", lambda *_: "static")
+        training._CAPTURED.clear()
         for per_client_start in (False, True):  # a shared [P] start and a per-client [N, P] start
             s = start.expand(n_clients, -1).clone() if per_client_start else start
             replayed = train_clients(model, s, bufs, x, y, batches, replace(cfg, workers=1))
@@ -174,8 +167,8 @@ def test_static_replayed_step_equals_eager_bitwise(cfg, monkeypatch, one_thread)
             assert torch.equal(replayed[0], ref[0]), name
             for k in ref[1]:
                 assert torch.equal(replayed[1][k], ref[1][k]), (name, k)
-        sizes = [key[2] for key in population._CAPTURED]  # each size captured once, replayed for both calls
-        assert len(sizes) == len(set(sizes)) and n_clients in sizes and len(sizes) <= population.REPLAY_BUCKETS
+        sizes = [key[2] for key in training._CAPTURED]  # each size captured once, replayed for both calls
+        assert len(sizes) == len(set(sizes)) and n_clients in sizes and len(sizes) <= training.REPLAY_BUCKETS
         monkeypatch.undo()
         assert (eager[0] - start).abs().max() > 1e-2
 
@@ -194,9 +187,10 @@ def test_compacted_replay_equals_the_masked_replay_bitwise(cfg, monkeypatch, one
     """Captured steps that replay only the clients with samples (padded to a quarter of the chunk) give
     the masked replay's and the eager step's parameters, momentum and BatchNorm statistics bit for bit,
     through the gaps a small client leaves between epochs, from a shared or a per-client start."""
-    import fedlib.population as population
+    import fedlib.plans as plans
+    import fedlib.training as training
 
-    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+    monkeypatch.setattr(plans, "step_backend", lambda *_: "static")
     torch.manual_seed(0)
     model = build_model("mlp", (1, 8, 8), 10)
     x, y, indices = _federation(8, (1, 8, 8), 10, low=4, high=70)
@@ -204,12 +198,12 @@ def test_compacted_replay_equals_the_masked_replay_bitwise(cfg, monkeypatch, one
     batches = make_client_batches(indices, cfg.batch_size, cfg.epochs, torch.Generator().manual_seed(1))
     start, bufs = layout.flat_of(model), stack_buffers(layout.buffers_of(model), 1)
     for s in (start, start.expand(8, -1) + 0.01 * torch.randn(8, layout.size)):
-        population._CAPTURED.clear()
+        training._CAPTURED.clear()
         masked = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, workers=1, balance=False))
-        assert {key[2] for key in population._CAPTURED} == {8}
-        population._CAPTURED.clear()
+        assert {key[2] for key in training._CAPTURED} == {8}
+        training._CAPTURED.clear()
         compacted = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, workers=1, balance=True))
-        assert min(key[2] for key in population._CAPTURED) < 8  # smaller sizes were replayed
+        assert min(key[2] for key in training._CAPTURED) < 8  # smaller sizes were replayed
         eager = train_clients(model, s.clone(), bufs, x, y, batches, replace(cfg, compile="off", workers=1))
         assert torch.equal(compacted[0], masked[0]) and torch.equal(compacted[0], eager[0])
         assert (compacted[0] - s).abs().max() > 1e-2
@@ -218,9 +212,9 @@ def test_compacted_replay_equals_the_masked_replay_bitwise(cfg, monkeypatch, one
 def test_compacted_replay_equals_the_masked_replay_with_batchnorm(monkeypatch, one_thread):
     """ResNet-20 (BatchNorm): statistics of clients left out stay put; a convolution over fewer clients
     may sum in another order, so parameters agree to float precision."""
-    import fedlib.population as population
+    import fedlib.plans as plans
 
-    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
+    monkeypatch.setattr(plans, "step_backend", lambda *_: "static")
     torch.manual_seed(0)
     model = build_model("resnet20", (3, 8, 8), 10)
     x, y, indices = _federation(4, (3, 8, 8), 10, low=6, high=40)
@@ -236,7 +230,7 @@ def test_compacted_replay_equals_the_masked_replay_with_batchnorm(monkeypatch, o
 
 
 def test_replay_rows_pads_the_clients_with_samples_to_a_quarter():
-    from fedlib.population import replay_rows
+    from fedlib.training import replay_rows
 
     active = torch.tensor([True, False, True, False, False, False, False, False])
     assert replay_rows(active).tolist() == [0, 2]  # 2 of 8: a quarter
@@ -248,7 +242,7 @@ def test_replay_rows_pads_the_clients_with_samples_to_a_quarter():
 
 
 def test_compacted_replay_setting_is_checked(monkeypatch):
-    from fedlib.population import compacted_replay
+    from fedlib.plans import compacted_replay
 
     cfg = LocalTraining(compile="on")
     monkeypatch.setenv("FEDLIB_COMPACT", "off")
@@ -294,7 +288,7 @@ def test_cpu_worker_groups_equal_one_vectorized_call(one_thread):
 def test_step_backend_and_workers_choices(monkeypatch):
     monkeypatch.delenv("FEDLIB_COMPILE", raising=False)
     monkeypatch.delenv("FEDLIB_CPU_WORKERS", raising=False)
-    from fedlib.population import cpu_workers, step_backend
+    from fedlib.plans import cpu_workers, step_backend
 
     assert step_backend(LocalTraining(), "cpu") == "eager"  # auto: CPU results stay the eager ones
     assert step_backend(LocalTraining(), "cuda") == "graph"
@@ -342,15 +336,15 @@ def test_compiled_step_equals_eager():
 
 
 def test_warm_up_runs_once_per_architecture_and_leaves_the_rng_alone(one_thread):
-    import fedlib.population as population
+    import fedlib.training as training
 
     model = build_model("mlp", (1, 5, 5), 3)
     x, y = torch.randn(10, 1, 5, 5), torch.randint(0, 3, (10,))
-    population._WARM.discard((type(model), ParamLayout(model).size, "cpu"))
+    training._WARM.discard((type(model), ParamLayout(model).size, "cpu"))
     torch.manual_seed(7)
     before = torch.get_rng_state()
-    assert population.warm_up(model, x, y) > 0.0
-    assert population.warm_up(model, x, y) == 0.0  # the same architecture: nothing left to warm
+    assert training.warm_up(model, x, y) > 0.0
+    assert training.warm_up(model, x, y) == 0.0  # the same architecture: nothing left to warm
     assert torch.equal(torch.get_rng_state(), before)
 
 

@@ -19,17 +19,10 @@ from fedlib.engine import execute
 from fedlib.federation import prepare
 from fedlib.models import build_model
 from fedlib.packing import make_packs, pack_signature
-from fedlib.population import (
-    LocalTraining,
-    ParamLayout,
-    evaluate,
-    execution_plan,
-    make_client_batches,
-    memory_format_for,
-    predict,
-    stack_buffers,
-    train_clients,
-)
+from fedlib.plans import execution_plan
+from fedlib.population import (LocalTraining, ParamLayout, evaluate, make_client_batches, memory_format_for, predict,
+                               stack_buffers)
+from fedlib.training import train_clients
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -138,17 +131,18 @@ def test_bfloat16_runs_the_forward_in_bfloat16_and_keeps_everything_else_float32
 def test_the_captured_step_runs_bfloat16_as_the_eager_step(monkeypatch):
     """The static-tensor step that CUDA graphs capture, run eagerly on a CPU ("static"), in bfloat16: the
     eager step's numbers."""
-    import fedlib.population as population
+    import fedlib.plans as plans
+    import fedlib.training as training
 
     torch.manual_seed(0)
     model = build_model("resnet20", (3, 8, 8), 4)
     x, y, indices = _data((3, 8, 8), 4)
     cfg = LocalTraining(batch_size=16, lr=0.05, momentum=0.9, precision="bfloat16", workers=1)
     eager = _train(model, x, y, indices, replace(cfg, compile="off", order="vectorized"))
-    monkeypatch.setattr(population, "step_backend", lambda *_: "static")
-    population._CAPTURED.clear()
+    monkeypatch.setattr(plans, "step_backend", lambda *_: "static")
+    training._CAPTURED.clear()
     replayed = _train(model, x, y, indices, cfg)
-    assert any(key[-2] == "bfloat16" for key in population._CAPTURED)
+    assert any(key[-2] == "bfloat16" for key in training._CAPTURED)
     assert _rel(replayed[0], eager[0]) <= PLAN.parameters
     float32 = _train(model, x, y, indices, replace(cfg, precision="float32"))
     assert _rel(replayed[0], float32[0]) > PLAN.parameters  # it did run in bfloat16

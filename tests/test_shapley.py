@@ -10,7 +10,8 @@ import torch
 
 from fedlib.data import load_dataset
 from fedlib.models import build_model
-from fedlib.population import LocalTraining, ParamLayout, make_client_batches, train_clients
+from fedlib.population import LocalTraining, ParamLayout, make_client_batches
+from fedlib.training import train_clients
 from fedlib.valuation import (
     all_coalitions,
     best_coalition,

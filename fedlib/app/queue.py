@@ -390,7 +390,7 @@ def model_flops(model: str, dataset: str) -> float | None:
         import torch
 
         from ..models import MODELS, build_model
-        from ..population import step_flops
+        from ..plans import step_flops
 
         flops = None
         try:

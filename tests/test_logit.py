@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from fedlib.cache import ResultCache
 from fedlib.config import ConfigError
 from fedlib.data import load_dataset
-from fedlib.app.chapters.logitfl import fedavg_config, protocol_config
+from fedlib.app.chapters.logitfl.protocol import fedavg_config, protocol_config
 from fedlib.methods import logit as agg
 from fedlib.models import build_model
 from fedlib.partition import k_classes

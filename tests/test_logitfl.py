@@ -6,7 +6,8 @@ import pytest
 import fedlib
 
 from fedlib.app import book
-from fedlib.app.chapters import logitfl as chapter
+from fedlib.app.chapters.base import curve
+from fedlib.app.chapters.logitfl import calibration, protocol
 from fedlib.app.kit import sources
 from fedlib.app.kit.stored import Stored
 from fedlib.config import RunConfig
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 @pytest.mark.parametrize("profile", sources.PROFILES)
 def test_every_profile_makes_distinct_valid_configs(profile):
     params = sources.load_profile("logitfl", profile)
-    configs = chapter.configs(params)
+    configs = protocol.configs(params)
     assert len({c.key() for c in configs}) == len(configs)
     assert all(isinstance(c, RunConfig) for c in configs)  # one config class: every run is fedlib.run's
     logit = [c for c in configs if c.method.name.startswith("logit_")]
@@ -31,7 +32,7 @@ def test_every_profile_makes_distinct_valid_configs(profile):
                for c in fedavg)
     expected = n_seeds * (n_agg * (len(params["ks"]) + len(params["cifar10_ks"]) + len(params["public_sizes_ablation"])
                                    + len(params["dropouts"])) + len(params["uwa_taus"]))
-    expected += len(chapter.extra_seeds(params)) if "k_sweep" in params["experiments"] else 0  # simple, first k
+    expected += len(protocol.extra_seeds(params)) if "k_sweep" in params["experiments"] else 0  # simple, first k
     assert len(logit) == expected
     assert {c.split.params["k"] for c in logit} == set(params["ks"]) | set(params["cifar10_ks"])
     assert all(c.update_clip is None for c in logit) and all(c.update_clip == 10.0 for c in fedavg)
@@ -39,12 +40,12 @@ def test_every_profile_makes_distinct_valid_configs(profile):
 
 def test_paper_profile_follows_the_papers_setting():
     params = sources.load_profile("logitfl", "paper")
-    c = chapter.logit_config(params, "uwa", 2, 0)
+    c = protocol.logit_config(params, "uwa", 2, 0)
     assert (c.dataset, c.model, c.server_val, c.split.params["k"], c.fraction) == ("mnist", "lenet5", 5000, 2, 1.0)
     assert c.method.name == "logit_uwa" and c.split.name == "k_classes"
-    assert chapter.logit_config(params, "meta", 2, 0, cifar10=True).model == "resnet18"
+    assert protocol.logit_config(params, "meta", 2, 0, cifar10=True).model == "resnet18"
     with pytest.raises(ValueError, match="unknown experiment 'table9'"):
-        chapter.experiment_configs(params, "table9")
+        protocol.experiment_configs(params, "table9")
 
 
 def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
@@ -54,19 +55,19 @@ def test_rows_and_communication_read_the_runs(tmp_path, monkeypatch):
                   public_size=150, meta_labeled=100, test_samples=120, rounds=2, meta_steps=20)
     results = {}
     for a in params["aggregators"]:
-        c = chapter.logit_config(params, a, 2, 0)
+        c = protocol.logit_config(params, a, 2, 0)
         results[c.key()] = fedlib.run(c, dataset=ds, progress=False)
-    row = chapter.row(params, results, 2, with_fedavg=False)
+    row = protocol.row(params, results, 2, with_fedavg=False)
     assert set(row) == {"simple", "uwa", "meta"}
     for a, (mean, _, n) in row.items():
-        assert mean == pytest.approx(100 * results[chapter.logit_config(params, a, 2, 0).key()].final["accuracy"])
+        assert mean == pytest.approx(100 * results[protocol.logit_config(params, a, 2, 0).key()].final["accuracy"])
         assert n == 1  # one seed
-    res = results[chapter.logit_config(params, "simple", 2, 0).key()]
-    comm = chapter.communication(res)
+    res = results[protocol.logit_config(params, "simple", 2, 0).key()]
+    comm = protocol.communication(res)
     assert comm["up"] == comm["down"] == 3 * 150 * 6
     assert comm["fedavg"] == 2 * 3 * sum(t.numel() for t in build_model(res.config["model"], (1, 8, 8), 6).parameters())
     assert comm["ratio"] == pytest.approx(comm["fedavg"] / comm["total"])
-    rounds, acc = chapter.curve(res)
+    rounds, acc = curve(res)
     assert rounds == [1, 2] and acc[-1] == pytest.approx(100 * res.final["accuracy"])
 
 
@@ -77,12 +78,12 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
     params = dict(smoke, dataset="synthetic", n_clients=5, ks=[2], fraction=1.0,
                   public_size=300, meta_labeled=100, test_samples=100, rounds=1, meta_steps=10,
                   experiments=["k_sweep"])
-    configs = chapter.configs(params)
+    configs = protocol.configs(params)
     written = book.store_results("logitfl", configs, progress=False)  # the one writer, as for every chapter
     assert len(written) == 4 and book.store_results("logitfl", configs, progress=False) == []  # resumes
-    results, provenance = chapter.stored(params)
+    results, provenance = protocol.stored(params)
     assert set(results) == {c.key() for c in configs} and set(provenance) == set(results)
-    assert chapter.stored({**params, "rounds": 2}) == ({}, {})  # other protocol: nothing matches
+    assert protocol.stored({**params, "rounds": 2}) == ({}, {})  # other protocol: nothing matches
 
 
 def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
@@ -106,43 +107,44 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sys.modules["fedlib.run"], "run", fake_run)
     path = tmp_path / "calibration.json"
-    record = chapter.calibrate(stages=("structure",), path=path, progress=False)
+    record = calibration.calibrate(stages=("structure",), path=path, progress=False)
     assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [
         ("after_local", 1), ("after_local", 2), ("after_refine", 1), ("after_refine", 2)]
     from fedlib.provenance import environment
 
     keys = set(environment("cpu"))  # every point carries the one provenance builder's fields
     assert all(keys <= set(p) and p["device"] == environment("cpu")["device"] for p in record["points"])
-    assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**chapter.FIRST, "public_logits": 0,
+    assert all({**p["choice"], "public_logits": 0, "local_epochs": 0} == {**calibration.FIRST, "public_logits": 0,
                                                                          "local_epochs": 0} for p in record["points"])
-    assert all(c.method.name == "logit_simple" and c.split.params["k"] == 2 and c.fraction == chapter.SCREEN["fraction"]
-               and c.server_val == chapter.SCREEN["public_size"] and c.rounds == chapter.SCREEN["rounds"]
+    assert all(c.method.name == "logit_simple" and c.split.params["k"] == 2
+               and c.fraction == calibration.SCREEN["fraction"]
+               and c.server_val == calibration.SCREEN["public_size"] and c.rounds == calibration.SCREEN["rounds"]
                and c.model == "mlp"
                for c in seen)  # simple averaging only, screening protocol
-    record = chapter.calibrate(stages=chapter.STAGES, path=path, progress=False)  # resumes
+    record = calibration.calibrate(stages=calibration.STAGES, path=path, progress=False)  # resumes
     stages = [p["stage"] for p in record["points"]]
     assert stages == ["structure"] * 4 + ["tuning"] * 5 + ["confirm"] * 3  # the top three at the paper protocol
     assert len(seen) == 12  # no point ran twice
     # around the best structure (after_refine, 1 epoch: 0.802): lr 0.01, lr 0.1, T = 1, T = 4, 3 epochs
-    moves = [{k: v for k, v in p["choice"].items() if v != {**chapter.FIRST, "public_logits": "after_refine",
+    moves = [{k: v for k, v in p["choice"].items() if v != {**calibration.FIRST, "public_logits": "after_refine",
                                                              "local_epochs": 1}[k]}
              for p in record["points"] if p["stage"] == "tuning"]
     assert moves == [{"lr": 0.01}, {"lr": 0.1}, {"temperature": 1.0}, {"temperature": 4.0}, {"distill_epochs": 3}]
-    best = {**chapter.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
+    best = {**calibration.FIRST, "public_logits": "after_refine", "local_epochs": 1, "lr": 0.1}
     confirm = record["points"][-3]
     assert [p["accuracy"] for p in record["points"][-3:]] == pytest.approx([0.852, 0.822, 0.804])  # lr 0.1, 3 epochs, T 4
     assert confirm["choice"] == best and confirm["protocol"] == "paper" and (seen[-1].fraction, seen[-1].model) == (1.0, "lenet5")
     assert confirm["accuracy"] == pytest.approx(0.5 + 0.2 + 0.1 + 0.05 + 0.002)
-    assert chapter.calibrated_choice(record) == best  # the best confirmed point
-    table = chapter.calibration_table(record)
+    assert calibration.calibrated_choice(record) == best  # the best confirmed point
+    table = calibration.calibration_table(record)
     assert len(table) == 12 and table["accuracy (%)"].max() == pytest.approx(85.2)
     # past the edge of the space around the best screened point: recorded, never chosen
-    record = chapter.calibrate(stages=("edge",), path=path, progress=False)
+    record = calibration.calibrate(stages=("edge",), path=path, progress=False)
     edge = [p["choice"] for p in record["points"] if p["stage"] == "edge"]
     assert [(c["local_epochs"], c["lr"]) for c in edge] == [(5, 0.1), (1, 0.2), (5, 0.2)]
-    assert chapter.calibrated_choice(record) == best and len(seen) == 15 and seen[-1].model == "mlp"
+    assert calibration.calibrated_choice(record) == best and len(seen) == 15 and seen[-1].model == "mlp"
     with pytest.raises(ValueError, match="stage: must be one of structure, tuning, confirm, edge"):
-        chapter.calibrate(stages=("grid",), path=path, progress=False)
+        calibration.calibrate(stages=("grid",), path=path, progress=False)
 
 
 def test_first_protocol_runs_stay_readable_after_calibration():
@@ -150,14 +152,14 @@ def test_first_protocol_runs_stay_readable_after_calibration():
     left out and a default written give the same key). They were once converted from the loop's layout on
     an asserted equivalence; issue 43 re-computed them with today's engine, which replaced them, keeping
     the earlier note and final accuracy (simple averaging 59.60 -> 64.21, meta-model 96.00 -> 96.07)."""
-    first = {**sources.load_profile("logitfl", "paper"), **chapter.FIRST}
-    results, _ = chapter.stored(first)
-    simple = results[chapter.logit_config(first, "simple", 2, 0).key()]
+    first = {**sources.load_profile("logitfl", "paper"), **calibration.FIRST}
+    results, _ = protocol.stored(first)
+    simple = results[protocol.logit_config(first, "simple", 2, 0).key()]
     assert simple.config["lr"] == 0.05 and "public_logits" not in simple.config["method"]  # written before the fields
     assert "logit protocol's own loop" in simple.meta["recomputed"]["earlier_note"]
     assert simple.meta["recomputed"]["replaces_final_accuracy"] == pytest.approx(0.596, abs=1e-4)
     assert simple.final["accuracy"] == pytest.approx(0.6421, abs=1e-4)
-    meta = results[chapter.logit_config(first, "meta", 2, 0).key()]
+    meta = results[protocol.logit_config(first, "meta", 2, 0).key()]
     assert meta.final["accuracy"] == pytest.approx(0.9607, abs=1e-4)
     assert meta.meta["recomputed"]["replaces_final_accuracy"] == pytest.approx(0.96, abs=1e-4)
 
@@ -165,7 +167,8 @@ def test_first_protocol_runs_stay_readable_after_calibration():
 def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_over_seeds():
     """Stored paper-profile rows: per k, the mean ± sample std (seeds) of the stored seeds' final accuracy
     (hand-derived: 60 and 70 -> 65.00 ± 7.07 (2)); a k without stored runs has no row."""
-    from fedlib.app.chapters.logitfl import LogitFL, row_configs
+    from fedlib.app.chapters.logitfl import LogitFL
+    from fedlib.app.chapters.logitfl.protocol import row_configs
     from fedlib.run import RunResult
 
     chapter = LogitFL("smoke", sources.load_profile("logitfl", "smoke"))
@@ -185,7 +188,7 @@ def test_the_k_sweep_table_adds_the_stored_paper_profile_runs_as_mean_and_std_ov
 
 
 def test_the_k_sweep_counts_compare_methods_on_the_seeds_they_share():
-    from fedlib.app.chapters.logitfl import _k_sweep_counts
+    from fedlib.app.chapters.logitfl.page import _k_sweep_counts
     from fedlib.stats import SeedSpread
 
     # the meta-model's mean (77) is the highest, but on seed 0, the one all four share, UWA leads (65)
@@ -201,7 +204,8 @@ def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by
     import numpy as np
 
     from fedlib.app.kit.sources import load_profile
-    from fedlib.app.chapters.logitfl import LogitFL, queue_items, row_configs
+    from fedlib.app.chapters.logitfl import LogitFL
+    from fedlib.app.chapters.logitfl.protocol import queue_items, row_configs
     from fedlib.run import RunResult
 
     params = load_profile("logitfl", "paper")

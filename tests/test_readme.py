@@ -57,7 +57,7 @@ def test_the_readme_names_the_five_papers_and_its_sections():
     for paper in ("CELM", "FLCE", "logit-based FL", "FedMS", "FedSCM"):
         assert paper in text
     headings = re.findall(r"(?m)^## (.+)$", text)
-    # "Choosing a data root" is named by the CELM chapter's Table 7 note (fedlib/app/chapters/celm.py)
+    # "Choosing a data root" is named by the CELM chapter's Table 7 note (fedlib/app/chapters/celm/page.py)
     for section in ("The two commands", "Reading the book", "Re-executing a chapter with your own parameters",
                     "Running your own experiment", "Choosing a data root", "Determinism", "Layout",
                     "Where to go next"):

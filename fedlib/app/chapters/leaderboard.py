@@ -176,7 +176,7 @@ def poisoning_metrics(result) -> dict[str, Any]:
 def uwa_configs(params: dict[str, Any], dataset: str) -> list[RunConfig]:
     """The logit protocol's federations (k-classes split, public set) for UWA and simple averaging
     (methods ``logit_uwa``, ``logit_simple``: ordinary rows, run by ``fedlib.run``)."""
-    from .logitfl import protocol_config
+    from .logitfl.protocol import protocol_config
 
     return [protocol_config(agg, dataset=dataset, model=params["models"][dataset], n_clients=params["n_clients"],
                             fraction=params["fraction"], test_samples=params["test_samples"], seed=seed,

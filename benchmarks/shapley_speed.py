@@ -21,7 +21,8 @@ import time
 
 import torch
 
-from fedlib.data import DataNotFoundError, load_dataset
+from fedlib.data import load_dataset
+from fedlib.data_files import DataNotFoundError
 from fedlib.valuation import all_coalitions, coalition_utility, exact_shapley
 from fedlib.models import build_model
 from fedlib.population import ParamLayout

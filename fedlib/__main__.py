@@ -16,7 +16,7 @@ from .app.book import BookError, build
 from .app.kit.sources import EVIDENCE, PROFILES, load_profile
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
-from .data import DataCorruptError, DataNotFoundError
+from .data_files import DataCorruptError, DataNotFoundError
 from .errors import clipped
 from .limits import check_port, check_workers
 from .run import run
@@ -194,7 +194,8 @@ def _migrate(args) -> int:
 def _check_queue_flags(args) -> None:
     """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
     from .app.chapters import registry
-    from .data import DATASETS, IMAGEFOLDER_PREFIX
+    from .data import DATASETS
+    from .data_sources import IMAGEFOLDER_PREFIX
     from .limits import check_workers as check_worker_count
 
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):

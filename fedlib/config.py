@@ -38,8 +38,8 @@ def _short_name(name: str) -> str:
 
 def _check_path(path: str, what: str, directory: bool = False) -> None:
     """A ValueError (one line) for a path that cannot be data: a NUL byte, under /dev, a loop of
-    symbolic links, a FIFO or device (``fedlib.data.path_problem``, the one statement of these rules)."""
-    from .data import path_problem
+    symbolic links, a FIFO or device (``fedlib.data_files.path_problem``, the one statement of these rules)."""
+    from .data_files import path_problem
 
     problem = path_problem(path, directory=directory)
     if problem is not None:
@@ -247,7 +247,7 @@ class ExperimentConfig(BaseModel):
         """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it;
         ``overrides`` replace keys (a dict updates a split or method spec)."""
         from .cache import read_regular
-        from .data import path_problem
+        from .data_files import path_problem
 
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"config file: expected a path, got {type(path).__name__} {shown(path)}")

@@ -97,13 +97,13 @@ def test_stored_runs_count_when_their_data_is_not_on_this_machine(monkeypatch):
 def test_the_repository_coverage_is_the_same_without_any_data(tmp_path, monkeypatch):
     """The stored runs of the repository give the same levels with an empty data folder (MNIST,
     CIFAR-10 and Fashion-MNIST all absent) as with the data here; only the notes differ."""
-    from fedlib import data
+    from fedlib import data_sources
 
     levels = {}
     for name, root in (("here", None), ("empty", tmp_path)):
         if root is not None:
             monkeypatch.setenv("FEDLIB_DATA", str(root))
-            monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "none")
+            monkeypatch.setattr(data_sources, "DEBIAN_FASHION_MNIST", tmp_path / "none")
         levels[name] = {(c.table, c.row, c.column): c.level for paper in ("celm", "logitfl", "fedms")
                         for c in coverage.coverage(paper, "smoke") if c.level in coverage.LEVELS[:2]}
     assert levels["here"] and levels["here"] == levels["empty"]

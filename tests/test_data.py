@@ -14,8 +14,9 @@ import torch
 import torchvision.datasets
 from PIL import Image
 
-from fedlib import data
-from fedlib.data import DataCorruptError, DataNotFoundError, dataset_spec, load_dataset
+from fedlib import data, data_sources
+from fedlib.data import dataset_spec, load_dataset
+from fedlib.data_files import DataCorruptError, DataNotFoundError
 
 # the offline copies: the data root CI exports, else ../shared/datasets beside the checkout
 SHARED_DATASETS = Path(os.environ.get("FEDLIB_DATA") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
@@ -55,7 +56,7 @@ def assert_one_line(error: pytest.ExceptionInfo) -> str:
 
 @pytest.fixture(scope="module")
 def fmnist():
-    if not (data.DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
+    if not (data_sources.DEBIAN_FASHION_MNIST / "train-images-idx3-ubyte.gz").is_file():
         pytest.skip("dataset-fashion-mnist is not installed")
     return load_dataset("fmnist", download=False)
 
@@ -238,7 +239,7 @@ def test_imagefolder_second_load_uses_cache(tmp_path, monkeypatch):
     def no_decoding(*args):
         raise AssertionError("decoded although cached")
 
-    monkeypatch.setattr(data, "_decode_image", no_decoding)
+    monkeypatch.setattr(data_sources, "_decode_image", no_decoding)
     second = load_dataset(f"imagefolder:{tmp_path / 'tree'}", cache_dir=cache)
     assert torch.equal(first.x_train, second.x_train) and second.classes == first.classes
 
@@ -291,14 +292,14 @@ def test_imagefolder_missing_or_empty(tmp_path):
 def test_cifar10_falls_back_to_jpeg_copy(tmp_path):
     tree = tmp_path / "tree"
     for split in ("train", "test"):
-        for label, name in enumerate(data.CIFAR10_CLASSES):
+        for label, name in enumerate(data_sources.CIFAR10_CLASSES):
             (tree / split / name).mkdir(parents=True)
             Image.new("RGB", (32, 32), (label * 20, 0, 0)).save(tree / split / name / "0000.jpg")
     (tmp_path / "root" / "cifar10-jpeg").mkdir(parents=True)
-    archive = write_archive(tree, tmp_path / "root" / data.CIFAR10_JPEG, top_folder=None)
+    archive = write_archive(tree, tmp_path / "root" / data_sources.CIFAR10_JPEG, top_folder=None)
     cifar = load_dataset("cifar10", root=tmp_path / "root")
     assert cifar.source == f"CIFAR-10 (JPEG copy, {archive.name})"
-    assert cifar.input_shape == (3, 32, 32) and cifar.classes == list(data.CIFAR10_CLASSES)
+    assert cifar.input_shape == (3, 32, 32) and cifar.classes == list(data_sources.CIFAR10_CLASSES)
     assert cifar.y_train.tolist() == list(range(10))
     red = pixel_values(cifar.x_train, cifar)[:, 0, 16, 16]
     assert np.abs(red - np.arange(10) * 20).max() <= 3  # JPEG is lossy
@@ -365,7 +366,7 @@ def test_download_failure_is_one_line_not_found(tmp_path, monkeypatch):
 
 
 def test_missing_fmnist_names_every_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
+    monkeypatch.setattr(data_sources, "DEBIAN_FASHION_MNIST", tmp_path / "no-debian")
     with pytest.raises(DataNotFoundError) as error:
         load_dataset("fmnist", root=tmp_path / "root", download=False)
     message = assert_one_line(error)

@@ -157,7 +157,8 @@ from fedlib.app import book  # noqa: E402
 from fedlib.app.kit import stored as kit_stored  # noqa: E402
 from fedlib.app.kit.sources import load_profile  # noqa: E402
 from fedlib.config import ConfigError, load_config  # noqa: E402
-from fedlib.data import DataCorruptError, load_dataset  # noqa: E402
+from fedlib.data import load_dataset  # noqa: E402
+from fedlib.data_files import DataCorruptError  # noqa: E402
 
 TINY = dict(BASE, rounds=1, n_clients=3, batch_size=32, fraction=0.1, test_samples=100)
 
@@ -972,8 +973,8 @@ def test_33_7_fifos_devices_and_dev_paths_are_refused_in_one_line(tmp_path):
 
 
 def test_33_7_a_permission_error_is_one_line_naming_the_path(tmp_path, monkeypatch):
-    import fedlib.data
-    from fedlib.data import DataNotFoundError
+    import fedlib.data_files
+    from fedlib.data_files import DataNotFoundError
 
     _image_tar(tmp_path / "tree.tar", compress=False)
     secret = tmp_path / "tree.tar"
@@ -981,7 +982,7 @@ def test_33_7_a_permission_error_is_one_line_naming_the_path(tmp_path, monkeypat
     def denied(path):
         raise PermissionError(errno.EACCES, "Permission denied", str(path))
 
-    monkeypatch.setattr(fedlib.data, "_file_sha256", denied)
+    monkeypatch.setattr(fedlib.data_files, "_file_sha256", denied)
     with pytest.raises(DataNotFoundError) as info:
         load_dataset(f"imagefolder:{secret}", cache_dir=tmp_path / "c")
     assert "\n" not in str(info.value) and str(secret) in str(info.value) and "permission denied" in str(info.value)

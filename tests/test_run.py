@@ -11,7 +11,7 @@ import pytest
 import fedlib
 from fedlib.cache import ResultCache
 from fedlib.config import ConfigError, make_config
-from fedlib.data import DataNotFoundError
+from fedlib.data_files import DataNotFoundError
 
 SYNTH = dict(dataset="synthetic", model="mlp", n_clients=6, rounds=3, batch_size=16, local_epochs=3, lr=0.1, seed=3)
 

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure
 
 from ..cache import ResultCache
 from ..config import ConfigError, RunConfig, make_config
-from ..data import DATASETS, DataCorruptError, DataNotFoundError, Dataset, load_dataset
+from ..data import DATASETS, Dataset, load_dataset
+from ..data_files import DataCorruptError, DataNotFoundError
 from ..methods import METHODS
 from ..plots import accuracy_curves, bubble_plot, contribution_bars
 from ..run import SPLITS, RunResult

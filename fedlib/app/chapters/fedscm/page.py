@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ....data import DataNotFoundError
+from ....data_files import DataNotFoundError
 from ....events import report
 from ....methods import scm
 from ....scm_pipeline import run_pipeline

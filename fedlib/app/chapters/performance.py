@@ -142,7 +142,7 @@ GPU_GOAL_MINUTES = 9  # issue 28: CELM Table 1 CIFAR-10 (75 runs, 200 rounds) in
 
 def step_rates(record: dict) -> list[tuple[str, int, int, float]]:
     """(model, clients, batch, seconds per client-step) of each training shape a record's ``conv_choices``
-    timed (``fedlib.population.conv_lowering_for``: one captured step, the faster lowering), by shape."""
+    timed (``fedlib.training.conv_lowering_for``: one captured step, the faster lowering), by shape."""
     rates = []
     for key, choice in (record.get("conv_choices") or {}).items():
         model, _, clients, batch, *_ = key.split(" | ")

@@ -585,7 +585,8 @@ def test_table7_runs_are_the_paper_protocol_on_emnist_with_the_step_rule_for_pls
 
 
 def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeypatch):
-    from fedlib.app import coverage, queue
+    from fedlib.app import coverage
+    from fedlib.app.queue import store as queue_store
     from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters import celm as chapter
     from fedlib.app.chapters.celm import page as celm_page
@@ -596,7 +597,7 @@ def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeyp
     assert {i.cells[0] for i in items if i.seed == 0} == {
         ("Table 7", f"EMNIST {r}", m) for r in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")
         for m in ("FedAvg", "CFFL", "CGSV", "ShapFed", "CELM")}
-    monkeypatch.setattr(queue, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
+    monkeypatch.setattr(queue_store, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
     monkeypatch.setattr(celm_page, "data_missing", lambda d: "emnist data absent" if d == "emnist" else None)
     cells = [c for c in coverage.coverage("celm", "smoke", stored=set()) if c.table == "Table 7"]
     assert len(cells) == 25 and {c.level for c in cells} == {"not runnable here"}

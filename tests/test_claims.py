@@ -282,6 +282,7 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
 
 def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypatch):
     from fedlib.app import queue
+    from fedlib.app.queue import store as queue_store
 
     config = _synthetic_config(seed=0)
     _store(tmp_path / "runs", config, 0.8)
@@ -289,7 +290,7 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
     monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path)
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "elsewhere"))
     monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
-    monkeypatch.setattr(queue, "data_missing", lambda dataset: f"{dataset} data absent")
+    monkeypatch.setattr(queue_store, "data_missing", lambda dataset: f"{dataset} data absent")
     assert not (tmp_path / "runs" / f"{item.key}.json").exists() and queue.is_stored(item)
     other = queue.QueueItem("celm", "Table 1", "r1", "A", 1, _synthetic_config(seed=1), queue.run_round)
     assert not queue.is_stored(other)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from fedlib.app import chapters, coverage, queue
+from fedlib.app.queue import store as queue_store
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ REFERENCE = pd.DataFrame([
 
 
 def test_levels_from_stored_seeds_build_profile_and_missing_data(monkeypatch):
-    monkeypatch.setattr(queue, "data_missing", lambda d: "cifar10 data absent" if d == "cifar10" else None)
+    monkeypatch.setattr(queue_store, "data_missing", lambda d: "cifar10 data absent" if d == "cifar10" else None)
     paper = [item("F.MNIST PLS", "CELM", s) for s in (0, 1, 2)] + [item("F.MNIST PLS", "FedAvg", s) for s in (0, 1, 2)]
     paper += [item("F.MNIST SLS", "CELM", s) for s in (0, 1, 2)] + [item("F.MNIST SLS", "FedAvg", s) for s in (0, 1)]
     paper += [item("CIFAR-10 PLS", "CELM", 0, dataset="cifar10")]
@@ -80,7 +81,7 @@ def test_every_paper_coverage_is_computed_from_the_repository():
 
 def test_stored_runs_count_when_their_data_is_not_on_this_machine(monkeypatch):
     """Data presence changes only what can be re-run: a stored seed keeps its level, marked."""
-    monkeypatch.setattr(queue, "data_missing", lambda d: "mnist data absent" if d == "mnist" else None)
+    monkeypatch.setattr(queue_store, "data_missing", lambda d: "mnist data absent" if d == "mnist" else None)
     paper = [item("F.MNIST PLS", "CELM", s, dataset="mnist") for s in (0, 1, 2)]
     paper += [item("F.MNIST PLS", "FedAvg", s, dataset="mnist") for s in (0, 1, 2)]
     stored = {"F.MNIST PLS|CELM-0", "F.MNIST PLS|CELM-1", "F.MNIST PLS|CELM-2", "F.MNIST PLS|FedAvg-1"}

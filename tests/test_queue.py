@@ -11,6 +11,9 @@ from fedlib.cache import load_entry
 from fedlib.data import data_missing
 
 from fedlib.app import queue
+from fedlib.app.queue import cost as queue_cost
+from fedlib.app.queue import runner as queue_runner
+from fedlib.app.queue import store as queue_store
 from fedlib.app.kit import items as kit_items
 from fedlib.app.kit import stored as kit_stored
 from fedlib.app.kit.sources import load_profile
@@ -95,16 +98,16 @@ def test_cost_model_uses_the_most_similar_stored_runs_then_the_fallback():
     model.add(cfg, 120.0, "cpu (x86_64, 1 threads)")  # 2e-4 s per pass -> median 1.5e-4
     model.add(cfg, 0.0, "cpu")  # served from a cache: ignored
     seconds, how = model.estimate(FakeConfig(rounds=20).to_dict(), "cpu")
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 1.5e-4 * 1_200_000)
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 1.5e-4 * 1_200_000)
     assert how == "measured (2)"
     # another method on the same model: the model's rate times the method's factor
     gtg = {**cfg, "method": {"name": "gtg_shapley"}}
     seconds, _ = model.estimate(gtg, "cpu")
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["gtg_shapley"])
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["gtg_shapley"])
     # nothing measured on a GPU: the fallback, 0.005 s per 1,000 passes for the MLP
     seconds, how = model.estimate(cfg, "cuda")
     assert how == "fallback"
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 0.005 * 600)
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 0.005 * 600)
 
 
 def test_order_is_seed_zero_then_headline_then_main_tables_then_cheap():
@@ -118,7 +121,7 @@ def test_order_is_seed_zero_then_headline_then_main_tables_then_cheap():
 
 def test_plan_marks_stored_and_absent_runs_and_filters_cpu_and_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(queue, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
+    monkeypatch.setattr(queue_store, "data_missing", lambda d: "cifar100 data absent" if d == "cifar100" else None)
     items = [fake_item("a"), fake_item("b"), fake_item("c", dataset="cifar10", model="cnn"),
              fake_item("d", dataset="cifar100", model="cnn")]
     queue.store_payload(items[0], {"meta": {}}, "paper")  # a stored run of a (judged by content: not any file)
@@ -231,8 +234,8 @@ def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monke
 
 
 def test_packs_follow_first_then_value_and_a_pack_too_long_for_the_budget_runs_the_part_that_fits(monkeypatch):
-    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
-    monkeypatch.setattr(queue, "is_stored", lambda item: False)
+    monkeypatch.setattr(queue_cost, "STARTUP_SECONDS", 0.0)
+    monkeypatch.setattr(queue_runner, "is_stored", lambda item: False)
     items = queue.chapter_items("fedavg", "smoke")[:3] + queue.chapter_items("logitfl", "smoke")[:4]
     entries = queue.plan(items=items, cost_model=queue.CostModel())
     for first, chapter in (([("fedavg", None)], "fedavg"), ([("logitfl", None)], "logitfl")):
@@ -255,7 +258,7 @@ def test_packs_follow_first_then_value_and_a_pack_too_long_for_the_budget_runs_t
 def test_an_unmeasured_first_pack_keeps_a_margin_and_is_split_before_a_later_unit_runs(monkeypatch):
     """The GPU call of 2026-11-27: a 69-run pack too long for the budget was skipped for a later pack
     whose assumed estimate fitted, ran past the budget and stored nothing."""
-    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
+    monkeypatch.setattr(queue_cost, "STARTUP_SECONDS", 0.0)
     wanted = [queue.Entry(fake_item(f"w{i}", rounds=3), 10.0, "test", False, None) for i in range(3)]
     later = queue.Entry(fake_item("later"), 4.0, "measured (3)", False, None)
     assert queue.reserved(queue.Pack(wanted, 30.0, "assumed pack speed-up")) == 45.0
@@ -280,12 +283,12 @@ def test_runs_this_queue_stored_re_estimate_the_rest_before_older_stores(tmp_pat
     model = queue.CostModel()
     model.add(done.config, 100.0, "cpu")  # an older store: 100 s for the same kind of run
     pending = [queue.Entry(later, *model.estimate(later.config), False, None)]
-    assert pending[0].cost == pytest.approx(queue.STARTUP_SECONDS + 100.0 * queue.work(later.config)
+    assert pending[0].cost == pytest.approx(queue_cost.STARTUP_SECONDS + 100.0 * queue.work(later.config)
                                             / queue.work(done.config))
     queue.store_payload(done, {"meta": {"wall_time": 10.0, "device": "cpu"}}, "paper")
     queue.recost(pending, [done], model, "cpu")
     assert pending[0].how == "measured (1)"
-    assert pending[0].cost == pytest.approx(queue.STARTUP_SECONDS + 10.0 * queue.work(later.config)
+    assert pending[0].cost == pytest.approx(queue_cost.STARTUP_SECONDS + 10.0 * queue.work(later.config)
                                             / queue.work(done.config))
     assert len(model.samples) == 2  # the fresh run also joins the store's samples
 
@@ -307,7 +310,7 @@ def test_a_packed_rate_is_split_by_the_methods_server_work():
     assert model.packed_rate(fedms.config, "cuda") == pytest.approx(3 * wall / (4 * w))
     entries = [queue.Entry(i, 1.0, "test", False, None) for i in (fedavg, fedms)]
     cost, how = queue.pack_cost(entries, "cuda", model)
-    assert how == "measured pack" and cost == pytest.approx(queue.STARTUP_SECONDS + wall)
+    assert how == "measured pack" and cost == pytest.approx(queue_cost.STARTUP_SECONDS + wall)
 
 
 def test_a_key_the_profile_has_no_run_for_is_a_one_line_error_naming_the_data_root():
@@ -324,18 +327,18 @@ def test_augmented_runs_are_timed_apart_from_plain_ones():
     w = queue.work(plain)
     assert queue.work(augmented) == w
     model = queue.CostModel()
-    fallback = model.estimate(plain, "cuda")[0] - queue.STARTUP_SECONDS
-    assert model.estimate(augmented, "cuda")[0] - queue.STARTUP_SECONDS == pytest.approx(queue.AUGMENT_FACTOR * fallback)
+    fallback = model.estimate(plain, "cuda")[0] - queue_cost.STARTUP_SECONDS
+    assert model.estimate(augmented, "cuda")[0] - queue_cost.STARTUP_SECONDS == pytest.approx(queue.AUGMENT_FACTOR * fallback)
     model.add(plain, 100.0, "cuda:0 (H100)")
     model.add(plain, 60.0, "cuda:0 (H100)", pack_size=2, pack_methods=[plain.method.name] * 2)
     seconds, how = model.estimate(augmented, "cuda")
     assert how == "measured plain runs x augmentation"
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 100.0 * queue.AUGMENT_FACTOR)
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 100.0 * queue.AUGMENT_FACTOR)
     assert model.packed_rate(augmented, "cuda") == pytest.approx(30.0 / w * queue.AUGMENT_FACTOR)
     model.add(augmented, 180.0, "cuda:0 (H100)")
     model.add(augmented, 90.0, "cuda:0 (H100)", pack_size=2, pack_methods=[plain.method.name] * 2)
-    assert model.estimate(augmented, "cuda") == (pytest.approx(queue.STARTUP_SECONDS + 180.0), "measured (1)")
-    assert model.estimate(plain, "cuda")[0] == pytest.approx(queue.STARTUP_SECONDS + 100.0)  # not mixed
+    assert model.estimate(augmented, "cuda") == (pytest.approx(queue_cost.STARTUP_SECONDS + 180.0), "measured (1)")
+    assert model.estimate(plain, "cuda")[0] == pytest.approx(queue_cost.STARTUP_SECONDS + 100.0)  # not mixed
     assert model.packed_rate(augmented, "cuda") == pytest.approx(45.0 / w)
 
 
@@ -345,7 +348,7 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     runs; --run-pack hands them to fedlib.scm_pipeline.run_pipelines, which stores each."""
     import fedlib.scm_pipeline as pipeline
 
-    monkeypatch.setattr(queue, "STARTUP_SECONDS", 0.0)
+    monkeypatch.setattr(queue_cost, "STARTUP_SECONDS", 0.0)
     items = queue.chapter_items("fedscm", "paper")
     assert len(items) == 12 and {queue.scm_pack_signature(i.config) for i in items} == {
         queue.scm_pack_signature(items[0].config)}
@@ -357,7 +360,7 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     seen, stored = [], []
     monkeypatch.setattr(pipeline, "run_pipelines", lambda configs, on_done: seen.append(configs) or [
         on_done(i, {"meta": {"wall_time": 1.0}}) for i in range(len(configs))])
-    monkeypatch.setattr(queue, "store_payload", lambda item, result, profile: stored.append(item.key) or Path(item.key))
+    monkeypatch.setattr(queue_runner, "store_payload", lambda item, result, profile: stored.append(item.key) or Path(item.key))
     queue.run_packed([f"fedscm:{i.key}" for i in smoke], "smoke", log=lambda *a: None)
     assert [[c.key() for c in configs] for configs in seen] == [[i.config.key() for i in smoke]]
     assert stored == [i.key for i in smoke]
@@ -397,14 +400,14 @@ def test_a_model_without_runs_on_a_device_is_estimated_from_a_like_model_scaled_
     assert how == "scaled from cnn by FLOPs (1)"
     cost, how = queue.pack_cost([queue.Entry(queue.QueueItem("celm", "Table 1", "r", "c", 0, wide, lambda c: {}),
                                              1.0, "t", False, None)], "cuda", model)
-    assert cost == pytest.approx(queue.STARTUP_SECONDS + 20.0 * ratio) and how.startswith("pack scaled")
+    assert cost == pytest.approx(queue_cost.STARTUP_SECONDS + 20.0 * ratio) and how.startswith("pack scaled")
     assert queue.reserved(queue.Pack([], cost, how)) == pytest.approx(cost * queue.UNCALIBRATED_MARGIN)
     # a separate run: the same method's separate runs of the other model; the model's own runs come first
     model.add(cnn, 100.0, "cuda:0 (H100)")
     seconds, how = model.estimate(wide, "cuda")
-    assert seconds == pytest.approx(queue.STARTUP_SECONDS + 100.0 * ratio) and how == "scaled from cnn by FLOPs (1)"
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 100.0 * ratio) and how == "scaled from cnn by FLOPs (1)"
     model.add(wide, 150.0, "cuda:0 (H100)")
-    assert model.estimate(wide, "cuda") == (queue.STARTUP_SECONDS + 150.0, "measured (1)")
+    assert model.estimate(wide, "cuda") == (queue_cost.STARTUP_SECONDS + 150.0, "measured (1)")
     # not across a factor over 4 in FLOPs (ResNet-20 is 17.5 CNNs), nor from augmented to plain runs
     resnet = {**cnn, "model": "resnet20"}
     assert model.estimate(resnet, "cuda")[1] == "fallback" and model.packed_estimate(resnet, "cuda") is None
@@ -419,8 +422,8 @@ def test_a_budgeted_list_previews_what_the_queue_would_start():
     later unit; the rest follow as the estimated time passes."""
     wanted = [queue.Entry(fake_item(f"w{i}", rounds=3), 10.0, "test", False, None) for i in range(3)]
     later = queue.Entry(fake_item("later"), 4.0, "measured (3)", False, None)
-    units = [queue.Pack(wanted, 30.0 + queue.STARTUP_SECONDS, "assumed pack speed-up"), later]
-    started = queue.preview(units, budget=21.0 + 1.5 * queue.STARTUP_SECONDS)
+    units = [queue.Pack(wanted, 30.0 + queue_cost.STARTUP_SECONDS, "assumed pack speed-up"), later]
+    started = queue.preview(units, budget=21.0 + 1.5 * queue_cost.STARTUP_SECONDS)
     assert [sorted(i.config.name for i in u.items) for _, u in started] == [["w0"], ["later"]]
     assert [at for at, _ in started] == [0.0, 10.0]  # then w1 needs 1.5 x (10 + 15 s start-up) > 33.5 s left
     text = queue.format_preview(started, 43.5)

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("distributed")
 
 from fedlib.app import cluster, queue  # noqa: E402
+from fedlib.data import data_missing  # noqa: E402
 from fedlib.app.kit import stored as kit_stored  # noqa: E402
 from fedlib.cache import ResultCache, key_of  # noqa: E402
 from fedlib.results import runs_dir  # noqa: E402
@@ -100,8 +101,8 @@ def stores(tmp_path, monkeypatch):
     """Two stores (local, cluster) and two fedlib caches, so that neither queue reads the other's runs."""
     monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    if queue.data_missing("mnist"):
-        pytest.skip(queue.data_missing("mnist"))
+    if data_missing("mnist"):
+        pytest.skip(data_missing("mnist"))
     return tmp_path
 
 
@@ -110,7 +111,7 @@ def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_wor
 
     from fedlib.__main__ import main
 
-    gpu_missing = queue.data_missing("cifar10")  # the GPU-only unit is CIFAR-10's; without its data, skipped
+    gpu_missing = data_missing("cifar10")  # the GPU-only unit is CIFAR-10's; without its data, skipped
     # the local queue: two processes, each storing its runs
     monkeypatch.setenv("FEDLIB_RESULTS", str(stores / "local"))
     monkeypatch.setenv("FEDLIB_CACHE", str(stores / "cache-local"))

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="chapters executing at a time (default: 2, or 1 on a 1-core machine; at most the "
                              "cores are used)")
     p_res = sub.add_parser("results", help="the results queue: run and store every paper-profile run, most valuable "
-                           "first (see fedlib/app/queue.py)")
+                           "first (see fedlib/app/queue/)")
     p_res.add_argument("--list", action="store_true", help="print the queue (stored, pending, estimated cost) and exit")
     p_res.add_argument("--summary", action="store_true", help="with --list: only the per-table summary")
     p_res.add_argument("--budget", type=float, metavar="SECONDS",

@@ -96,7 +96,7 @@ def pls(
     Fashion-MNIST (N=5, C=10, 6000 per class): k = 1, 3, 6, 8, 10 classes and
     S = 5452 samples per client (27,260 of 60,000 used); the 1-class client's class is
     shared only with the 10-class client. The CELM chapter passes ``classes_per_client =
-    (2, 3, 4, 5, 9)`` (``fedlib.app.chapters.celm.PLS_ALLOCATION``, the allocation that gives CELM
+    (2, 3, 4, 5, 9)`` (``fedlib.app.chapters.celm.protocol.PLS_ALLOCATION``, the allocation that gives CELM
     Table 4's Uniform column): S = 9814 samples per client.
     """
     labels, n_classes, class_sizes, rng = _prepare(labels, n_clients, n_classes, seed)

@@ -36,7 +36,9 @@ agree and B and C are silent. What they wrongly flag, a known false positive: tw
 selection rule puts in every round (FedEMD on FedMS's MNIST split: 2 of the 5 clients of each round)
 form a group of 40 % whose updates, once the global model has learnt the common classes, point against
 an agreeing majority (core cosine about -0.3) exactly as two colluding sign-flippers' would; update
-geometry alone cannot tell rare classes from an attack.
+geometry alone cannot tell rare classes from an attack. The same pair forms with CELM's FRM split (a
+Maverick and the weak free-rider, 2 of 5 clients): a warning that names the weak free-rider is a
+free-rider found (CELM Table 3's task), one that names the Maverick the false positive above.
 """
 
 from __future__ import annotations

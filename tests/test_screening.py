@@ -209,6 +209,7 @@ def test_no_stored_clean_run_warns_under_the_rule():
             continue
         judged += 1
         found = judge(history, result["meta"]["client_sizes"])
-        if found is not None and any(roles[c] != "maverick" for c in found["clients"]):
+        # a Maverick: the stated false positive; CELM's weak free-rider (Table 3): a free-rider found
+        if found is not None and any(roles[c] not in ("maverick", "weak_free_rider") for c in found["clients"]):
             warned.append(path.name)
     assert judged >= 300 and warned == []

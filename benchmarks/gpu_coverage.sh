@@ -19,10 +19,13 @@
 #    round in a pack, default 32: on an H100 a pack of 5 CELM CIFAR-10 runs (25 rows) trained the most
 #    samples per second, 75 runs half as many, benchmarks/results/packed_nvidia-h100.json; each pack
 #    process also bounds it by free memory), PART (gpu, cpu
-#    or all; default gpu), PROFILE (default paper), ONLY (chapters), DEVICE (default cuda),
+#    or all; default gpu), PROFILE (default paper), ONLY (chapters), TABLES (comma-separated table labels: only
+#    the runs backing them, e.g. TABLES="Precision screen"), DEVICE (default cuda),
 #    BENCH_S (seconds of BUDGET_S kept for benchmarks/packed.py after the queue: first a kernel profile
 #    (--top-kernels 15), then packs with and without compacted replays (FEDLIB_COMPACT; 2/3 of
-#    BENCH_S), then with --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments). The queue's packs
+#    BENCH_S), then with --cudnn-benchmark (1/3); default 0: none; BENCH_ARGS replaces its size arguments;
+#    BENCH_PRECISION, default float32: the precisions its packs are measured in, e.g. "float32 bfloat16"; on CUDA
+#    float32 convolutions run in TF32, cuDNN's default). The queue's packs
 #    take the lowering timed fastest per shape (FEDLIB_CONV=auto; native won every shape on an H100,
 #    4-5x faster than matmul, benchmarks/results/packed_conv_nvidia-h100.json).
 #    PRECISION (float32 or bfloat16; default float32): local training's precision the preflight checks its
@@ -46,7 +49,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry
-FIRST=(--first "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
+FIRST=(--first "celm:Precision screen" "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
 
 prepare() {
     local py="${PYTHON:-python3}" data="${FEDLIB_DATA:?set FEDLIB_DATA to the data root holding mnist/ and cifar10-jpeg/}"
@@ -78,9 +81,10 @@ prepare() {
         "$(( (64 * 1048576 - carried - tracked) / (run_bytes / runs) )) more before the working tree is too large"
     # what the call's queue will start, by the estimates, seen before device time is spent: its budget as
     # run_on_device computes it, with setup and preflight at 30 s (24-28 s in the logs of earlier calls)
-    local budget=$(( (${BUDGET_S:-480} - ${BENCH_S:-0} - 30 - 5) * 10 / 11 )) part=(--gpu-only)
+    local budget=$(( (${BUDGET_S:-480} - ${BENCH_S:-0} - 30 - 5) * 10 / 11 )) part=(--gpu-only) tables=()
     case "${PART:-gpu}" in cpu) part=(--cpu-only) ;; all) part=() ;; esac
-    FEDLIB_DOWNLOAD=0 "$py" -m fedlib results --list --summary "${part[@]}" --profile "${PROFILE:-paper}" \
+    [ -n "${TABLES:-}" ] && { IFS=',' read -ra tables <<< "$TABLES"; tables=(--table "${tables[@]}"); }
+    FEDLIB_DOWNLOAD=0 "$py" -m fedlib results --list --summary "${part[@]}" "${tables[@]}" --profile "${PROFILE:-paper}" \
         --device "${DEVICE:-cuda}" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-32}" --budget "$budget" "${FIRST[@]}" \
         | sed -n '/^packs:/,$p'
 }
@@ -102,8 +106,14 @@ run_on_device() {
     # at most 8 files come back from $OUT (the 2026-11-27 second call lost 5 of 9 runs stored one file each):
     # the runs go back as one archive, rewritten whole every 10 s and renamed into place, so a call cut off
     # by its timeout still brings back every run finished 10 s before
+    # the runs the repository already stores are the queue's stored runs there too (copies keeping their
+    # times; the store reads no links): only files written after the marker go back
+    if [ -d results/runs ]; then
+        find results/runs -maxdepth 1 -type f -name '*.json*' ! -name '.*' -exec cp -p -t "$FEDLIB_RESULTS/runs" {} +
+    fi
+    touch "$FEDLIB_RESULTS/.started"
     snapshot() {  # finished runs only: a run being written is a hidden .tmp file until it is renamed
-        (cd "$FEDLIB_RESULTS/runs" && find . -maxdepth 1 -name '*.json*' ! -name '.*' -print0 \
+        (cd "$FEDLIB_RESULTS/runs" && find . -maxdepth 1 -type f -newer "$FEDLIB_RESULTS/.started" -name '*.json*' ! -name '.*' -print0 \
             | tar --null -T - -cf "$out/runs.tar.part") && mv -f "$out/runs.tar.part" "$out/runs.tar"
     }
     ( while sleep 10; do snapshot || true; done ) &
@@ -124,15 +134,16 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
         # setup and the benchmark's share, less that grace, so the whole call ends within BUDGET_S
         local left=$(( (budget - bench - ($(date +%s) - t0) - 5) * 10 / 11 ))
         [ "$left" -gt 0 ] || left=1
-        local only=() part=() first=("${FIRST[@]}")
+        local only=() part=() first=("${FIRST[@]}") tables=()
         [ -n "${ONLY:-}" ] && only=(--only ${ONLY}) && first=()  # the order within the chapters named
+        [ -n "${TABLES:-}" ] && { IFS=',' read -ra tables <<< "$TABLES"; tables=(--table "${tables[@]}"); first=(); }
         case "${PART:-gpu}" in gpu) part=(--gpu-only) ;; cpu) part=(--cpu-only) ;; esac
         echo "setup and preflight took $(( $(date +%s) - t0 )) s; queue budget ${left} s"
-        python3 -m fedlib results "${part[@]}" "${only[@]}" --profile "${PROFILE:-paper}" --device "$device" \
+        python3 -m fedlib results "${part[@]}" "${only[@]}" "${tables[@]}" --profile "${PROFILE:-paper}" --device "$device" \
             --workers "${WORKERS:-1}" --budget "$left" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-32}" \
             "${first[@]}" || true
         local stored seconds
-        stored=$(find "$FEDLIB_RESULTS" \( -name '*.json' -o -name '*.json.gz' \) | wc -l)
+        stored=$(find "$FEDLIB_RESULTS/runs" -maxdepth 1 -type f -newer "$FEDLIB_RESULTS/.started" \( -name '*.json' -o -name '*.json.gz' \) | wc -l)
         seconds=$(( $(date +%s) - t0 ))
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \
@@ -141,7 +152,7 @@ print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the ma
         if [ "$bench" -gt 0 ]; then  # each writes its JSON after every row, so a timeout keeps rows
             local first_s=$(( bench * 2 / 3 )) bench_args=(${BENCH_ARGS:---sizes 1 5 25 75 --rounds 2 --fraction 0.2 --repeats 1})
             timeout "$first_s" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" --conv native \
-                --compact on off \
+                --compact on off --precision ${BENCH_PRECISION:-float32} \
                 --top-kernels 15 --json "$out/packed_${device}.json" || echo "packed benchmark: stopped or failed (exit $?)"
             timeout "$(( bench - first_s ))" python3 benchmarks/packed.py --device "$device" "${bench_args[@]}" \
                 --cudnn-benchmark --json "$out/packed_${device}_cudnn_benchmark.json" \

@@ -15,7 +15,7 @@ Fashion-MNIST runs of CELM Table 1 with that model (pack sizes up to 25), the CP
     python benchmarks/packed.py [--device cpu|cuda] [--sizes 1 5 25 75] [--models cnn mlp lenet5]
                                 [--rounds 2 --fraction 0.01 --test-samples 200] [--json out.json]
                                 [--cudnn-benchmark] [--top-kernels 15] [--conv native matmul]
-                                [--compact on off]
+                                [--compact on off] [--precision float32 bfloat16]
 
 ``--cudnn-benchmark`` lets cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark; packs have
 fixed shapes): run it beside a plain run to see what it is worth. ``--top-kernels N`` first profiles one
@@ -26,7 +26,9 @@ convolution, or unfold + one matmul per model); ``auto`` is the engine's own cho
 per shape on CUDA). ``--compact on off`` measures each pack with captured steps that replay only the clients
 with samples (``FEDLIB_COMPACT``, a CUDA plan: on a CPU the eager steps skip them under
 ``FEDLIB_CPU_BALANCE``) and with the masked replay. The JSON is rewritten after every row, so a run stopped by
-a timeout keeps its rows.
+a timeout keeps its rows. ``--precision float32 bfloat16`` measures every pack in each local-training precision
+(``RunConfig.precision``; on CUDA, float32 convolutions run in TF32, cuDNN's default, and the record says so),
+each with its own kernel profile under ``--top-kernels``.
 
 ``--repeats K`` (default 3 on a CPU, 1 on a GPU) measures each pack size K times, separate and packed
 interleaved, so a change of load hits both alike: a row reports the medians and the range of the K ratios.
@@ -57,12 +59,13 @@ from fedlib.training import CONV_CHOICES  # noqa: E402
 from fedlib.run import run, run_many  # noqa: E402
 
 
-def table1_configs(model: str, device: str, rounds: int | None, fraction: float | None, test_samples: int | None):
+def table1_configs(model: str, device: str, rounds: int | None, fraction: float | None, test_samples: int | None,
+                   precision: str = "float32"):
     """CELM Table 1 runs of the paper profile: CIFAR-10 (model cnn) or Fashion-MNIST with ``model``."""
     params = load_profile("celm", "paper")
     experiment = "table1_cifar10" if model == "cnn" else "table1"
     configs = [c for c in celm_protocol.experiment_configs(params, experiment)]
-    change = {"device": device}
+    change = {"device": device, "precision": precision}
     if model != "cnn":
         change["model"] = model
     if rounds:
@@ -213,6 +216,8 @@ def main(argv=None) -> int:
                              "default on)")
     parser.add_argument("--repeats", type=int, help="measurements per pack size, separate and packed in turn "
                         "(default: 3 on a CPU, 1 on a GPU); a row reports the medians and the ratios' range")
+    parser.add_argument("--precision", nargs="+", default=["float32"], choices=["float32", "bfloat16"],
+                        help="local training's precision(s) to measure every pack in (RunConfig.precision)")
     parser.add_argument("--top-kernels", type=int, default=0, metavar="N",
                         help="first, profile one packed round of a pack of 5 runs (or the largest size); report the N costliest operators")
     args = parser.parse_args(argv)
@@ -237,7 +242,9 @@ def main(argv=None) -> int:
     rows: list[dict] = []
     record = {"benchmark": "packed", **environment(args.device), "matmul_flops_per_s": peak,
               "cudnn_benchmark": args.cudnn_benchmark, "conv": args.conv, "compact": args.compact, "repeats": repeats,
-              "top_kernels": None,
+              "precision": args.precision, "top_kernels": None, "top_kernels_by_precision": {},
+              "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+              "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
               "reduced": {"rounds": rounds, "fraction": fraction, "test_samples": test_samples}, "rows": rows}
 
     def save(_row=None) -> None:  # after every row: a benchmark stopped by a timeout keeps what it measured
@@ -249,18 +256,22 @@ def main(argv=None) -> int:
             partial.replace(args.json)
 
     for i, model in enumerate(args.models):
-        configs = table1_configs(model, args.device, rounds, fraction, test_samples)
-        label = f"CELM T1 CIFAR-10 {configs[0].model}" if model == "cnn" else f"CELM T1 F-MNIST {model}"
-        sizes = [s for s in args.sizes if s <= len(configs)]
-        if args.top_kernels and i == 0:  # first: a sweep cut off by a timeout must not cost the profile
-            previous = os.environ.get("FEDLIB_CONV")
-            os.environ["FEDLIB_CONV"] = args.conv[0]
-            record["top_kernels"] = top_kernels(configs[:min(PROFILED_PACK, max(sizes))], args.device,
-                                                args.top_kernels)
-            os.environ.pop("FEDLIB_CONV") if previous is None else os.environ.update(FEDLIB_CONV=previous)
-            save()
-        measure(configs, sizes, args.device, peak, label, tuple(args.conv), on_row=lambda row: (rows.append(row), save()),
-                compacts=tuple(args.compact), repeats=repeats)
+        for precision in args.precision:
+            configs = table1_configs(model, args.device, rounds, fraction, test_samples, precision)
+            label = f"CELM T1 CIFAR-10 {configs[0].model}" if model == "cnn" else f"CELM T1 F-MNIST {model}"
+            label += "" if precision == "float32" else f" {precision}"
+            sizes = [s for s in args.sizes if s <= len(configs)]
+            if args.top_kernels and i == 0:  # first: a sweep cut off by a timeout must not cost the profile
+                previous = os.environ.get("FEDLIB_CONV")
+                os.environ["FEDLIB_CONV"] = args.conv[0]
+                kernels = top_kernels(configs[:min(PROFILED_PACK, max(sizes))], args.device, args.top_kernels)
+                record["top_kernels_by_precision"][precision] = kernels
+                record["top_kernels"] = record["top_kernels"] or kernels
+                os.environ.pop("FEDLIB_CONV") if previous is None else os.environ.update(FEDLIB_CONV=previous)
+                save()
+            measure(configs, sizes, args.device, peak, label, tuple(args.conv),
+                    on_row=lambda row, p=precision: (rows.append({**row, "precision": p}), save()),
+                    compacts=tuple(args.compact), repeats=repeats)
     save()
     return 0
 

@@ -24,6 +24,7 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     out.mkdir()
     env = {**os.environ, "WORK": str(tmp_path / "work"), "DEVICE": "cpu", "BUDGET_S": "300", "PROFILE": "smoke", "ONLY": "fedavg", "PART": "cpu",
            "PREFLIGHT_S": "3", "OUT": str(out), "BENCH_S": "120", "MAX_ROWS": "64",
+           "PRECISION": "bfloat16", "BENCH_PRECISION": "float32 bfloat16",
            "BENCH_ARGS": "--sizes 1 --rounds 1 --fraction 0.004 --test-samples 50 --models mlp",
            "FEDLIB_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -41,7 +42,9 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
         assert record["rows"][0]["pack_size"] == 1
     assert json.loads((out / "packed_cpu.json").read_text())["top_kernels"]
     rows = json.loads((out / "packed_cpu.json").read_text())["rows"]
-    assert [(r["conv"], r["compact"]) for r in rows] == [("native", "on"), ("native", "off")]
+    assert [(r["conv"], r["compact"], r["precision"]) for r in rows] == [
+        (c, k, p) for p in ("float32", "bfloat16") for c, k in (("native", "on"), ("native", "off"))]
+    assert set(json.loads((out / "packed_cpu.json").read_text())["top_kernels_by_precision"]) == {"float32", "bfloat16"}
     from fedlib.provenance import environment
 
     assert set(environment("cpu")) <= set(json.loads((out / "packed_cpu.json").read_text()))  # one provenance shape
@@ -70,7 +73,7 @@ def test_the_gpu_scripts_first_labels_name_tables_of_the_queue():
     script = (ROOT / "benchmarks" / "gpu_coverage.sh").read_text()
     words = shlex.split(re.search(r"FIRST=\(--first (.*?)\)", script, re.S).group(1).replace("\\\n", " "))
     first = [tuple(w.split(":", 1)) if ":" in w else (w, None) for w in words]
-    assert first[:2] == [("celm", "CIFAR-10 readings"), ("fedms", "CIFAR-10 readings")]
+    assert first[:3] == [("celm", "Precision screen"), ("celm", "CIFAR-10 readings"), ("fedms", "CIFAR-10 readings")]
     queue._check_labels(queue.all_items("paper"), None, first)  # raises on a label the queue lacks
     with pytest.raises(ValueError, match="has no table 'Table 99'"):
         queue._check_labels(queue.all_items("paper"), None, [("celm", "Table 99")])

@@ -269,3 +269,48 @@ def test_the_performance_pages_precision_table_and_sentence_by_hand():
     assert precision_text(record) == ("cpu (x86_64, 2 cores, 1 threads), a round's fastest variant against float32 "
                                       "contiguous: cnn_wide 2.00× (bfloat16 channels-last), mlp 1.11× "
                                       "(bfloat16 contiguous)")
+
+
+# -- the screen (CELM CIFAR-10 wider CNN, uniform FedAvg Dir(0.05)) -------------------------------------------
+
+
+def _screen(diffs, base=60.0):
+    from types import SimpleNamespace
+
+    from fedlib.app.chapters.celm.analysis import precision_screen
+
+    rows, results = [], {}
+    for seed, d in enumerate(diffs):
+        for precision, acc in (("float32", base), ("bfloat16", base + d)):
+            config = SimpleNamespace(seed=seed, key=lambda s=seed, p=precision: f"{p}-{s}")
+            rows.append((precision, config))
+            results[f"{precision}-{seed}"] = SimpleNamespace(final={"accuracy": acc / 100},
+                                                             meta={"device": "cuda:0 (NVIDIA H200)"})
+    return precision_screen(rows, results, 1.0, "bfloat16")
+
+
+def test_the_precision_screens_rule_by_hand():
+    # the stored screen's differences (points): mean 1/6, sd 0.29502, t(0.975, 2) = 4.302653 -> ±0.73287
+    frame, values = _screen([-0.13, 0.46, 0.17])
+    assert values["ps_pairs"] == 3 and values["ps_rule"] == "bfloat16"
+    assert values["ps_mean"] == pytest.approx(1 / 6, abs=1e-4) and values["ps_std"] == pytest.approx(0.29502, abs=1e-4)
+    assert (values["ps_lo"], values["ps_hi"]) == pytest.approx((1 / 6 - 0.73287, 1 / 6 + 0.73287), abs=1e-3)
+    assert list(frame["bfloat16 device"]) == ["NVIDIA H200"] * 3 and "as the rule says" in values["ps_protocol"]
+    # a mean well inside ±1 but a spread that leaves the interval wider: float32 stays, and the page says the
+    # profile's bfloat16 is not the rule's
+    _, values = _screen([0.9, -0.6, 0.3])
+    assert values["ps_rule"] == "float32" and "not within ±1 point" in values["ps_verdict"]
+    assert "but the rule says float32" in values["ps_protocol"]
+    _, values = _screen([0.1, 0.2])  # two seeds: indicative, float32 stays
+    assert values["ps_rule"] == "float32" and values["ps_verdict"].startswith("indicative (2 paired seeds)")
+    assert _screen([])[0] is None
+
+
+def test_the_stored_screen_backs_the_paper_profiles_precision():
+    """On the committed store: three seeds paired, and the paper profile declares what the rule chose."""
+    from fedlib.app.chapters.celm import CELM
+    from fedlib.app.kit.sources import load_profile
+
+    frame, values = CELM("evidence", load_profile("celm", "evidence")).precision_screen()
+    assert values["ps_pairs"] == 3 and values["ps_rule"] == values["ps_adopted"] == "bfloat16"
+    assert -1 <= values["ps_lo"] <= values["ps_hi"] <= 1 and len(frame) == 3

@@ -42,9 +42,9 @@ def recipe(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def screen_params(params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` under the original recipe: the base every reading of the screen changes, whichever the
-    profile adopted (so the screen's runs keep their keys once a reading is adopted)."""
-    return {**params, "cifar10_reading": ORIGINAL}
+    """``params`` under the original recipe in float32: the base every reading of the screen changes, whichever
+    recipe and precision the profile adopted (so the screen's runs keep their keys once one is adopted)."""
+    return {**params, "cifar10_reading": ORIGINAL, "cifar10_precision": "float32"}
 
 
 def earlier_recipe(params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:

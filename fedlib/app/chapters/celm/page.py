@@ -28,12 +28,14 @@ from .analysis import (
     choose_pls_allocation,
     diagnose_baseline,
     pls_class_count_search,
+    precision_screen,
     split_counts,
 )
 from .protocol import (
     DETECTORS,
     METHOD_LABELS,
     PLS_ALLOCATION,
+    PRECISION_MARGIN,
     SPLITS,
     TABLE7_DATASET,
     TABLE7_PREFIX,
@@ -46,6 +48,7 @@ from .protocol import (
     last_evidence,
     maverick_classes,
     maverick_reading_configs,
+    precision_screen_configs,
     rare_class_accuracy,
     run_config,
     score_history,
@@ -156,6 +159,14 @@ class CELM(Chapter):
                                  if used == chosen else f"the paper profile's Table 2 still uses “{used}”")
         return shown, values
 
+    def precision_screen(self):
+        """The precision screen (issue 45): uniform FedAvg on CIFAR-10 Dir(0.05) in float32 and in bfloat16 local
+        training, paired by seed, from the stored paper-profile runs; the rule's choice beside the profile's.
+        (frame or None while no seed is paired, glue values ``ps_*``)."""
+        rows = precision_screen_configs(self.paper_params)
+        stored = stored_results(self.name, [c for _, c in rows]).results
+        return precision_screen(rows, stored, PRECISION_MARGIN, self.paper_params.get("cifar10_precision", "float32"))
+
     def table1_cifar10(self):
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):
         the styled frame (or None), a note, the numbers."""
@@ -167,7 +178,9 @@ class CELM(Chapter):
         splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
-        return self.styled(rows), f"data: {source}", {"t1c_best": best, "t1c_paper": paper, "t1c_n": n}
+        precision = self.params.get("cifar10_precision", "float32")
+        return (self.styled(rows), f"data: {source}; local training in {precision} (the precision screen's choice)",
+                {"t1c_best": best, "t1c_paper": paper, "t1c_n": n})
 
     def table1_cifar10_earlier(self):
         """Table 1's CIFAR-10 rows from the stored runs of the original recipe, once the paper profile has

@@ -19,6 +19,9 @@ decayed x0.1 at half the rounds):
   cifar10_readings   uniform FedAvg under readings of the CIFAR-10 recipe the paper leaves open
   maverick_readings  uniform FedAvg under readings of §6.1's Maverick split (how much of its rare
                      classes a Maverick holds), seed 0: the Table 2 reading the paper's FedAvg supports
+  precision_screen   uniform FedAvg on CIFAR-10 Dir(0.05) in float32 and in bfloat16 local training, every
+                     seed: bfloat16 backs the CIFAR-10 cells only if the paired difference's 95 % interval
+                     lies within ±1 point (``PRECISION_MARGIN``; issue 45)
 
 PLS holds the class allocation ``PLS_ALLOCATION`` (k_i classes for client i), the one chosen by
 ``choose_pls_allocation`` among those that reproduce Table 4's Uniform column; CFFL runs with
@@ -33,7 +36,7 @@ EMNIST balanced, PLS and SLS by the partition's step rule over the 47 classes (`
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -72,10 +75,12 @@ TABLE7_DATASET, TABLE7_PREFIX = "emnist", "EMNIST"
 
 
 def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_clients: int | None = None,
-               cifar10: bool = False, dataset: str | None = None, **method_params) -> RunConfig:
-    """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1,
-    the CNN with its own data fraction, rounds and lr milestones; ``dataset``: another dataset under
-    the profile's own protocol, e.g. Table 7's EMNIST)."""
+               cifar10: bool = False, dataset: str | None = None, precision: str | None = None,
+               **method_params) -> RunConfig:
+    """One run of the chapter's protocol (``cifar10``: the CIFAR-10 variant of Table 1, the CNN with
+    its own data fraction, rounds, lr milestones and the precision the screen adopted, ``cifar10_precision``;
+    ``dataset``: another dataset under the profile's own protocol, e.g. Table 7's EMNIST; ``precision``:
+    local training's, over the profile's)."""
     spec = {"name": method, **params.get("method_params", {}).get(method, {}), **method_params}
     if method == "cffl" and split["name"] in LABEL_IMBALANCE_SPLITS:
         spec.setdefault("split_kind", "label_imbalance")
@@ -86,6 +91,7 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
         n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
         server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
+        precision=precision or (params.get("cifar10_precision", "float32") if cifar10 else "float32"),
     )
     return make_config(**{**fields, **(readings.recipe(params) if cifar10 else {})})
 
@@ -138,6 +144,8 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [config for *_, config in cifar10_reading_configs(params)]
     if experiment == "maverick_readings":
         return [config for _, config in maverick_reading_configs(params)]
+    if experiment == "precision_screen":
+        return [config for _, config in precision_screen_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
@@ -210,6 +218,22 @@ def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> 
     base = readings.screen_params(params)
     return readings.reading_configs(lambda s: run_config(base, SPLITS[s][0], "fedavg_uniform", seed, cifar10=True),
                                     params.get("cifar10_reading_splits", ["Dir(0.05)"]))
+
+
+PRECISIONS = ("float32", "bfloat16")  # RunConfig.precision: local training's forward and backward
+PRECISION_MARGIN = 1.0  # points: bfloat16 is adopted only if the paired 95 % interval lies within ±this
+PRECISION_SPLIT = "Dir(0.05)"  # the headline split the screen runs on
+
+
+def precision_screen_configs(params: dict[str, Any]) -> list[tuple[str, RunConfig]]:
+    """(precision, config): uniform FedAvg's CIFAR-10 Table 1 run on ``PRECISION_SPLIT`` in each of
+    ``PRECISIONS``, every seed of the profile; the arm of the adopted precision (``cifar10_precision``) is
+    Table 1's own FedAvg runs."""
+    out = []
+    for seed in params["seeds"]:
+        out += [(p, run_config(params, SPLITS[PRECISION_SPLIT][0], "fedavg_uniform", seed, cifar10=True,
+                               precision=p)) for p in PRECISIONS]
+    return out
 
 
 configs = partial(unique_configs, experiment_configs)  # every run once (e.g. Table 8's 5 % is Table 1's CELM)
@@ -314,6 +338,10 @@ def queue_items(params: dict[str, Any]) -> list:
         items.extend(queue_item("celm", params, "Maverick readings", f"{prefix} Maverick", reading, config,
                                 table_rank=1, headline=reading == next(iter(MAVERICK_READINGS)))
                      for reading, config in maverick_reading_configs(params))
+    if "precision_screen" in params["experiments"]:  # float32 vs bfloat16 local training (issue 45)
+        items.extend(queue_item("celm", params, "Precision screen", f"CIFAR-10 {SPLITS[PRECISION_SPLIT][1]}",
+                                precision, config, table_rank=1, headline=True)
+                     for precision, config in precision_screen_configs(params))
     add("table2", "Table 2", lambda c: f"{prefix} Maverick", method, rank=1,
         backs=lambda c: [("Table 2", f"{prefix} Balanced Acc.", method(c)),
                          ("Table 2", f"{prefix} Rare Class Acc.", method(c))])
@@ -373,6 +401,7 @@ class CelmProfile(FederationProfile):
     cifar10_lr_milestones: list[int]
     cifar10_reading_splits: list[str]
     cifar10_reading: str = readings.ORIGINAL  # a name of readings.CIFAR10_READINGS: the CIFAR-10 recipe
+    cifar10_precision: Literal["float32", "bfloat16"] = "float32"  # CIFAR-10 local training's: the screen's call
     cffl_study: CfflStudy
     table2_reading: str = next(iter(MAVERICK_READINGS))  # a name of MAVERICK_READINGS: Table 2's Maverick split
 

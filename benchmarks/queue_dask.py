@@ -30,9 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedlib.app import cluster, queue  # noqa: E402
-from fedlib.cache import ResultCache, key_of  # noqa: E402
+from fedlib.cache import key_of  # noqa: E402
 from fedlib.provenance import environment  # noqa: E402
-from fedlib.results import runs_dir  # noqa: E402
+import fedlib.store  # noqa: E402
+from fedlib.store import Store  # noqa: E402
 
 SKIPPED = {"wall_time", "date", "warmup_s", "commit"}  # and every time_*
 
@@ -46,8 +47,8 @@ def without_timings(value):
 
 
 def stored(root: Path) -> dict[str, dict]:
-    store = ResultCache(runs_dir(root), protect=True)
-    return {key_of(p): store.read(key_of(p))[0] for p in sorted(runs_dir(root).glob("*.json.gz"))}
+    store = Store(root)
+    return {key_of(p): store.read(key_of(p))[0] for p in sorted(store.runs.glob("*.json.gz"))}
 
 
 def units(chapter: str):
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     tmp = Path(tempfile.mkdtemp(prefix="queue_dask-"))
-    queue.repo_results = lambda: tmp / "repo"  # nothing read from the repository's store
+    fedlib.store.default_root = lambda: tmp / "repo"  # nothing read from the repository's store
     record = {"benchmark": "queue_dask", "chapter": args.chapter, "profile": "smoke", "workers": 2,
               "load_before": os.getloadavg()[0]}
 

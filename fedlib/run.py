@@ -17,19 +17,24 @@ from .cache import ResultCache, as_store
 from .config import ConfigError, RunConfig, make_config
 from .data import Dataset
 from .engine import _execute, _round_generator, _stop_message, execute  # noqa: F401
-from .federation import DEFAULT_SERVER_VAL, Prepared, _load, _subsample, prepare, resolve_device  # noqa: F401
-from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
 from .events import report as report_progress
+from .federation import (  # noqa: F401
+    DEFAULT_SERVER_VAL,
+    Prepared,
+    _load,
+    _subsample,
+    prepare,
+    resolve_device,
+)
+from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
 from .results import (  # noqa: F401
     RunResult,
     _fingerprint_of,
     _key_provenance,
     check_result,
-    entry_check,
     result_check,
-    run_of,
-    stored_payload,
 )
+from .store import entry_check, run_of, stored_payload  # noqa: F401
 
 __all__ = ["RunResult", "run", "run_many", "run_pack", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
            "result_check", "exit_with_parent"]

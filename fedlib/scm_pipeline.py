@@ -54,16 +54,26 @@ from .allocation import Partition
 from .cache import ResultCache, as_store
 from .config import ScmConfig, make_config
 from .data import load_dataset
-from .engine import TrainRequest, execute as engine_run
-from .packing import execute_packed
+from .engine import TrainRequest
+from .engine import execute as engine_run
+from .events import report
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
-from .events import report
-from .population import ClientBatches, LocalTraining, ParamLayout, aggregate, evaluate, make_client_batches, predict
-from .training import train_clients
-from .results import _key_provenance, environment, run_of, stored_payload
+from .packing import execute_packed
+from .population import (
+    ClientBatches,
+    LocalTraining,
+    ParamLayout,
+    aggregate,
+    evaluate,
+    make_client_batches,
+    predict,
+)
+from .results import _key_provenance, environment
 from .splits import covariate_shift
+from .store import run_of, stored_payload
+from .training import train_clients
 
 LABELS = {"best_source": "Best Source", "source_free": "Source Free", "fedavg": "FedAvg", "sdea": "SDEA",
           "k3da": "K3DA", "comda": "Co-MDA", "fmda_ot": "FMDA-OT"}
@@ -552,7 +562,13 @@ def execute_many(configs: list[ScmConfig], dataset=None, progress: bool = False)
     signature, at most the largest federation's clients per chunk, so memory stays what one run needs),
     and their plain post-trainings run as packs (``fedlib.packing``, rows bounded by device memory).
     Each federation keeps its own generator streams; the global torch generator each sees is its own."""
-    from .packing import _merges, make_packs, rows_per_pack, train_signature, train_together
+    from .packing import (
+        _merges,
+        make_packs,
+        rows_per_pack,
+        train_signature,
+        train_together,
+    )
 
     datasets: dict[tuple, Any] = {}
     stages, states, answers, results = [], [], [None] * len(configs), [None] * len(configs)

@@ -218,7 +218,7 @@ def _store(root, config, accuracy, data_sha="d" * 64, **meta_overrides):
     """A stored run of ``config`` made on data of fingerprint ``data_sha`` (its file key: the config's key
     on that data), with ``meta_overrides`` replacing what the run records about itself."""
     from fedlib.cache import ResultCache
-    from fedlib.results import stored_payload
+    from fedlib.store import stored_payload
 
     data = {"source": "synthetic", "files": [], "sha256": data_sha}
     meta = {"resolved": config.resolved(), "rule_versions": config.rule_versions(), "data": data, **meta_overrides}
@@ -269,7 +269,7 @@ def test_verdicts_from_stored_files_are_the_same_with_and_without_the_data(tmp_p
     claim = Claim("A beats B", "Table 1", "table-1", (CLAIM.comparisons[0],))
     monkeypatch.setattr(claims, "claims_of", lambda chapter: [claim])
     monkeypatch.setattr(queue, "chapter_items", lambda chapter, profile="paper": items)
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path)
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path)
     monkeypatch.setattr(claims, "load_reference", lambda chapter: REFERENCE)
     judged = {}
     for here, sha in (("absent", None), ("present", "d" * 64)):
@@ -287,7 +287,7 @@ def test_the_queue_counts_a_stored_run_whose_data_is_not_here(tmp_path, monkeypa
     config = _synthetic_config(seed=0)
     _store(tmp_path / "runs", config, 0.8)
     item = queue.QueueItem("celm", "Table 1", "r1", "A", 0, config, queue.run_round)
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path)
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path)
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "elsewhere"))
     monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
     monkeypatch.setattr(queue_store, "data_missing", lambda dataset: f"{dataset} data absent")
@@ -300,12 +300,12 @@ def test_a_chapter_reads_a_gpu_run_stored_under_its_cpu_key_without_the_data(tmp
     """The queue stores a GPU run under the chapter's (CPU) key; with the data absent here the chapter
     (``kit.stored.stored_results``) and the claims both find it by the fingerprint it recorded."""
     config = _synthetic_config(seed=0)
-    _store(tmp_path, config, 0.8, resolved={**config.resolved(), "device": "cuda"}, config_key="gpu-own-key")
-    monkeypatch.setattr(kit_stored, "results_dir", lambda chapter=None: tmp_path)
+    _store(tmp_path / "runs", config, 0.8, resolved={**config.resolved(), "device": "cuda"}, config_key="gpu-own-key")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path)
     monkeypatch.setattr("fedlib.config.RunConfig.data_fingerprint", lambda self: {"sha256": None})
     stored = kit_stored.stored_results("celm", [config])
     assert list(stored.results) == [config.key()] and stored.provenance[config.key()]["data_unverified"]
-    assert kit_stored.StoredIndex.read(tmp_path).run_of(config)[0]["final"]["accuracy"] == 0.8
+    assert kit_stored.StoredIndex.read(tmp_path / "runs").run_of(config)[0]["final"]["accuracy"] == 0.8
 
 
 def test_fedms_table1_claim_reads_a_run_as_the_page_does():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fedlib.app.kit import sources
-from fedlib.app.kit.stored import results_dir
+from fedlib.store import Store
 from fedlib.cache import ResultCache
 from fedlib.app.chapters.fedscm import protocol as chapter  # the chapter's runs and stored results
 from fedlib.config import ConfigError, ScmConfig
@@ -204,7 +204,7 @@ def test_stored_results_round_trip(tmp_path, monkeypatch, data):
     monkeypatch.setenv("FEDLIB_REPO", str(repo))
     params = sources.load_profile("fedscm", "smoke")
     cfg = chapter.configs(params)[0]
-    store = ResultCache(results_dir("fedscm"))
+    store = Store().cache()
     result = execute(ScmConfig.make(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
     store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
     got = chapter.stored_results(params)

@@ -15,7 +15,6 @@ from fedlib.app.queue import cost as queue_cost
 from fedlib.app.queue import runner as queue_runner
 from fedlib.app.queue import store as queue_store
 from fedlib.app.kit import items as kit_items
-from fedlib.app.kit import stored as kit_stored
 from fedlib.app.kit.sources import load_profile
 from fedlib.app.chapters import CHAPTER_MODULES, chapter_module
 
@@ -222,7 +221,7 @@ def test_a_table_filter_keeps_a_run_the_table_shares_under_another_label():
 
 def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     a = fake_item("x")
     b = queue.QueueItem("fedavg", "Table 1 (FedAvg)", "row x", "FedAvg (uniform)", 0, a.config, lambda c: {})
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
@@ -278,7 +277,7 @@ def test_an_unmeasured_first_pack_keeps_a_margin_and_is_split_before_a_later_uni
 
 def test_runs_this_queue_stored_re_estimate_the_rest_before_older_stores(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     done, later = queue.chapter_items("fedavg", "smoke")[:2]
     model = queue.CostModel()
     model.add(done.config, 100.0, "cpu")  # an older store: 100 s for the same kind of run
@@ -437,7 +436,7 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
     from fedlib.__main__ import main
 
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("--list must not run anything"))
     assert main(["results", "--list", "--summary", "--only", "fedavg", "--profile", "smoke", "--pack", "on",
                  "--budget", "100000"]) == 0
@@ -457,7 +456,7 @@ def test_the_cli_list_with_a_budget_prints_the_preview_and_runs_nothing(tmp_path
 def empty_store(tmp_path, monkeypatch):
     """The CLI queue on an empty store of its own (nothing read from the repository's results/)."""
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     monkeypatch.setattr(queue, "run_queue", lambda *a, **k: pytest.fail("nothing may run"))
     return tmp_path
 
@@ -594,7 +593,7 @@ class AnswerBackend:
 
 def test_runs_a_backend_sends_back_are_checked_and_stored_here_and_absent_data_is_logged(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
 
     def answer(unit):
         name = unit.items[0].config.name

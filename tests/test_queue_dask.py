@@ -18,9 +18,8 @@ pytest.importorskip("distributed")
 
 from fedlib.app import cluster, queue  # noqa: E402
 from fedlib.data import data_missing  # noqa: E402
-from fedlib.app.kit import stored as kit_stored  # noqa: E402
-from fedlib.cache import ResultCache, key_of  # noqa: E402
-from fedlib.results import runs_dir  # noqa: E402
+from fedlib.cache import key_of  # noqa: E402
+from fedlib.store import Store  # noqa: E402
 
 # what two executions of one run may differ in (and time_*): timings, dates, and the commit (the repository's
 # HEAD, which another checkout's commits move between the two queues)
@@ -38,9 +37,9 @@ def without_timings(value):
 
 def stored(root: Path) -> dict[str, dict]:
     """Config key -> stored entry of every valid file under ``root``/runs; an invalid one fails the test."""
-    store = ResultCache(runs_dir(root), protect=True)
+    store = Store(root).cache()
     out = {}
-    for path in sorted(runs_dir(root).iterdir()):
+    for path in sorted(Store(root).runs.iterdir()):
         payload, problem = store.read(key_of(path))
         assert problem is None and payload is not None, f"{path.name}: {problem}"
         out[key_of(path)] = payload
@@ -99,7 +98,7 @@ class Killer(threading.Thread):
 @pytest.fixture()
 def stores(tmp_path, monkeypatch):
     """Two stores (local, cluster) and two fedlib caches, so that neither queue reads the other's runs."""
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     if data_missing("mnist"):
         pytest.skip(data_missing("mnist"))
@@ -157,7 +156,7 @@ def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_wor
     # exactly the finished records, each valid; no claim left, nothing set aside
     ours, theirs = stored(stores / "dask"), stored(stores / "local")
     assert sorted(ours) == sorted(theirs) == sorted(i.key for u in units for i in u.items)
-    assert sorted(p.name for p in runs_dir(stores / "dask").iterdir()) == sorted(f"{k}.json.gz" for k in ours)
+    assert sorted(p.name for p in Store(stores / "dask").runs.iterdir()) == sorted(f"{k}.json.gz" for k in ours)
     assert all(queue.stored_state(i) == (True, None) for u in units for i in u.items)
     # bit for bit the local queue's runs, timings and dates aside
     for key in ours:
@@ -192,7 +191,7 @@ def test_a_gpu_unit_without_a_gpu_worker_and_a_worker_without_the_data_are_logge
     out = cluster.run_queue([entry], FakeClient(), "smoke", log=lines.append, poll=0.01)
     assert out.absent == [(item, "no worker of the cluster declares a GPU resource (dask worker ... --resources "
                                  "GPU=1)")]
-    assert not out.stored and not out.failed and not list(runs_dir(stores / "dask").glob(".*.claim"))
+    assert not out.stored and not out.failed and not list(Store(stores / "dask").runs.glob(".*.claim"))
     assert any(line.startswith("[absent] fedms Table 1 | CIFAR-10") for line in lines)
     # a worker whose data root lacks the dataset answers with a marker, not an exception
     monkeypatch.setenv("FEDLIB_DATA", str(stores / "no-data"))

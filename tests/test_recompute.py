@@ -12,7 +12,7 @@ from fedlib.app import recompute
 from fedlib.cache import ResultCache
 from fedlib.config import make_config
 from fedlib.determinism import CROSS_MACHINE, PLAN
-from fedlib.results import run_of, runs_dir, stored_payload
+from fedlib.store import Store, run_of, stored_payload
 
 SYNTH = dict(dataset="synthetic", model="mlp", n_clients=4, rounds=3, batch_size=16, local_epochs=1, lr=0.1, seed=3)
 
@@ -108,7 +108,7 @@ def test_the_cli_refuses_nothing_to_do_in_one_line(capsys):
 
 def _cheap_stored_runs(n):
     """The first ``n`` stored MLP runs on Fashion-MNIST or MNIST with at most 10 clients, by key."""
-    store = ResultCache(runs_dir(), protect=True)
+    store = Store().cache()
     out = []
     for key, entry, _ in recompute._entries(store):
         c = entry["config"]

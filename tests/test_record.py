@@ -14,7 +14,7 @@ import torch
 
 from fedlib import record
 from fedlib.cache import ResultCache, _digest
-from fedlib.results import runs_dir
+from fedlib.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 # The budget: 3,000 runs (full coverage) in at most 37 MiB, so that a GPU call's working tree (the tracked
@@ -129,7 +129,7 @@ def test_an_earlier_record_still_reads_and_a_damaged_column_is_refused(tmp_path)
 def test_migration_rewrites_real_runs_as_compact_records(tmp_path):
     from fedlib.app.migrate import compress_results
 
-    real = sorted(runs_dir().glob("*.json.gz"))
+    real = sorted(Store().runs.glob("*.json.gz"))
     chosen = real[:: max(1, len(real) // 6)][:6]
     (tmp_path / "runs").mkdir()
     for path in chosen:
@@ -145,8 +145,8 @@ def test_migration_rewrites_real_runs_as_compact_records(tmp_path):
 
 
 def test_the_committed_store_fits_its_budget_and_every_record_reads():
-    store = ResultCache(runs_dir(), protect=True)
-    paths = sorted(runs_dir().glob("*.json*"))
+    store = Store().cache()
+    paths = sorted(Store().runs.glob("*.json*"))
     assert len(paths) > 100
     mean = sum(p.stat().st_size for p in paths) / len(paths)
     projected = mean * RUNS_AT_FULL_COVERAGE / 2**20

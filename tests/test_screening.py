@@ -198,7 +198,7 @@ def test_no_stored_clean_run_warns_under_the_rule():
     warns about no client but a Maverick: the known false positive of two Mavericks that a selection rule
     puts in every round is stated in fedlib.screening's docstring, and only Mavericks may carry it."""
     from fedlib.cache import ResultCache
-    from fedlib.results import read_stored
+    from fedlib.store import read_stored
 
     store = ResultCache(RUNS, protect=True)
     judged, warned = 0, []

@@ -21,7 +21,7 @@ from fedlib.app.kit import stored as kit_stored
 from fedlib.app.migrate import migrate_results
 from fedlib.cache import ResultCache, scan_folder, shown_name
 from fedlib.config import RunConfig
-from fedlib.results import list_store, stored_payload
+from fedlib.store import list_store, stored_payload
 
 DATA = {"source": "synthetic", "files": [], "sha256": "d" * 64}
 
@@ -68,9 +68,7 @@ def runs(tmp_path, monkeypatch):
     folder = tmp_path / "results" / "runs"
     store(folder, config(seed=0))
     store(folder, config(seed=1), 0.7)
-    monkeypatch.setattr(book, "results_dir", lambda chapter=None: folder)  # the build's fingerprint of the store
-    monkeypatch.setattr(kit_stored, "results_dir", lambda chapter=None: folder)  # the pages' reading of it
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "results")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "results")  # the build's, the pages' store
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "results"))
     monkeypatch.setattr(RunConfig, "data_fingerprint", lambda self: dict(DATA))
     return folder

@@ -33,11 +33,12 @@ from ..cache import ResultCache, atomic_write_text
 from ..config import RunConfig
 from ..methods import METHODS
 from ..provenance import repo_root
-from ..results import list_store, result_check, store_run
+from ..results import result_check
+from ..store import Store
 from .chapters import toc, toc_chapters
 from .kit.pages import _short, headline_dir
 from .kit.sources import EVIDENCE, STATUS_PAGE, _check_profile, book_dir, check_only, load_profile
-from .kit.stored import NothingStored, make_results_command, results_dir
+from .kit.stored import NothingStored, make_results_command
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
 
@@ -77,19 +78,19 @@ def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
     from ..run import run
 
-    store = ResultCache(results_dir(), protect=True)
+    store = Store()
     written = []
     for i, config in enumerate(configs):
         fingerprint = config.data_fingerprint()
         key = config.key(fingerprint)
-        stored = store.get(key)
+        stored, _ = store.read(key)
         if stored is not None and result_check(config, fingerprint)(stored.get("result") or {}) is None:
             continue
         if progress:
             print(f"[{i + 1}/{len(configs)}] {chapter}: {config.method.name} {config.split.name} seed {config.seed}",
                   flush=True)
         result = run(config, progress=progress)
-        written.append(store_run(key, config.to_dict(), result.to_dict()))
+        written.append(store.put(key, config.to_dict(), result.to_dict()))
     return written
 
 
@@ -182,7 +183,7 @@ def _fingerprint(chapter: str, profile: str, stage: Path) -> str:
         if path.is_file():
             h.update(os.fsencode(path.name))
             h.update(path.read_bytes())
-    h.update(f"store {list_store(results_dir()).signature}".encode())  # one store for all
+    h.update(f"store {Store().listing().signature}".encode())  # one store for all
     return h.hexdigest()
 
 
@@ -539,7 +540,7 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
         + (f" (no timing yet for {', '.join(unknown_time)}: "
            + ("a fixed guess per evidence chapter)" if profile == EVIDENCE else "the queue's cost model for their "
               "runs not in the cache)") if unknown_time else ""))
-    for line in list_store(results_dir()).left_out:  # one line per file no page reads; each page lists them too
+    for line in Store().listing().left_out:  # one line per file no page reads; each page lists them too
         log(f"results/runs/{line}: left out, not read (left as it is)")
     failures, summary = [], {}
     started = time.perf_counter()

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterable
 
 from .. import stats
 from ..cache import ResultCache
-from ..results import run_of
+from ..store import run_of
 from ..stats import FAILS, HOLDS, INDICATIVE, NOISE
 from . import chapters, queue
 from .kit.claim_types import EVERY, MOST, Cell, Claim, Side, final

@@ -23,7 +23,8 @@ from pathlib import Path
 from ..cache import ResultCache, atomic_write_text, load_entry
 from ..record import _canonical, compact, expand
 from ..config import RunConfig
-from ..results import _key_provenance, list_store, result_check, runs_dir
+from ..results import _key_provenance, result_check
+from ..store import Store, list_store
 from .kit.stored import what_changed
 
 
@@ -108,7 +109,7 @@ def _left_out(line: str) -> tuple[str, str]:
 
 def _existing_runs(root: str | Path | None) -> Path:
     """``root/runs``; a root without one is a one-line FileNotFoundError (nothing to migrate there)."""
-    folder = runs_dir(root)
+    folder = Store(root).runs
     if not folder.is_dir():
         raise FileNotFoundError(f"--root {root if root is not None else folder.parent}: no stored runs "
                                 f"(no folder {folder})")
@@ -133,7 +134,7 @@ def adopt_unclipped(chapter: str, configs, root: str | Path | None = None, *, dr
     ``[(source file, new key, note)]``."""
     today = today or _dt.date.today().isoformat()
     wanted = {_unclipped(config): config for config in configs if getattr(config, "update_clip", 0) is None}
-    target_store = ResultCache(runs_dir(root), protect=True)
+    target_store = Store(root).cache()
     adopted = []
     folders = sorted(d for d in target_store.root.parent.iterdir() if d.is_dir() and not d.is_symlink())
     for run in sorted((run for d in folders for run in list_store(d).engine_runs()), key=lambda r: r.path):

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from ..cache import ResultCache
 from ..config import make_config
 from ..determinism import CROSS_MACHINE
-from ..results import list_store, run_of, runs_dir, store_run
+from ..store import Store, list_store, run_of
 
 # re-keyed runs whose equivalence with today's engine was asserted rather than re-computed
 ASSERTED_REKEYS = ("logit protocol's own loop", "update_clip 10")
@@ -133,7 +133,7 @@ def sample_keys(store: ResultCache, n: int, seed: int = 0, max_rounds_cost: int 
 
 def check_sample(keys: list[str], rounds: int, store: ResultCache | None = None, log=print) -> list[Comparison]:
     """Re-compute the first ``rounds`` rounds of each stored run in ``keys`` and compare."""
-    store = store or ResultCache(runs_dir(), protect=True)
+    store = store or Store().cache()
     out = []
     for key in keys:
         entry, problem = store.read(key)
@@ -154,7 +154,7 @@ def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool 
     ``scratch``: a cache (never the store) of today's runs, so a re-computation done earlier is reused."""
     import fedlib
 
-    store = store or ResultCache(runs_dir(), protect=True)
+    store = store or Store().cache()
     entry, problem = store.read(key)
     if entry is None:
         raise FileNotFoundError(f"{key}: not readable ({problem or 'absent'})")
@@ -172,7 +172,7 @@ def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool 
             "date": fresh.meta.get("date"), "replaces_final_accuracy": comparison.final_stored,
             "first_departure": comparison.departures[0], "earlier_note": old.get("meta", {}).get("rekeyed"),
         }
-        store_run(key, fresh.config, fresh.to_dict(), results_root=Path(store.root).parent)
+        Store(Path(store.root).parent).put(key, fresh.config, fresh.to_dict())
         log(f"{key}: replaced by today's run")
     return comparison
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.sample < 0:
         ap.error("--rounds must be >= 1 and --sample >= 0")
-    store = ResultCache(runs_dir(), protect=True)
+    store = Store().cache()
     failed = 0
     if args.sample or args.keys:
         keys = args.keys if args.keys else sample_keys(store, args.sample, args.seed)

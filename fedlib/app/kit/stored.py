@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from ...config import make_config
-from ...provenance import repo_root
-from ...results import RunResult, StoreListing, StoredRun, list_store, placement_free, result_check, runs_dir
+from ...results import RunResult, placement_free, result_check
+from ...store import Store, StoreListing, StoredRun, list_store
 from .claim_types import Cell
 from .pages import _differing, _short
 
@@ -81,11 +81,6 @@ class Stored:
         return text
 
 
-def results_dir(chapter: str | None = None) -> Path:
-    """The one store of runs, ``results/runs/`` (shared by every chapter; ``chapter`` is ignored)."""
-    return runs_dir()
-
-
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(data, dict):
         out: dict[str, Any] = {}
@@ -133,7 +128,7 @@ def stored_results(chapter: str, configs) -> Stored:
 
     unverified = {made_by(c.resolved(), c.rule_versions()): k for k, (c, fp) in wanted.items()
                   if fp.get("sha256") is None}
-    listing = list_store(results_dir())  # every file judged once: links, FIFOs, odd names, invalid ones left out
+    listing = Store().listing()  # every file judged once: links, FIFOs, odd names, invalid ones left out
     out = Stored({}, {}, list(listing.left_out))
     for run in listing.engine_runs():
         path, payload, result, stem = run.path, run.entry, run.result, run.key
@@ -166,12 +161,6 @@ def stored_results(chapter: str, configs) -> Stored:
 # ----------------------------------------------------------------------------- the stored runs, by what made them
 
 
-def repo_results() -> Path:
-    """The repository's ``results/`` (its runs in ``runs/``): what the pages read, and the queue besides
-    where it writes (``fedlib.app.queue.results_root``)."""
-    return repo_root() / "results"
-
-
 def _signature(resolved: dict | None, rule_versions: dict | None) -> str:
     return json.dumps([placement_free(resolved), rule_versions], sort_keys=True, default=str)
 
@@ -194,7 +183,7 @@ class StoredIndex:
     def read(cls, root: Path | None = None) -> "StoredIndex":
         """The index of ``root`` (default: the repository's ``results/runs/``); read again only when a
         file there changed (:func:`fedlib.results.list_store`)."""
-        listing = list_store(runs_dir(repo_results()) if root is None else root)
+        listing = Store().listing() if root is None else list_store(root)
         cached = _INDEXES.get(listing.root)
         if cached is not None and cached[0] is listing:
             return cached[1]

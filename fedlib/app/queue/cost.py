@@ -9,10 +9,9 @@ from pathlib import Path
 
 from ... import data
 from ...cache import ResultCache, key_of
-from ...results import list_store, runs_dir
-from ..kit import stored as kit_stored
+from ...store import list_store
 from ..kit.items import _get, method_name, runner_kind, work
-from .store import results_root
+from .store import stores
 
 # seconds per 1,000 training-sample passes when nothing similar is stored (order of magnitude)
 # (the wider CNN's: the CNN's times their FLOPs per CIFAR-10 sample, 15.78 / 4.66 MFLOP, model_flops)
@@ -81,7 +80,7 @@ class CostModel:
     @classmethod
     def from_results(cls, root: Path | None = None) -> "CostModel":
         model = cls()
-        roots = [root] if root is not None else sorted({runs_dir(results_root()), runs_dir(kit_stored.repo_results())})
+        roots = [root] if root is not None else sorted({s.runs for s in stores()})
         for run in (run for r in roots for run in list_store(r).runs):  # the valid entries only
             model.read_entry(run.entry)
         return model

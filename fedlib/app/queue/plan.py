@@ -7,8 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ...cache import ResultCache
-from ...results import runs_dir
+from ...store import Store
 from .. import chapters
 from ..chapters import profiles
 from ..kit.items import QueueItem, run_round, run_scm, work
@@ -17,7 +16,7 @@ from ..kit.sources import check_only
 # read as costs.STARTUP_SECONDS: one value, where a test patches it
 from . import cost as costs
 from .cost import CostModel, device_kind
-from .store import missing_data, results_root, stored_state
+from .store import missing_data, stored_state
 
 # concatenated (CIFAR-10: about 0.6 GB each), their clients trained a federation's worth at a time.
 SCM_PACK_RUNS = 9
@@ -290,7 +289,7 @@ def recost(units: list[Entry | Pack], stored: list[QueueItem], model: CostModel,
     """Re-estimate pending ``units`` in place once ``stored`` runs (just stored by this queue) are in the
     cost model as fresh measurements: a budgeted queue's first runs on a device calibrate the rest."""
     for item in stored:
-        model.read(ResultCache(runs_dir(results_root()), protect=True).path(item.key), fresh=True)
+        model.read(Store.writing().path(item.key), fresh=True)
     for unit in units:
         for entry in (unit.entries if isinstance(unit, Pack) else [unit]):
             entry.cost, entry.how = model.estimate(entry.item.config, device)

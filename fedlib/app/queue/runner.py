@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ...results import runs_dir
+from ...store import Store
 from ..kit.items import QueueItem, run_round, run_scm
 
 # read as costs.STARTUP_SECONDS: one value, where a test patches it
@@ -25,7 +25,6 @@ from .store import (
     claim,
     is_stored,
     release,
-    results_root,
     store_payload,
 )
 
@@ -199,7 +198,7 @@ def store_records(unit: Entry | Pack, records: list[dict], profile: str) -> list
     """Check each finished result a worker sent back against its item (:func:`answers`) and store the valid
     ones (:func:`store_payload`); (item, None when stored, else why not) for each item of ``unit``."""
     from ...cache import write_failure
-    from ...results import stored_payload
+    from ...store import stored_payload
 
     out: list[tuple[QueueItem, str | None]] = []
     if not isinstance(records, list) or len(records) != len(unit.items):
@@ -215,7 +214,7 @@ def store_records(unit: Entry | Pack, records: list[dict], profile: str) -> list
             try:
                 store_payload(item, record, profile)
             except OSError as err:
-                problem = f"could not store it ({write_failure(err, runs_dir(results_root()))})"
+                problem = f"could not store it ({write_failure(err, Store.writing().runs)})"
         out.append((item, problem))
     return out
 

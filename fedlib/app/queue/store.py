@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ...data import data_missing
-from ...results import list_store, runs_dir, store_run
-from ..kit import stored as kit_stored
+from ...store import Store
 from ..kit.items import QueueItem
 from ..kit.stored import StoredIndex
 
@@ -19,19 +18,23 @@ from ..kit.stored import StoredIndex
 
 
 def results_root() -> Path:
-    """Where the queue stores runs: ``$FEDLIB_RESULTS`` (e.g. a GPU machine's $OUT/results, to
-    be copied into the repository), else the repository's ``results/``; runs go in its ``runs/``."""
-    env = os.environ.get("FEDLIB_RESULTS")
-    return Path(env) if env else kit_stored.repo_results()
+    """Where the queue stores runs (``fedlib.store.Store.writing``): ``$FEDLIB_RESULTS``, else the
+    repository's ``results/``; runs go in its ``runs/``."""
+    return Store.writing().root
+
+
+def stores() -> list[Store]:
+    """The stores the queue reads: where it writes, and the repository's (once when they are one)."""
+    return list(dict.fromkeys((Store.writing(), Store())))
 
 
 def left_out_lines() -> list[str]:
     """One line per file of the queue's stores (where it writes, and the repository's) that no reader
     uses (:func:`fedlib.results.list_store`), each saying it is left where it is."""
     lines = []
-    for root in dict.fromkeys((runs_dir(results_root()), runs_dir(kit_stored.repo_results()))):
-        lines += [f"{root.parent.name}/{root.name}/{line}: left out, not read (left as it is)"
-                  for line in list_store(root).left_out]
+    for store in stores():
+        lines += [f"{store.root.name}/{store.runs.name}/{line}: left out, not read (left as it is)"
+                  for line in store.listing().left_out]
     return lines
 
 
@@ -40,7 +43,8 @@ def answers(item: QueueItem, payload: dict) -> str | None:
     schema, and it answers the item's key (its resolved config, rule versions and data, as the
     chapters judge it: ``fedlib.results.result_check``); else what is wrong."""
     from ...config import RunConfig, ScmConfig
-    from ...results import check_result, placement_free, result_check, run_of
+    from ...results import check_result, placement_free, result_check
+    from ...store import run_of
 
     if not isinstance(payload, dict):
         return "not a stored run"
@@ -71,11 +75,8 @@ def stored_state(item: QueueItem) -> tuple[bool, str | None]:
     """(stored, problem): whether a valid run of ``item`` is stored where the queue writes or in the
     repository, judged by content (checksum, schema, answering the key; regular files of bounded
     size only, read without moving anything); else the problem of a damaged file (None: no file)."""
-    from ...cache import ResultCache
-
     found = None
-    for root in dict.fromkeys((results_root(), kit_stored.repo_results())):
-        store = ResultCache(runs_dir(root), protect=True)
+    for store in stores():
         payload, problem = store.read(item.key)
         if payload is None and problem is None:
             continue
@@ -105,18 +106,18 @@ def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
     the run sits in the queue. A damaged file or another run's there is set aside first (renamed)."""
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it
-    return store_run(item.key, canonical, result, results_root(), check=lambda entry: answers(item, entry),
-                     queue={"profile": profile, "table": item.table, "row": item.row, "column": item.column,
-                            "seed": item.seed})
+    return Store.writing().put(item.key, canonical, result, check=lambda entry: answers(item, entry),
+                               queue={"profile": profile, "table": item.table, "row": item.row,
+                                      "column": item.column, "seed": item.seed})
 
 
 # ----------------------------------------------------------------------------- claims
 
-CLAIM_SUFFIX = ".claim"  # runs/.<key>.claim: {"pid", "host", "since"} of the queue running <key>
+# runs/.<key>.claim (``fedlib.store.Store.claim_path``): {"pid", "host", "since"} of the queue running <key>
 
 
 def _claim_path(key: str, root: Path | None = None) -> Path:
-    return runs_dir(root if root is not None else results_root()) / f".{key}{CLAIM_SUFFIX}"
+    return (Store(root) if root is not None else Store.writing()).claim_path(key)
 
 
 def _alive(pid: int) -> bool:

@@ -20,14 +20,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ....cache import ResultCache
 from ....config import ScmConfig
-from ....results import store_run
+from ....store import Store
 from ....scm_pipeline import run_pipeline
 from ...kit.claim_types import Claim, Comparison, Side
 from ...kit.items import run_scm
 from ...kit.sources import load_profile
-from ...kit.stored import results_dir
 from .. import unique_configs
 from ..base import dataset_label, queue_item
 from ..profiles import Names, Profile, Seeds
@@ -105,27 +103,27 @@ def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool
     """Run a profile's federations and keep each under ``results/runs/<key>.json.gz`` with its
     provenance (``fedlib.results.store_run``; files that exist are not recomputed). ``diagnosis=True``
     runs the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
-    store = ResultCache(results_dir(), protect=True)
+    store = Store()
     written = []
     params = load_profile("fedscm", profile)
     cfgs = ([c for _, c in diagnosis_configs(params)] if diagnosis else []) + configs(params)
     for i, config in enumerate(cfgs):
-        if store.get(config.key()) is not None:
+        if store.read(config.key())[0] is not None:
             continue
         if progress:
             print(f"[{i + 1}/{len(cfgs)}] fedscm: {config.shift} α={config.alpha} seed {config.seed}", flush=True)
         result = run_pipeline(config, progress=progress)
-        written.append(store_run(config.key(), config.to_dict(), result))
+        written.append(store.put(config.key(), config.to_dict(), result))
     return written
 
 
 def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
     """Stored pipeline results (``results/runs/``) whose config is one of ``configs(params)``
     (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
-    store = ResultCache(results_dir(), protect=True)
+    store = Store()
     out = {}
     for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
-        payload = store.get(config.key())
+        payload, _ = store.read(config.key())
         if payload is not None:
             out[config.key()] = payload["result"]
     return out

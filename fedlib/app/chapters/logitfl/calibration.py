@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 from ....config import RunConfig
+from ....store import Store
 from ...kit.sources import load_profile
-from ...kit.stored import results_dir
 from .protocol import logit_config
 
 # ----------------------------------------------------------------------------- calibration
@@ -73,7 +73,7 @@ def _stage_points(stage: str, done: list[dict[str, Any]], top: int) -> list[dict
 
 
 def calibration_path():
-    return results_dir().parent / "logitfl-calibration.json"  # not a run: beside the store of runs
+    return Store().beside("logitfl-calibration.json")  # not a run: beside the store of runs
 
 
 def load_calibration(path=None) -> dict[str, Any]:

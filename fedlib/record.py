@@ -84,11 +84,33 @@ def _pack(array: np.ndarray) -> str:
     return base64.b85encode(zlib.compress(shuffled.tobytes(), 9)).decode("ascii")
 
 
+_B85_ALPHABET = (b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+                 b"!#$%&()*+-;<=>?@^_`{|}~")
+_B85_VALUE = np.full(256, 255, dtype=np.uint8)
+_B85_VALUE[np.frombuffer(_B85_ALPHABET, np.uint8)] = np.arange(85, dtype=np.uint8)
+_B85_POWERS = 85 ** np.arange(4, -1, -1, dtype=np.uint64)
+
+
+def b85decode(text: str) -> bytes:
+    """``base64.b85decode`` in numpy, whole groups at once (the store's reading time was mostly the
+    pure-Python one): the same bytes, and a ValueError for a character or group it would refuse."""
+    raw = np.frombuffer(text.encode("ascii"), np.uint8)
+    pad = -len(raw) % 5
+    digits = _B85_VALUE[np.concatenate([raw, np.full(pad, ord("~"), np.uint8)])]
+    if np.any(digits == 255):
+        raise ValueError("bad base85 character")
+    words = digits.reshape(-1, 5).astype(np.uint64) @ _B85_POWERS
+    if np.any(words > 0xFFFFFFFF):
+        raise ValueError("base85 overflow in a group")
+    data = words.astype(">u4").tobytes()
+    return data[:len(data) - pad] if pad else data
+
+
 def _unpack(text: str, dtype: str, shape: list[int]) -> np.ndarray:
     dtype = np.dtype(dtype)
     width = dtype.itemsize
     count = int(np.prod(shape)) if shape else 1
-    data = zlib.decompress(base64.b85decode(text), bufsize=max(count * width, 1))
+    data = zlib.decompress(b85decode(text), bufsize=max(count * width, 1))
     if len(data) != count * width:
         raise ValueError(f"a history column holds {len(data)} bytes, not {count * width}")
     words = np.frombuffer(data, np.uint8).reshape(width, -1).T.copy().view(f"u{width}" if width > 1 else "u1")

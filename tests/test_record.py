@@ -156,3 +156,22 @@ def test_the_committed_store_fits_its_budget_and_every_record_reads():
         payload, problem = store.read(path.name.split(".")[0])
         assert problem is None and isinstance(payload["result"].get("history", payload["result"].get("methods")),
                                               (list, dict))
+
+
+def test_the_numpy_base85_decoder_equals_the_standard_library():
+    """``fedlib.record.b85decode`` (whole groups in numpy) against ``base64.b85decode`` as the oracle: every
+    length mod 5, and the refusals (a character outside the alphabet, a group above 2**32 - 1)."""
+    import base64
+
+    from fedlib.record import b85decode
+
+    rng = np.random.default_rng(0)
+    for n in [*range(0, 23), 1000, 4097]:
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        text = base64.b85encode(data).decode()
+        assert b85decode(text) == base64.b85decode(text) == data
+    for bad in ('abc"d', "~~~~~", "|NsC0~"):
+        with pytest.raises(ValueError):
+            base64.b85decode(bad)
+        with pytest.raises(ValueError):
+            b85decode(bad)

@@ -133,7 +133,7 @@ def test_a_run_computed_on_another_device_answers_the_chapters_config():
 def test_a_gpu_run_stored_under_the_chapters_key_is_shown_not_stale(tmp_path, monkeypatch):
     """The queue's GPU run keeps its own config_key (device "cuda") but lives under the chapter's
     CPU key: the page shows it as current; a run of another config under that key stays stale."""
-    from fedlib.results import store_run
+    from fedlib.store import store_run
 
     monkeypatch.setenv("FEDLIB_REPO", str(tmp_path))
     cfg = make_config(TINY, method={"name": "fedprox"})

@@ -129,12 +129,12 @@ def tiny_results():
 
 def _queue_store(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_RESULTS", str(tmp_path / "out"))
-    monkeypatch.setattr(kit_stored, "repo_results", lambda: tmp_path / "repo")
+    monkeypatch.setattr("fedlib.store.default_root", lambda: tmp_path / "repo")
     return tmp_path / "out" / "runs"
 
 
 def _damage(kind: str, runs: Path, key: str, tiny_results) -> None:
-    from fedlib.results import store_run
+    from fedlib.store import store_run
 
     path = ResultCache(runs, protect=True).path(key)
     good = path.read_bytes()

@@ -398,6 +398,16 @@ class RunConfig(ExperimentConfig):
 
         return {"engine": ENGINE_VERSION, self.method.name: str(METHODS[self.method.name].rule_version)}
 
+    def work(self) -> float:
+        """Training-sample passes of the run (the queue's cost model): every round's sampled clients' local
+        epochs over their share of the data; a logit run adds its distillation epochs over the server's set."""
+        n = train_samples(self.dataset) * self.fraction
+        if self.method.name.startswith("logit_"):
+            distill = self.method.params.get("distill_epochs", 1) * (self.server_val or 0) * self.n_clients
+            return self.rounds * (self.local_epochs * n + distill)
+        per_round = self.clients_per_round or self.n_clients
+        return self.rounds * self.local_epochs * n * per_round / self.n_clients
+
 
 # FedSCM's one-shot experiment (``fedlib.scm_pipeline``): its methods and its rule versions.
 SCM_METHODS = ("fedscm", "random", "best_source", "source_free", "fedavg", "sdea", "k3da", "comda", "fmda_ot")
@@ -489,6 +499,38 @@ class ScmConfig(ExperimentConfig):
 
     def rule_versions(self) -> dict[str, str]:
         return {"engine": ENGINE_VERSION, "fedscm": SCM_RULE_VERSION, "pipeline": str(PIPELINE_FORMAT)}
+
+    def work(self) -> float:
+        """Training-sample passes of the federation (the queue's cost model): the one-shot local training,
+        then every post-training round's cohorts (:meth:`round_passes`)."""
+        n = train_samples(self.dataset) * self.fraction
+        return self.local_epochs * n + self.post_rounds * self.round_passes(n)
+
+    def round_passes(self, n: float) -> float:
+        """Sample passes of one post-training round: every cohort that trains after the selection, each
+        client a K-th of the n samples (at most ``post_steps`` batches): FedSCM per γ (about
+        ``SCM_SELECTED_GUESS`` clients each), Random, SDEA, FedAvg (``fedavg_per_round`` or all K), K3DA (all K
+        and the target), FMDA-OT (``ot_samples`` per client)."""
+        k = self.n_clients
+        per_client = n / k * self.post_epochs
+        if self.post_steps:
+            per_client = min(per_client, self.post_steps * self.batch_size)
+        methods, every = set(self.methods), self.fedavg_per_round or k
+        clients = (("fedscm" in methods) * len(self.gammas) * SCM_SELECTED_GUESS
+                   + ("random" in methods) * sum(self.random_sizes) + ("sdea" in methods) * self.sdea_clients
+                   + ("fedavg" in methods) * every + ("k3da" in methods) * (k + 1))
+        ot = ("fmda_ot" in methods) * every * min(self.ot_samples, per_client)
+        return clients * per_client + ot
+
+
+# training samples per dataset, for costing only (the queue's estimates; an unknown one counts as CIFAR-10's)
+TRAIN_SAMPLES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
+                 "emnist": 112800, "eurosat": 21600, "synthetic": 10000}
+SCM_SELECTED_GUESS = 20  # clients FedSCM's solver keeps per γ, for costing only (the paper's Fig. 5: tens of K = 500)
+
+
+def train_samples(dataset: str) -> int:
+    return TRAIN_SAMPLES.get(dataset, 50000)
 
 
 def _hash(data: Any) -> str:

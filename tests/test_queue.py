@@ -14,7 +14,6 @@ from fedlib.app import queue
 from fedlib.app.queue import cost as queue_cost
 from fedlib.app.queue import runner as queue_runner
 from fedlib.app.queue import store as queue_store
-from fedlib.app.kit import items as kit_items
 from fedlib.app.kit.sources import load_profile
 from fedlib.app.chapters import CHAPTER_MODULES, chapter_module
 
@@ -61,6 +60,10 @@ class FakeConfig:
     def key(self):
         return f"{self.name}-{self.seed}"
 
+    def work(self):  # a config kind knows its training-sample passes (RunConfig.work)
+        n = {"fmnist": 60000, "mnist": 60000}.get(self.dataset, 50000) * self.fraction
+        return self.rounds * self.local_epochs * n * (self.clients_per_round or self.n_clients) / self.n_clients
+
     def to_dict(self):
         return {"dataset": self.dataset, "model": self.model, "rounds": self.rounds, "local_epochs": self.local_epochs,
                 "n_clients": self.n_clients, "clients_per_round": self.clients_per_round, "fraction": self.fraction,
@@ -84,10 +87,16 @@ def fake_item(name, seed=0, headline=False, rank=0, rounds=10, dataset="fmnist",
 
 
 def test_work_counts_training_sample_passes():
+    from fedlib.config import make_config
+
     # 10 rounds x 1 epoch x 60,000 Fashion-MNIST samples, all 5 clients train each round
-    assert queue.work(FakeConfig().to_dict()) == 10 * 60000
+    assert queue.work(make_config(dataset="fmnist", n_clients=5, rounds=10)) == 10 * 60000
     # 10 % of 50 clients per round: a tenth of the data per round
-    assert queue.work({**FakeConfig(n_clients=50, clients_per_round=5).to_dict()}) == pytest.approx(10 * 6000)
+    assert queue.work(make_config(dataset="fmnist", n_clients=50, clients_per_round=5, rounds=10)) == \
+        pytest.approx(10 * 6000)
+    # a logit run adds its distillation epochs over the server's set, per client
+    logit = make_config(dataset="fmnist", n_clients=5, rounds=10, server_val=1000, method={"name": "logit_simple"})
+    assert queue.work(logit) == 10 * (60000 + logit.method.params.get("distill_epochs", 1) * 1000 * 5)
 
 
 def test_cost_model_uses_the_most_similar_stored_runs_then_the_fallback():
@@ -100,9 +109,9 @@ def test_cost_model_uses_the_most_similar_stored_runs_then_the_fallback():
     assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 1.5e-4 * 1_200_000)
     assert how == "measured (2)"
     # another method on the same model: the model's rate times the method's factor
-    gtg = {**cfg, "method": {"name": "gtg_shapley"}}
-    seconds, _ = model.estimate(gtg, "cpu")
-    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["gtg_shapley"])
+    fedsv = {**cfg, "method": {"name": "fedsv"}}
+    seconds, _ = model.estimate(fedsv, "cpu")
+    assert seconds == pytest.approx(queue_cost.STARTUP_SECONDS + 1.5e-4 * 600_000 * queue.METHOD_FACTOR["fedsv"])
     # nothing measured on a GPU: the fallback, 0.005 s per 1,000 passes for the MLP
     seconds, how = model.estimate(cfg, "cuda")
     assert how == "fallback"
@@ -374,10 +383,10 @@ def test_a_fedscm_federation_costs_every_cohort_it_post_trains():
     100 samples; a round trains (3 x 20 + 18 + 3 + 500 + 501) x 100 + 500 x 100 passes = 158,200."""
     config = next(i.config for i in queue.chapter_items("fedscm", "paper") if i.table == "Table 2")
     assert (config.n_clients, config.fedavg_per_round, config.ot_samples) == (500, None, 100)
-    assert kit_items.scm_round_passes(config, 50000) == pytest.approx((3 * 20 + 18 + 3 + 500 + 501) * 100 + 500 * 100)
+    assert config.round_passes(50000) == pytest.approx((3 * 20 + 18 + 3 + 500 + 501) * 100 + 500 * 100)
     assert queue.work(config) == pytest.approx(5 * 50000 + 1000 * 158200)
     fewer = config.model_copy(update={"fedavg_per_round": 10, "methods": ("fedscm", "fedavg")})
-    assert kit_items.scm_round_passes(fewer, 50000) == pytest.approx((3 * 20 + 10) * 100)
+    assert fewer.round_passes(50000) == pytest.approx((3 * 20 + 10) * 100)
 
 
 def test_a_model_without_runs_on_a_device_is_estimated_from_a_like_model_scaled_by_flops():

@@ -10,13 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ...config import RunConfig, ScmConfig
 from ...run import run
 from ...scm_pipeline import run_pipeline
 
 CPU_DATASETS = ("fmnist", "mnist")  # what one-thread CPU processes finish in minutes
-TRAIN_SIZES = {"fmnist": 60000, "mnist": 60000, "cifar10": 50000, "cifar100": 50000, "svhn": 73257,
-               "emnist": 112800, "eurosat": 21600, "synthetic": 10000}
-
 
 @dataclass(frozen=True)
 class QueueItem:
@@ -117,39 +115,9 @@ def method_params(config) -> dict:
     return dict(getattr(method, "params", None) or {})
 
 
-# clients FedSCM's solver keeps per γ, for costing only (the paper's Fig. 5: tens of the K = 500)
-SCM_SELECTED_GUESS = 20
-
-
-def scm_round_passes(config, n: float) -> float:
-    """Sample passes of one post-training round of a FedSCM federation (``fedlib.scm_pipeline``): every
-    cohort that trains after the selection, each client a K-th of the n samples (at most ``post_steps``
-    batches): FedSCM per γ, Random, SDEA, FedAvg (``fedavg_per_round`` or all K clients), K3DA (all K and
-    the target), FMDA-OT (``ot_samples`` per client)."""
-    k = _get(config, "n_clients")
-    per_client = n / k * _get(config, "post_epochs", 1)
-    if _get(config, "post_steps"):
-        per_client = min(per_client, _get(config, "post_steps") * _get(config, "batch_size"))
-    methods = set(_get(config, "methods") or ())
-    every = _get(config, "fedavg_per_round") or k
-    clients = (("fedscm" in methods) * len(_get(config, "gammas") or ()) * SCM_SELECTED_GUESS
-               + ("random" in methods) * sum(_get(config, "random_sizes") or ())
-               + ("sdea" in methods) * _get(config, "sdea_clients", 0)
-               + ("fedavg" in methods) * every + ("k3da" in methods) * (k + 1))
-    ot = ("fmda_ot" in methods) * every * min(_get(config, "ot_samples", 0), per_client)
-    return clients * per_client + ot
-
-
 def work(config) -> float:
-    """Training-sample passes of one run (the cost model of ``fedlib.app.queue``'s docstring)."""
-    n = TRAIN_SIZES.get(_get(config, "dataset"), 50000) * float(_get(config, "fraction", 1.0) or 1.0)
-    kind = runner_kind(config)
-    if kind == "logit":
-        params = method_params(config)
-        return _get(config, "rounds") * (_get(config, "local_epochs") * n + params.get("distill_epochs", 1)
-                                         * _get(config, "server_val") * _get(config, "n_clients"))
-    if kind == "scm":
-        return _get(config, "local_epochs") * n + _get(config, "post_rounds") * scm_round_passes(config, n)
-    n_clients = _get(config, "n_clients")
-    per_round = _get(config, "clients_per_round") or n_clients
-    return _get(config, "rounds") * _get(config, "local_epochs") * n * per_round / n_clients
+    """Training-sample passes of one run: the config kind's own estimate (``RunConfig.work``,
+    ``ScmConfig.work``; the cost model of ``fedlib.app.queue``'s docstring); a mapping is read as its kind first."""
+    if isinstance(config, dict):
+        config = (ScmConfig if "post_rounds" in config else RunConfig).make(config, "config")
+    return config.work()

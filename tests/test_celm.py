@@ -393,7 +393,8 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     monkeypatch.setattr(celm_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = celm.CELM("paper", params)
     chapter.paper_params = params
-    frame, values = chapter.cifar10_readings()
+    table = chapter.cifar10_readings()
+    frame, values = table.frame.data, table.values
     assert values["cr_runs"] == 2 and values["cr_candidates"] == 6 and values["cr_chosen"] == "SGD momentum 0.9"
     assert values["cr_chosen_gap"] == pytest.approx(1.12) and values["cr_baseline_gap"] == pytest.approx(10.12)
     assert frame.loc["crop + flip", "Dir(0.05) ours (paper 65.12)"] == "no stored run yet"
@@ -430,9 +431,10 @@ def test_an_adopted_cifar10_reading_moves_table_1s_cifar10_runs_and_shows_the_ea
         chapter = celm.CELM("paper", profile)
         chapter.paper_params = profile
         monkeypatch.setattr(chapter, "data_source", lambda dataset: "CIFAR-10")
-        frame, values = chapter.table1_cifar10_earlier()
-        assert (frame is not None) == shown and values["t1c_earlier_n"] == (2 if shown else 0)
-    row = frame.loc[("CIFAR-10 Dir(0.05)", "stored paper profile, earlier recipe (stale)")]
+        table = chapter.table1_cifar10_earlier()
+        assert (table.frame is not None) == shown and table.values["t1c_earlier_n"] == (2 if shown else 0)
+        assert (table.note is not None) == shown  # the line naming the earlier recipe, above the frame
+    row = table.frame.loc[("CIFAR-10 Dir(0.05)", "stored paper profile, earlier recipe (stale)")]
     assert row["FedAvg"].startswith("50.00") and row["CELM"].startswith("51.00")
 
 
@@ -478,7 +480,7 @@ def test_maverick_readings_are_calibrated_on_fedavg_by_the_mean_gap_of_both_tabl
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(celm_page, "stored_results", lambda name, configs: Stored(
             {c.key(): results[c.key()] for c in configs if c.key() in results}, {}, []))
-        shown, values = chapter.CELM("paper", params).maverick_readings()
+        values = chapter.CELM("paper", params).maverick_readings().values
     assert values["mr_chosen"] == "25 % of each rare class" and values["mr_protocol"].startswith("the paper profile")
 
 
@@ -610,7 +612,8 @@ def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeyp
                                          "--table 'Table 7' where it is present"}
     # the page: the paper's rows only, and the note with the same command
     page = chapter.CELM("smoke", load_profile("celm", "smoke"))  # nothing run, nothing stored
-    table, note, values = page.table7()
+    table7 = page.table7()
+    table, note, values = table7.frame, table7.note, table7.values
     assert note.startswith("needs EMNIST") and "--table 'Table 7'` makes and stores its 75 paper-protocol runs" in note
     assert values == {"t7_best": 0, "t7_paper": 0, "t7_n": 0}
     assert list(table.data.index.get_level_values("source").unique()) == ["paper"]

@@ -177,7 +177,8 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
-    frame, values = chapter.maverick_readings()
+    table = chapter.maverick_readings()
+    frame, values = table.frame.data, table.values
     assert len(frame) == len(fedms.MAVERICK_RUN_READINGS) * len(fedms.MAVERICK_SCORE_READINGS)
     assert values["mr_runs"] == 3 and values["mr_candidates"] == 18
     assert values["mr_chosen"] == f"{reading}, read as the last round"
@@ -189,11 +190,13 @@ def test_the_page_shows_every_candidate_and_says_which_have_no_run(params, monke
     assert frame.loc[("uniform weights, validation from the test set", "last round"),
                      "Dir(1) ours (paper 79.00)"] == "no stored run yet"
     chapter.paper_params = {**params, "table1_score": "mean over all rounds"}
-    assert chapter.maverick_readings()[1]["mr_protocol"].startswith("it lands within 3 points of the paper on Dir(10)")
+    assert chapter.maverick_readings().values["mr_protocol"].startswith("it lands within 3 points of the paper on Dir(10)")
     assert values["mr_chosen_mav"] == pytest.approx(0.0) and values["mr_runner_up"] == "none"  # one run reading
     monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored({}, {}, []))
-    frame, empty = chapter.maverick_readings()
-    assert frame is None and empty["mr_runs"] == 0 and empty["mr_chosen"] == "none (no candidate has a run)"
+    table = chapter.maverick_readings()
+    empty = table.values
+    assert table.frame is None and table.note.startswith("No stored FedAvg run of any reading yet")
+    assert empty["mr_runs"] == 0 and empty["mr_chosen"] == "none (no candidate has a run)"
     assert empty["mr_protocol"] == "the protocol stays as it was" and np.isnan(empty["mr_chosen_gap"])
 
 
@@ -214,7 +217,7 @@ def test_the_page_names_the_best_candidate_of_another_run_reading(params, monkey
     monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
     chapter = FedMS("paper", params)
     chapter.paper_params = params
-    _, values = chapter.maverick_readings()
+    values = chapter.maverick_readings().values
     assert values["mr_chosen"] == f"{paper}, read as the last round" and values["mr_chosen_gap"] == pytest.approx(2.44)
     assert values["mr_runner_up"] == f"{uniform}, read as the last round"
     assert values["mr_runner_up_gap"] == pytest.approx((0.13 + 0 + 4.45) / 3)
@@ -306,9 +309,10 @@ def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeyp
         chapter = FedMS("paper", profile)
         chapter.paper_params = profile
         monkeypatch.setattr(chapter, "cifar_note", lambda: "CIFAR-10")
-        frame, values = chapter.cifar10_readings()
+        values = chapter.cifar10_readings().values
         assert values["cr_chosen"] == wide and values["cr_protocol"].startswith(expected)
-        earlier, table = chapter.table1_cifar10_earlier()
+        stale = chapter.table1_cifar10_earlier()
+        earlier, table = stale.frame, stale.values
         if profile is params:  # the original recipe, validation held out of training: FedAvg (3 splits), FedMS
             assert table["t1c_earlier_n"] == 4
             cell = earlier.loc[("CIFAR-10 Mavericks + Dir(1)",

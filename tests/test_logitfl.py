@@ -223,7 +223,8 @@ def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by
     chapter = LogitFL("paper", params)
     chapter.paper_params = params
     chapter.stored = Stored({c.key(): run(c.seed) for c in simple[:4]}, {}, [])
-    frame, values = chapter.simple_instability()
+    table = chapter.simple_instability()
+    frame, values = table.frame.data, table.values
     assert values["si_n"] == 4 and values["si_seeds"] == 5 and values["si_k"] == params["ks"][0]
     assert values["si_mean"] == pytest.approx(67.5) and values["si_std"] == pytest.approx(6.4549722, rel=1e-6)
     assert np.isnan(values["si_corr"])  # the public labels are at 50 % on every seed: no correlation to speak of

@@ -311,6 +311,7 @@ def test_the_stored_screen_backs_the_paper_profiles_precision():
     from fedlib.app.chapters.celm import CELM
     from fedlib.app.kit.sources import load_profile
 
-    frame, values = CELM("evidence", load_profile("celm", "evidence")).precision_screen()
+    screen = CELM("evidence", load_profile("celm", "evidence")).precision_screen()
+    frame, values = screen.frame.data, screen.values
     assert values["ps_pairs"] == 3 and values["ps_rule"] == values["ps_adopted"] == "bfloat16"
     assert -1 <= values["ps_lo"] <= values["ps_hi"] <= 1 and len(frame) == 3

@@ -5,8 +5,9 @@ A notebook is its parameters cell and calls::
     ch = chapter.Chapter.from_notebook(globals())   # the profile's parameters, the paper's values
     ch.header()                                     # this build's parameters vs the paper's
     ch.run()                                        # this build's runs, then the stored paper-profile runs
-    frame, values = ch.table1()                     # a chapter's own table: a frame and the glued numbers
-    ch.glue(values)
+    table1 = ch.table1()                            # a chapter's own table: a Table (fedlib.app.kit.tables)
+    table1.show()                                   # its frame (or the note in its place), figure and note
+    ch.glue(table1.values)                          # the numbers its text quotes
 
 A subclass names its chapter (``name``; its runs: its ``Paper`` record's ``configs``) and its method
 labels, and adds one method per table or figure; the comparison frames, the paper's values, the mean ± std

@@ -18,6 +18,7 @@ from ..kit.items import work
 from ..kit.pages import measured_benchmark
 from ..kit.sources import load_profile
 from ..kit.stored import StoredIndex
+from ..kit.tables import Table
 from .celm import protocol as celm_protocol
 from .base import Chapter
 
@@ -357,11 +358,11 @@ class Performance(Chapter):
         report("stage", name="engines timed", done=len(engines), total=len(engines))
         self.live, self.stored_note = merge_runs(runs), ""
         return "\n\n".join(logs)
-    def live_run(self):
-        """The live run's table, its figure and its versions line."""
+    def live_run(self) -> Table:
+        """The live run's table, its figure and its versions line (note, under the figure)."""
         live = self.live
         figure = engine_figure(live, f"{live['device_name']}, torch {live['versions']['torch']}")
-        return engine_table(live), figure, f"versions: {versions(live)} | data: {live['dataset']}"
+        return Table(engine_table(live), note=f"versions: {versions(live)} | data: {live['dataset']}", figure=figure)
 
     def live_verdict(self) -> dict[str, Any]:
         """The verdict on the live run (``live_text``), and the load under which each engine was timed."""
@@ -434,10 +435,11 @@ class Performance(Chapter):
                                               "(`python benchmarks/precision.py --json benchmarks/results/"
                                               "precision_<device>.json`)")}
 
-    def breakdown(self):
-        """Where a round's time goes per N: table, figure (None, None when not measured), the shares the text quotes."""
+    def breakdown(self) -> Table:
+        """Where a round's time goes per N: table, the shares the text quotes, figure (no table nor figure when not
+        measured)."""
         if not self.live.get("breakdown"):
-            return None, None, dict.fromkeys(("train_share", "overhead_share"), Markdown(NOT_MEASURED))
+            return Table(None, dict.fromkeys(("train_share", "overhead_share"), Markdown(NOT_MEASURED)))
         parts = pd.DataFrame(self.live["breakdown"]).set_index("N")
         parts["plan"] = parts["plan"].map(plan_text)
         shown = parts[[*ROUND_PARTS, "round_s", "warmup_s", "plan"]].rename(columns={
@@ -454,13 +456,13 @@ class Performance(Chapter):
         train, overhead = shares["train_s"].items(), shares["overhead_s"].items()
         values = {"train_share": Markdown(", ".join(f"{100 * v:.0f} % at N = {n}" for n, v in train)),
                   "overhead_share": Markdown(", ".join(f"{100 * v:.1f} % at N = {n}" for n, v in overhead))}
-        return shown.style.format({c: "{:.4f}" for c in shown.columns if c != "plan"}), fig, values
+        return Table(shown.style.format({c: "{:.4f}" for c in shown.columns if c != "plan"}), values, figure=fig)
 
-    def valuation(self):
+    def valuation(self) -> Table:
         """Server seconds per round of each valuation method against a FedAvg round and its arithmetic: table,
-        figure (None, None when not measured), the most and least expensive."""
+        the most and least expensive, figure (no table nor figure when not measured)."""
         if not self.live.get("valuation"):
-            return None, None, dict.fromkeys(("val_most", "val_least"), Markdown(NOT_MEASURED))
+            return Table(None, dict.fromkeys(("val_most", "val_least"), Markdown(NOT_MEASURED)))
         val = pd.DataFrame(self.live["valuation"]).set_index("method")
         shown = val[[k for k in VALUATION_COLUMNS if k in val]].rename(
             columns={k: column for k, (column, _) in VALUATION_COLUMNS.items()})
@@ -474,4 +476,4 @@ class Performance(Chapter):
         costly = val.drop(index="FedAvg (one whole round)")["ratio"]
         values = {"val_most": Markdown(f"{costly.idxmax()} ({costly.max():.2f}x a FedAvg round)"),
                   "val_least": Markdown(f"{costly.idxmin()} ({costly.min():.3f}x)")}
-        return shown.style.format(dict(VALUATION_COLUMNS.values()), na_rep="-"), fig, values
+        return Table(shown.style.format(dict(VALUATION_COLUMNS.values()), na_rep="-"), values, figure=fig)

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...config import RunConfig, make_config
+from ..kit.tables import Table
 
 # What neither paper states for CIFAR-10 (both name the CNN, rounds, local epochs, batch size and lr):
 # augmentation, weight decay, SGD's momentum, the CNN's layer widths. Every reading keeps the per-channel
@@ -52,6 +53,17 @@ def earlier_recipe(params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[
     chapters' "earlier recipe (stale)" tables quote)."""
     values = {"t1c_recipe": in_force(params), "t1c_earlier_recipe": ORIGINAL, "t1c_earlier_n": 0}
     return (None if in_force(params) == ORIGINAL else screen_params(params)), values
+
+
+def earlier_table(frame, values: dict[str, Any]) -> Table:
+    """A chapter's CIFAR-10 rows from the stored runs of the original recipe (stale, ``earlier_recipe``'s
+    ``values``): a line naming the recipe and its stored runs above the frame; nothing to show while it is None."""
+    from IPython.display import Markdown
+
+    heading = None if frame is None else Markdown(
+        f"Under the earlier recipe ({values['t1c_earlier_recipe']}), stale: {values['t1c_earlier_n']} stored run(s), "
+        "kept for comparison, not part of the table above.")
+    return Table(frame, values, note=heading, order=("note", "frame"))
 
 
 def reading_configs(base_of: Callable[[str], RunConfig], splits, readings=CIFAR10_READINGS):

@@ -6,7 +6,9 @@
   how a page states a method's hyper-parameters;
 - ``claim_types``: a paper's claims as a chapter declares them (judged by ``fedlib.app.claims``);
 - ``items``: a run as the results queue takes it (``QueueItem``), the runners an item names, a run's work;
-- ``stored``: the stored runs as pages read them (current, stale, by what made them, by queue cell).
+- ``stored``: the stored runs as pages read them (current, stale, by what made them, by queue cell);
+- ``tables``: what a chapter's table method returns, ``Table`` (frame, glue values, note, figure), and how a
+  notebook cell shows it (``Table.show``).
 
 The application's layers, lowest first (``pyproject.toml``'s import-linter contracts): the kit; the chapters
 (``fedlib.app.chapters``); the judge (``claims``, ``coverage``) and the queue (``queue``, ``cluster``,

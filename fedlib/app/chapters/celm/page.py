@@ -15,6 +15,7 @@ from ...kit import frames
 from ...kit.pages import PROSE_SYMBOLS
 from ...kit.sources import reference_value
 from ...kit.stored import stored_results
+from ...kit.tables import Table
 from .. import readings, resolved_methods
 from ..base import OURS_STORED, Chapter, dataset_label
 from .analysis import (
@@ -88,13 +89,14 @@ class CELM(Chapter):
         return [(label.format(split=split), self.paper_values(table, f"{prefix} {SPLITS[split][1]}", methods),
                  self.sources(method_configs(SPLITS[split][0], methods, **options))) for split in splits]
 
-    def table1(self):
-        """Table 1 on the profile's dataset: the styled frame, its rows and the numbers the text quotes."""
+    def table1(self) -> Table:
+        """Table 1 on the profile's dataset: the styled frame, the numbers the text quotes, its rows (``data``:
+        the headlines')."""
         rows = self.split_rows("Table 1", self.params["splits"])
         best_ours, best_paper, n_rows = best_counts(rows, self.ours)
         gain = [o[self.ours]["celm"][0] - o[self.ours]["fedavg_uniform"][0] for _, _, o in rows]
-        return self.styled(rows), rows, {"t1_best_ours": best_ours, "t1_best_paper": best_paper, "t1_rows": n_rows,
-                                         "t1_gain": float(np.nanmean(gain))}
+        return Table(self.styled(rows), {"t1_best_ours": best_ours, "t1_best_paper": best_paper, "t1_rows": n_rows,
+                                         "t1_gain": float(np.nanmean(gain))}, data=rows)
 
     def shortfalls(self, threshold: float = 10.0) -> list:
         """A paragraph and a table (``diagnose_baseline``) per baseline run ``threshold`` points below FedAvg."""
@@ -117,10 +119,10 @@ class CELM(Chapter):
         return out or [Markdown(f"No baseline ends more than {threshold:g} points below uniform FedAvg in these runs "
                                 f"({source}).")]
 
-    def cifar10_readings(self):
+    def cifar10_readings(self) -> Table:
         """Uniform FedAvg's CIFAR-10 Table 1 cells under every reading of the CIFAR-10 recipe
         (``fedlib.app.chapters.readings``; issue 30), from the stored paper-profile runs of seed 0, against the
-        paper, and the reading the rule picks. (None, values) while no reading has a stored run."""
+        paper, and the reading the rule picks. No frame (a note) while no reading has a stored run."""
         params = self.paper_params
         rows = cifar10_reading_configs(params)
         stored = stored_results(self.name, [c for *_, c in rows]).results
@@ -130,13 +132,15 @@ class CELM(Chapter):
                                        METHOD_LABELS.get)["fedavg_uniform"][0]
 
         frame, chosen = readings.calibrate(rows, stored, paper_of)
-        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows), params=params,
-                             profile_file="params/celm/paper.yaml")
+        shown, values = readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows),
+                                      params=params, profile_file="params/celm/paper.yaml")
+        return Table.formatted(shown, values, "No stored FedAvg run of any CIFAR-10 reading yet (python -m fedlib "
+                                              "results --chapter celm --table 'CIFAR-10 readings').", precision=2)
 
-    def maverick_readings(self):
+    def maverick_readings(self) -> Table:
         """Uniform FedAvg's Table 2 cells (balanced and rare-class accuracy) under every reading of §6.1's
         Maverick split, from the stored paper-profile runs of seed 0, against the paper, and the reading the
-        rule picks (``calibrate_maverick_readings``). (None, values) while no reading has a stored run."""
+        rule picks (``calibrate_maverick_readings``). No frame (a note) while no reading has a stored run."""
         rows = maverick_reading_configs(self.paper_params)
         stored = stored_results(self.name, [c for _, c in rows]).results
         paper = {metric: frames.paper_values(self.reference, "Table 2", f"F.MNIST {metric}", ["fedavg_uniform"],
@@ -157,37 +161,41 @@ class CELM(Chapter):
         used = table2_reading(self.paper_params)
         values["mr_protocol"] = (f"the paper profile's Table 2 uses it (`table2_reading` in params/celm/paper.yaml)"
                                  if used == chosen else f"the paper profile's Table 2 still uses “{used}”")
-        return shown, values
+        return Table.formatted(shown, values, "No stored FedAvg run of any Maverick reading yet (python -m fedlib "
+                                              "results --chapter celm --table 'Maverick readings').", precision=2)
 
-    def precision_screen(self):
+    def precision_screen(self) -> Table:
         """The precision screen (issue 45): uniform FedAvg on CIFAR-10 Dir(0.05) in float32 and in bfloat16 local
-        training, paired by seed, from the stored paper-profile runs; the rule's choice beside the profile's.
-        (frame or None while no seed is paired, glue values ``ps_*``)."""
+        training, paired by seed, from the stored paper-profile runs; the rule's choice beside the profile's
+        (glue values ``ps_*``). No frame (a note) while no seed is paired."""
         rows = precision_screen_configs(self.paper_params)
         stored = stored_results(self.name, [c for _, c in rows]).results
-        return precision_screen(rows, stored, PRECISION_MARGIN, self.paper_params.get("cifar10_precision", "float32"))
+        frame, values = precision_screen(rows, stored, PRECISION_MARGIN,
+                                         self.paper_params.get("cifar10_precision", "float32"))
+        return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
+                                              "--chapter celm --table 'Precision screen').", precision=2)
 
-    def table1_cifar10(self):
+    def table1_cifar10(self) -> Table:
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):
-        the styled frame (or None), a note, the numbers."""
+        the styled frame (None: not run), the numbers, a note (the data, or why there are no rows)."""
         source = self.data_source("cifar10")
         if not source:
-            return (None, "No CIFAR-10 data under the data root and no stored CIFAR-10 runs: these rows were not run.",
-                    {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0})
+            return Table(None, {"t1c_best": 0, "t1c_paper": 0, "t1c_n": 0},
+                         note="No CIFAR-10 data under the data root and no stored CIFAR-10 runs: these rows were not run.")
         name = "CIFAR-10 (JPEG copy)" if "JPEG" in source else "CIFAR-10"
         splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
         precision = self.params.get("cifar10_precision", "float32")
-        return (self.styled(rows), f"data: {source}; local training in {precision} (the precision screen's choice)",
-                {"t1c_best": best, "t1c_paper": paper, "t1c_n": n})
+        return Table(self.styled(rows), {"t1c_best": best, "t1c_paper": paper, "t1c_n": n},
+                     note=f"data: {source}; local training in {precision} (the precision screen's choice)")
 
-    def table1_cifar10_earlier(self):
+    def table1_cifar10_earlier(self) -> Table:
         """Table 1's CIFAR-10 rows from the stored runs of the original recipe, once the paper profile has
-        adopted another (``cifar10_reading``): stale, shown apart under their recipe. (None, values) otherwise."""
+        adopted another (``cifar10_reading``): stale, shown apart under their recipe. No frame otherwise."""
         earlier, values = readings.earlier_recipe(self.paper_params)
         if earlier is None or not self.data_source("cifar10"):
-            return None, values
+            return readings.earlier_table(None, values)
         methods = earlier["methods"]
         made = {split: method_configs(SPLITS[split][0], methods, cifar10=True)(earlier) for split in earlier["splits"]}
         stored = stored_results(self.name, [c for by in made.values() for cs in by.values() for c in cs]).results
@@ -195,11 +203,11 @@ class CELM(Chapter):
                                {f"{OURS_STORED}, earlier recipe (stale)": frames.seed_mean_std(stored, by)})
                               for split, by in made.items()])
         values["t1c_earlier_n"] = len(stored)
-        return (self.comparison(rows) if rows else None), values
+        return readings.earlier_table(self.comparison(rows) if rows else None, values)
 
-    def table7(self):
+    def table7(self) -> Table:
         """Table 7, EMNIST (47 classes): the paper's five splits, ours beside them from this build's and the stored
-        paper-profile runs where there are any. (styled frame, note, numbers); the note says what the rows need
+        paper-profile runs where there are any (styled frame, numbers, note); the note says what the rows need
         when no EMNIST run exists: the data (absent here) and the command that makes them."""
         methods = self.params["methods"]
         splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
@@ -212,7 +220,7 @@ class CELM(Chapter):
         values = {"t7_best": best, "t7_paper": paper, "t7_n": n}
         source = self.data_source(TABLE7_DATASET)
         if measured:
-            return self.styled(measured), f"data: {source}", values
+            return Table(self.styled(measured), values, note=f"data: {source}")
         missing = data_missing(TABLE7_DATASET)
         runs = len(table7_configs(self.paper_params))
         note = (f"needs {TABLE7_PREFIX}: " + ("it is not under the data root here (torchvision's EMNIST/raw layout, "
@@ -220,22 +228,22 @@ class CELM(Chapter):
                                                "no Table 7 run is stored yet")
                 + f"; where it is present, `python -m fedlib results --chapter celm --table 'Table 7'` makes and "
                   f"stores its {runs} paper-protocol runs. The rows show the paper's values only.")
-        return self.styled([(label, paper, {}) for label, paper, _ in rows]), note, values
+        return Table(self.styled([(label, paper, {}) for label, paper, _ in rows]), values, note=note)
 
-    def table2(self):
-        """Table 2, balanced and rare-class accuracy: the styled frame, the Maverick's classes, the numbers."""
+    def table2(self) -> Table:
+        """Table 2, balanced and rare-class accuracy: the styled frame, the numbers, the Maverick's classes (note)."""
         methods = self.params["methods"]
         make = method_configs(table2_split, methods)
         rows = [(row, self.paper_values("Table 2", f"{self.prefix} {row}", methods), self.sources(make, value))
                 for row, value in (("Balanced Acc.", lambda r: 100 * r.final["balanced_accuracy"]),
                                    ("Rare Class Acc.", rare_class_accuracy))]
         (_, paper, ours), classes = rows[1], maverick_classes(self.result(make(self.params)["celm"][0]))
-        return self.styled(rows), f"Maverick classes: {classes}", {
+        return Table(self.styled(rows), {
             "t2_rare_celm": ours[self.ours]["celm"][0], "t2_rare_fedavg": ours[self.ours]["fedavg_uniform"][0],
-            "t2_rare_paper_celm": paper["celm"][0]}
+            "t2_rare_paper_celm": paper["celm"][0]}, note=f"Maverick classes: {classes}")
 
-    def table3(self):
-        """Table 3 and Fig. 4, free-rider detection: AUROC and FPR per method, the FPR curves, the numbers."""
+    def table3(self) -> Table:
+        """Table 3 and Fig. 4, free-rider detection: AUROC and FPR per method, the numbers, the FPR curves."""
         import matplotlib.pyplot as plt
         import pandas as pd
         from IPython.display import Markdown
@@ -268,11 +276,12 @@ class CELM(Chapter):
         axes[0].legend()
         frm = [r for r in lines if r["split"] == "FRM" and r["metric"] == "AUROC"]
         measured = [r for r in frm if np.isfinite(r[self.ours])]
-        return table.style.format("{:.2f}", na_rep="—"), fig, {
+        return Table(table.style.format("{:.2f}", na_rep="—"), {
             "t3_celm_frm": next(r[self.ours] for r in frm if r["method"] == "CELM"),
-            "t3_best_frm": Markdown(max(measured, key=lambda r: r[self.ours])["method"] if measured else "none measured")}
+            "t3_best_frm": Markdown(max(measured, key=lambda r: r[self.ours])["method"] if measured else "none measured")},
+            figure=fig)
 
-    def table4(self):
+    def table4(self) -> Table:
         """Table 4 and Fig. 5: how far CELM's evidence and the uniform matrix are from the true counts."""
         import matplotlib.pyplot as plt
         import pandas as pd
@@ -306,9 +315,9 @@ class CELM(Chapter):
             ax.set(title=f"({'c' if axis else 'd'}) {what} marginals", xlabel=what)
         axes[3].legend()
         fig.suptitle(f"{splits[-1]}, seed {seed}")
-        return table.style.format("{:.3f}"), fig, values
+        return Table(table.style.format("{:.3f}"), values, figure=fig)
 
-    def table4_uniform(self, seeds=(0, 1, 2)):
+    def table4_uniform(self, seeds=(0, 1, 2)) -> Table:
         """Table 4's Uniform column from the splits alone, paper vs ours under the Table 4 and the earlier
         definitions (JSD in bits, EMD between cell probabilities) and on the PLS splits of ``PLS_MATCHES``;
         a paper value counts as reproduced within our seed range ± its rounding (0.0005)."""
@@ -358,10 +367,10 @@ class CELM(Chapter):
                   "t4u_sls_gap": max(abs(means[sls][m] - papers[sls][m]) for m in ("JSD", "Hellinger"))}
         note = (f"equal-size PLS allocations with the paper's Uniform JSD 0.508 and Hellinger 0.586: {found}; "
                 f"the page's PLS split uses {PLS_ALLOCATION} ({rule})")
-        return pd.DataFrame(lines).set_index(["row", "source"]), note, values
+        return Table(pd.DataFrame(lines).set_index(["row", "source"]), values, note=note)
 
     @staticmethod
-    def definitions():
+    def definitions() -> Table:
         """The JSD, Hellinger and EMD variants tried for Table 4's Uniform column on our PLS split
         (``PLS_ALLOCATION``, seed 0), over
         the joint client x class cells, the client rows or the class columns (means)."""
@@ -394,17 +403,18 @@ class CELM(Chapter):
         }
         rows = [{"candidate": name, **{view: float(np.mean(np.atleast_1d(f(p, q)))) for view, (p, q) in views.items()}}
                 for name, f in candidates.items()]
-        return pd.DataFrame(rows).set_index("candidate").style.format("{:.4f}")
+        return Table(pd.DataFrame(rows).set_index("candidate").style.format("{:.4f}"))
 
-    def tables5_6(self):
+    def tables5_6(self) -> Table:
         """Table 5 (IID) and Table 6 (many clients): the styled frame and Table 6's numbers."""
         many = self.params["many_clients"]
         rows6 = self.split_rows("Table 6", self.params["many_client_splits"], label=f"{{split}}, {many} clients",
                                 n_clients=lambda p: p["many_clients"])
         best, paper, n = best_counts(rows6, self.ours)
-        return self.styled(self.split_rows("Table 5", ["IID"]) + rows6), {"t6_best": best, "t6_paper": paper, "t6_n": n}
+        return Table(self.styled(self.split_rows("Table 5", ["IID"]) + rows6),
+                     {"t6_best": best, "t6_paper": paper, "t6_n": n})
 
-    def table8(self):
+    def table8(self) -> Table:
         """Table 8: CELM's accuracy per warm-up horizon T_w / T, paper vs ours (styled)."""
         fractions = {f"{round(100 * f)}%": f for f in self.params["warmup_fractions"]}
         rows = []
@@ -414,7 +424,7 @@ class CELM(Chapter):
                                     for s in self.params["seeds"]] for label, f in fractions.items()}
             rows.append((split, frames.paper_values(self.reference, "Table 8", f"{self.prefix} {row}", fractions, str),
                          {self.ours: frames.seed_mean_std(self.results, per_fraction)}))
-        return frames.styled_comparison(rows, {label: label for label in fractions}, index="split")
+        return Table(frames.styled_comparison(rows, {label: label for label in fractions}, index="split"))
 
     def fig6(self):
         """Fig. 6: CELM's final accuracy (%) over the probe steps L x Adam step size η grid."""
@@ -457,9 +467,10 @@ class CELM(Chapter):
                 ax.set_ylabel("global" if i == 0 else f"client {i - 1}", fontsize=9)
         return fig
 
-    def cffl_study(self):
+    def cffl_study(self) -> Table:
         """CFFL's removals at coefficients 1/3 and 1/6 and with removal off, beside uniform FedAvg, on the
-        profile's reduced ``cffl_study`` run: (table or None, the computed conclusion, the numbers)."""
+        profile's reduced ``cffl_study`` run: the table (None: not run), the numbers, the computed conclusion
+        (note)."""
         from IPython.display import Markdown
 
         study = self.params["cffl_study"]
@@ -469,12 +480,12 @@ class CELM(Chapter):
         if any(r is None for _, r in runs):
             values = dict.fromkeys(("cs_fedavg", "cs_third", "cs_sixth", "cs_removed_third", "cs_removed_sixth",
                                     "cs_off", "cs_off_gap"), float("nan"))
-            return None, Markdown(header + "These runs did not run in this build (no data)."), {
-                **values, "cs_off_reaches_fedavg": "not run"}
+            return Table(None, {**values, "cs_off_reaches_fedavg": "not run"},
+                         note=Markdown(header + "These runs did not run in this build (no data)."))
         table, text, values = cffl_study_frame(runs)
         paper = reference_value(self.reference, "Table 1", f"{self.prefix} {SPLITS[study['split']][1]}", "CFFL")[0]
-        return table, Markdown(header + text + f" (The paper reports {paper:.2f} % for CFFL on {study['split']} "
-                                                f"under its full protocol.)"), values
+        return Table(table, values, note=Markdown(header + text + f" (The paper reports {paper:.2f} % for CFFL on "
+                                                                  f"{study['split']} under its full protocol.)"))
 
     def headlines(self, rows1, table2_values: dict):
         """The page's headline claims for the book's front page (Table 1's CELM cells, Table 2's rare classes)."""

@@ -6,6 +6,7 @@ import numpy as np
 
 from ...kit import frames
 from ...kit.stored import stored_results
+from ...kit.tables import Table
 from .. import readings
 from ..base import OURS_STORED, Chapter, curve
 from .analysis import (
@@ -69,8 +70,9 @@ class FedMS(Chapter):
         """Where this build's (else the stored) CIFAR-10 runs read their data ("" when none ran)."""
         return self.data_source("cifar10")
 
-    def table1(self):
-        """Table 1 (MNIST): the frame and the numbers the text quotes (over the rows this build ran)."""
+    def table1(self) -> Table:
+        """Table 1 (MNIST), styled (bold: the best per line on shared seeds), the numbers the text quotes (over the
+        rows this build ran), its rows (``data``: the softmax verdict's and the headlines')."""
         rows = self.table1_rows()
         ours = self.ours
         ran = [(p, o[ours]) for _, p, o in rows if best_method(o[ours]) is not None]
@@ -82,38 +84,44 @@ class FedMS(Chapter):
                   "t1_dir1_fedms": dir1.get("fedms", (float("nan"),))[0],
                   "t1_score": self.params.get("table1_score", "last round"),
                   "t1_score_paper": self.paper_params.get("table1_score", "last round")}
-        return self.comparison(rows), rows, values
+        return Table(self.styled(rows), values, data=rows)
 
-    def softmax_table(self, rows):
-        """Which softmax of Eq. 12 lands nearer the paper, for this build and the stored runs."""
+    def softmax_table(self, rows) -> Table:
+        """Which softmax of Eq. 12 lands nearer the paper, for this build and the stored runs (``rows``: Table 1's)."""
         import pandas as pd
 
         verdict = pd.DataFrame([{"source": src, **v} for src, _, _ in self.by_source()
                                 for v in softmax_verdict(rows, src)])
         if not len(verdict):
-            return None, {"t1_softmax_source": "—", "t1_softmax_verdict": "not run in this profile"}
+            return Table.formatted(None, {"t1_softmax_source": "—", "t1_softmax_verdict": "not run in this profile"},
+                                   "No softmax variants in this profile.")
         shown = verdict.source.iloc[-1]  # the stored paper-profile runs when they include the variants
         first = verdict[verdict.source == shown]
         text = "; ".join(f"{r.method}: {r.nearer} (mean gap {r['gap, softmax(Ŝ) (Eq. 12)']:.2f} vs "
                          f"{r['gap, softmax(100 Ŝ)']:.2f} points over {r.rows} setting(s))"
                          for _, r in first.iterrows())
-        return verdict.set_index(["source", "method"]), {"t1_softmax_source": shown, "t1_softmax_verdict": text}
+        return Table.formatted(verdict.set_index(["source", "method"]),
+                               {"t1_softmax_source": shown, "t1_softmax_verdict": text}, precision=2)
 
-    def table1_cifar10(self):
-        """Table 1 (CIFAR-10), styled (bold: the best per line on shared seeds; None when not run), and its numbers."""
+    def table1_cifar10(self) -> Table:
+        """Table 1 (CIFAR-10), styled (bold: the best per line on shared seeds; None when not run), its numbers,
+        a note (the data, or why there are no rows)."""
         rows = self.table1_rows(cifar10=True) if self.cifar_note() else []
         ran = [o[self.ours] for _, _, o in rows if best_method(o[self.ours]) is not None]
         values = {"t1c_best": sum(best_method(o) == "fedms" for o in ran), "t1c_n": len(ran)}
-        return (self.styled(rows) if rows else None), values
+        if not rows:
+            return Table(None, values, note="No CIFAR-10 runs in this build (not in the experiments, or no CIFAR-10 "
+                                            "under the data root).")
+        return Table(self.styled(rows), values, note=f"data: {self.cifar_note()}")
 
-    def table1_cifar10_earlier(self):
+    def table1_cifar10_earlier(self) -> Table:
         """Table 1 (CIFAR-10) from stored runs the paper profile no longer backs, shown apart as stale: those
         of the original recipe, once the profile has adopted another (``cifar10_reading``), and those run
-        under the earlier validation reading (held out of training, against §5.1). (None, values) when
-        neither applies or none is stored."""
+        under the earlier validation reading (held out of training, against §5.1). No frame when neither
+        applies or none is stored."""
         earlier, values = readings.earlier_recipe(self.paper_params)
         if not self.cifar_note():
-            return None, values
+            return readings.earlier_table(None, values)
         sources = []
         if earlier is not None:
             sources.append((f"{OURS_STORED}, earlier recipe (stale)", {**earlier, "table1_reading": SCREEN_READING}))
@@ -130,7 +138,7 @@ class FedMS(Chapter):
                 found.append((label, stored, params))
         values["t1c_earlier_n"] = n
         rows = self.table1_rows(True, found) if found else []
-        return (self.comparison(rows) if rows else None), values
+        return readings.earlier_table(self.comparison(rows) if rows else None, values)
 
     def fig2(self):
         """Fig. 2: FedAvg with and without the Maverick, and GTG vs MS-GTG rewards of each."""
@@ -166,9 +174,9 @@ class FedMS(Chapter):
                      "f2_ms": mav_ms, "f2_wins": int((ms[:, mav] > gtg[:, mav]).sum()), "f2_rounds": len(r),
                      "f2_verdict": "more" if mav_ms > mav_gtg else "not more"}
 
-    def figs3_5(self):
+    def figs3_5(self) -> Table:
         """Figs. 3-5, one figure per Table 1 split: accuracy curves and cumulative rewards of the
-        Mavericks vs the others; the table of final cumulative rewards."""
+        Mavericks vs the others (``figure``: the list, shown first); the table of final cumulative rewards."""
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -205,15 +213,17 @@ class FedMS(Chapter):
         above = {m: int(sum(v[0] > v[1] for (_, mm), v in ratios.items() if mm == m)) for m in reward_methods}
         values = {"f35_fedms": above.get("fedms", 0), "f35_sfedavg": above.get("s_fedavg", 0),
                   "f35_greedy": above.get("greedyfed", 0), "f35_n": len({split for split, _ in ratios})}
-        return figures, (frame.set_index(["setting", "method"]) if len(frame) else None), values
+        rewards = (frame.set_index(["setting", "method"]).style.format({"Mavericks": "{:.4f}", "others": "{:.4f}"})
+                   if len(frame) else None)
+        return Table(rewards, values, figure=figures, order=("figure", "frame"))
 
-    def table2(self):
-        """Table 2: participation rate (%) per client role, paper vs ours (mean over seeds)."""
+    def table2(self) -> Table:
+        """Table 2: participation rate (%) per client role, paper vs ours (mean over seeds; None: not run)."""
         import pandas as pd
 
         nan = float("nan")
         if "table2" not in self.params["experiments"]:
-            return None, {"t2_bad": nan, "t2_mav": nan, "t2_fedavg_mav": nan}
+            return Table(None, {"t2_bad": nan, "t2_mav": nan, "t2_fedavg_mav": nan})
         lines = []
         for m in self.params["methods"]:
             label = METHOD_LABELS[m]
@@ -229,11 +239,11 @@ class FedMS(Chapter):
         values = {"t2_bad": float(ours.loc["FedMS", bad].mean()) if has("FedMS") else nan,
                   "t2_mav": float(ours.loc["FedMS", "Mavericks"]) if has("FedMS") else nan,
                   "t2_fedavg_mav": float(ours.loc["FedAvg", "Mavericks"]) if has("FedAvg") else nan}
-        return table, values
+        return Table(table.style.format(precision=1), values)
 
-    def shortfalls(self, threshold: float = 10.0):
+    def shortfalls(self, threshold: float = 10.0) -> Table:
         """Table 1 runs (this build's and the stored paper-profile ones) ending more than ``threshold``
-        points below FedAvg on the same federation, each with its reading of the history."""
+        points below FedAvg on the same federation, each with its reading of the history (a note when none)."""
         import pandas as pd
 
         lines = []
@@ -248,13 +258,16 @@ class FedMS(Chapter):
                             lines.append({"source": source, "setting": f"Mavericks + {split}", "seed": seed,
                                           "method": METHOD_LABELS[m], "gap to FedAvg (points)": round(gap, 2),
                                           **diagnose_shortfall(run, fedavg)})
-        return pd.DataFrame(lines).set_index(["source", "setting", "seed", "method"]) if lines else None
+        if not lines:
+            return Table(None, note=f"No Table 1 run ends more than {threshold:g} points below FedAvg.",
+                         print_note=False)
+        return Table(pd.DataFrame(lines).set_index(["source", "setting", "seed", "method"]))
 
-    def maverick_readings(self):
+    def maverick_readings(self) -> Table:
         """FedAvg's Table 1 under every reading of §5.1 (issue 30), from the stored paper-profile runs of
         seed 0: the candidates' numbers and gaps (a cell without a stored run says so), the chosen
         reading by ``calibrate_maverick_readings``'s rule (FedAvg only), and the Maverick classes'
-        last-round accuracy of each run. The frame is None when no candidate has a stored run."""
+        last-round accuracy of each run. No frame (a note) when no candidate has a stored run."""
         params = self.paper_params
         rows = maverick_reading_configs(params)
         stored = stored_results(self.name, [c for *_, c in rows]).results
@@ -264,8 +277,10 @@ class FedMS(Chapter):
                   "mr_chosen_dir10": float("nan"), "mr_chosen_gap": float("nan"),
                   "mr_protocol": "the protocol stays as it was", "mr_runner_up": "none",
                   "mr_runner_up_gap": float("nan"), "mr_chosen_mav": float("nan"), "mr_runner_up_mav": float("nan")}
+        missing = ("No stored FedAvg run of any reading yet (python -m fedlib results --chapter fedms --table "
+                   "'Maverick readings').")
         if chosen is None:
-            return None, values
+            return Table.formatted(None, values, missing)
         for split, reading, config in rows:  # the evidence: do the runs miss the Maverick classes?
             run = stored.get(config.key())
             frame.loc[(reading, slice(None)), f"{split} Maverick classes, last round (%)"] = (
@@ -291,18 +306,20 @@ class FedMS(Chapter):
                            "mr_runner_up_gap": float(others[runner_up]),
                            "mr_runner_up_mav": float(frame.loc[runner_up, mav])})
         measured = [c for c in frame.columns if c.endswith("ours") or "Maverick classes" in c]
-        return readings.shown(frame, chosen, measured), values
+        return Table.formatted(readings.shown(frame, chosen, measured), values, missing, precision=2)
 
-    def cifar10_readings(self):
+    def cifar10_readings(self) -> Table:
         """FedAvg's CIFAR-10 Table 1 cells under every reading of ``CIFAR10_READINGS`` (issue 30), from the
         stored paper-profile runs of seed 0: ours against the paper per split, and the reading
-        ``calibrate_cifar10_readings``'s rule picks. (None, values) while no reading has a stored run."""
+        ``calibrate_cifar10_readings``'s rule picks. No frame (a note) while no reading has a stored run."""
         params = self.paper_params
         rows = cifar10_reading_configs(params)
         stored = stored_results(self.name, [c for *_, c in rows]).results
         frame, chosen = calibrate_cifar10_readings(params, stored, self.reference)
-        return readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows), params=params,
-                             profile_file="params/fedms/paper.yaml")
+        shown, values = readings.page(frame, chosen, sum(c.key() in stored for *_, c in rows), len(rows),
+                                      params=params, profile_file="params/fedms/paper.yaml")
+        return Table.formatted(shown, values, "No stored FedAvg run of any CIFAR-10 reading yet (python -m fedlib "
+                                              "results --chapter fedms --table 'CIFAR-10 readings').", precision=2)
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""

@@ -14,6 +14,7 @@ from ....scm_pipeline import run_pipeline
 from ....stats import pm
 from ...kit import frames
 from ...kit.stored import NothingStored, evidence_summary
+from ...kit.tables import Table
 from ..base import Chapter
 from .analysis import (
     EXPERTISE,
@@ -141,7 +142,7 @@ class FedSCM(Chapter):
         return frames.paper_values(transposed, table, column, labels, str)
 
     # -- theory ----------------------------------------------------------------------------
-    def theorem3(self, k: int = 50, n: int = 200, c: int = 10):
+    def theorem3(self, k: int = 50, n: int = 200, c: int = 10) -> Table:
         """Theorem 3 per γ and solver: non-zero weights of the raw output (the selection), Σλ, the L1
         distance to the vertex its weights rank highest, and whether it has the vertex's structure."""
         import pandas as pd
@@ -166,7 +167,7 @@ class FedSCM(Chapter):
         sparsity = pd.DataFrame(rows)
         values = {"t3_ok": int((sparsity["raw output is a vertex"] == f"{trials}/{trials}").sum()),
                   "t3_rows": len(sparsity), "t3_dist": float(sparsity["L1 to vertex (raw, max)"].max())}
-        return sparsity.style.format(precision=3).hide(axis="index"), values
+        return Table(sparsity.style.format(precision=3).hide(axis="index"), values)
 
     def theorem6(self):
         """Theorem 6: exact recovery in the issue's setting, then against n and against K (the figure)."""
@@ -198,7 +199,7 @@ class FedSCM(Chapter):
                      "k_small": f"{pgd_k.iloc[0]:.2f} at K = {pgd_k.index[0]}",
                      "k_large": f"{pgd_k.iloc[-1]:.2f} at K = {pgd_k.index[-1]}"}
 
-    def theorem9(self, k: int = 10, n: int = 60, c: int = 6):
+    def theorem9(self, k: int = 10, n: int = 60, c: int = 6) -> Table:
         """Theorem 9: how often PGD (Algorithm 1's step) and SLSQP reach the exhaustive global optimum, and the
         worst objective gap at the vertex of their output (Algorithm 1's step can leave Σλ < 1)."""
         import pandas as pd
@@ -221,12 +222,13 @@ class FedSCM(Chapter):
         rest = ", ".join(f"{r['global optimum reached']} at γ = {r['γ']:g}" for _, r in pgd[~at_two_thirds].iterrows())
         values = {"opt_pgd": _markdown(pgd[at_two_thirds].iloc[0]["global optimum reached"]),
                   "opt_rest": _markdown(rest)}
-        return optimum.style.format({"γ": "{:.3f}", "max objective gap": "{:.2e}"}).hide(axis="index"), values
+        return Table(optimum.style.format({"γ": "{:.3f}", "max objective gap": "{:.2e}"}).hide(axis="index"), values)
 
     # -- the pipeline's tables and figures ---------------------------------------------------
-    def table2(self):
-        """Tables 2–3 (label shift): paper vs ours (and the stored paper-profile runs) per α, and the
-        per-α bests behind the verdict and the headlines (None and [] when not run)."""
+    def table2(self) -> Table:
+        """Tables 2–3 (label shift): paper vs ours (and the stored paper-profile runs) per α (None: not run, a
+        note says so), the numbers, and the per-α bests behind the verdict and the headlines (``data``; [] when
+        not run)."""
         import pandas as pd
 
         p, stored_params, paper_name, frame, wins = self.params, self.paper_params, self.paper_name, {}, []
@@ -242,8 +244,6 @@ class FedSCM(Chapter):
                                                                               TABLE2_LABELS)
                 wins.append({"α": alpha, "FedSCM": _best(ours, "FedSCM"), "Random": _best(ours, "Random"),
                              "FedAvg": ours.get("FedAvg", (np.nan,))[0], "ours": ours, "paper": paper})
-        if not frame:
-            print("Table 2 not run (no pipeline results).")
         table = pd.DataFrame(frame) if frame else None  # tuple keys: (α, source) column levels
         detail = "; ".join(
             f"α = {w['α']}: FedSCM {w['FedSCM']:.1f} %, best Random {w['Random']:.1f} %, FedAvg {w['FedAvg']:.1f} % "
@@ -251,31 +251,32 @@ class FedSCM(Chapter):
             f"{w['paper']['FedAvg'][0]:.1f} %)" for w in wins)
         values = {"t2_beats": sum(w["FedSCM"] > max(w["Random"], w["FedAvg"]) for w in wins), "t2_n": len(wins),
                   "t2_detail": _markdown(detail or "not run")}
-        return table, wins, values
+        return Table(table, values, note=None if frame else "Table 2 not run (no pipeline results).", data=wins)
 
-    def table4(self):
-        """Table 4 (covariate shift): paper vs ours, the methods the paper lacks below its own."""
+    def table4(self) -> Table:
+        """Table 4 (covariate shift): paper vs ours, the methods the paper lacks below its own (None: not run)."""
         import pandas as pd
 
         if not (self.results and "table4" in self.params["experiments"]):
-            print("Table 4 not run.")
-            return None, {**dict.fromkeys(("t4_scm", "t4_fedavg", "t4_best"), np.nan),
-                          "t4_paper": _markdown("not compared")}
+            return Table(None, {**dict.fromkeys(("t4_scm", "t4_fedavg", "t4_best"), np.nan),
+                                "t4_paper": _markdown("not compared")}, note="Table 4 not run.")
         ours = accuracy_rows(self.results, experiment_configs(self.params, "table4"))
         paper = self.paper_column("Table 4", self.paper_name, TABLE4_LABELS)
         rows = TABLE4_LABELS + [m for m in ours if m not in TABLE4_LABELS]
         table = pd.DataFrame({f"paper ({self.paper_name})": _column(paper, rows), self.ours: _column(ours, rows)})
         paper_text = f"{_best(paper, 'FedSCM'):.2f} %, {paper['FedAvg'][0]:.2f} %, {paper['Best Source'][0]:.2f} %"
-        return table, {"t4_scm": _best(ours, "FedSCM"), "t4_fedavg": ours["FedAvg"][0],
-                       "t4_best": ours["Best Source"][0], "t4_paper": _markdown(f"{self.paper_name}: {paper_text}")}
+        return Table(table, {"t4_scm": _best(ours, "FedSCM"), "t4_fedavg": ours["FedAvg"][0],
+                             "t4_best": ours["Best Source"][0], "t4_paper": _markdown(f"{self.paper_name}: {paper_text}")})
 
-    def fig5(self):
-        """Fig. 5: every client's FedSCM weight against its target accuracy, per γ; Fig. 6 as numbers."""
+    def fig5(self) -> Table:
+        """Fig. 5: every client's FedSCM weight against its target accuracy, per γ (shown first); Fig. 6 as numbers:
+        the selected clients against the others (None, no figure: not run)."""
         import matplotlib.pyplot as plt
         import pandas as pd
 
         if not self.results:
-            return None, None, {"f5_rank": np.nan, "f5_best": np.nan, "f5_sel": _markdown("not run")}
+            return Table(None, {"f5_rank": np.nan, "f5_best": np.nan, "f5_sel": _markdown("not run")},
+                         order=("figure", "frame"))
         fed5, gammas = self.fig5_result(), self.params["gammas"]
         acc = 100 * np.asarray(fed5["clients"]["target_accuracy"])
         fig, axes = plt.subplots(1, len(gammas), figsize=(4.2 * len(gammas), 3.3), layout="constrained", squeeze=False)
@@ -286,10 +287,11 @@ class FedSCM(Chapter):
         chosen = fed5["selections"][gk]["selected"]
         split = pd.DataFrame(selected_vs_unselected(fed5, gk)).T.style.format(precision=3)
         rank = float(np.mean([100.0 * (acc < acc[i]).mean() for i in chosen]))  # percentile among the K clients
-        return fig, split, {"f5_rank": rank, "f5_best": float(acc.max()),
-                            "f5_sel": _markdown(", ".join(f"{acc[i]:.1f} %" for i in chosen))}
+        return Table(split, {"f5_rank": rank, "f5_best": float(acc.max()),
+                             "f5_sel": _markdown(", ".join(f"{acc[i]:.1f} %" for i in chosen))},
+                     figure=fig, order=("figure", "frame"))
 
-    def counts(self):
+    def counts(self) -> Table:
         """Issue 18.4, per γ over this build's federations: the solver's raw support (the selection), Σλ of
         the raw output, the count after vertex rounding (Theorem 3's ⌈1/(1−γ)⌉) and the paper's stated count."""
         import pandas as pd
@@ -309,7 +311,7 @@ class FedSCM(Chapter):
                   "cnt_vertex": _markdown(at_067["vertex rounding"] if at_067 else "not run"),
                   "cnt_sum": at_067["Σλ raw (min)"] if at_067 else np.nan,
                   **dict(zip(("cnt_full", "cnt_rest", "cnt_theorem"), scm.vertex_counts(0.67)))}
-        return (pd.DataFrame(rows).style.format(precision=4).hide(axis="index") if self.results else None), values
+        return Table(pd.DataFrame(rows).style.format(precision=4).hide(axis="index") if self.results else None, values)
 
     def fig8(self):
         """Fig. 8: estimated expertise η̂ against target accuracy (the federation of Fig. 5)."""
@@ -413,14 +415,14 @@ class FedSCM(Chapter):
                              if broken else "*(b) On this run the trained clients are not clearly further from Def. 4 "
                                             "than its simulation.*")}
 
-    def table1(self):
-        """Table 1: stability of repeated selections without and with the size regulariser, paper vs ours."""
+    def table1(self) -> Table:
+        """Table 1: stability of repeated selections without and with the size regulariser, paper vs ours (None:
+        not run)."""
         import pandas as pd
 
         fed5 = self.fig5_result() if self.results else {}
         if "stability" not in fed5:
-            print("Table 1 not run.")
-            return None, dict.fromkeys(("t1_dr", "t1_dr_sr", "t1_better"), np.nan)
+            return Table(None, dict.fromkeys(("t1_dr", "t1_dr_sr", "t1_better"), np.nan), note="Table 1 not run.")
         ours = fed5["stability"]
         rows = []
         for label in ("FedSCM", "FedSCM+SR"):
@@ -428,8 +430,8 @@ class FedSCM(Chapter):
             rows += [{"method": label, "source": "paper", **{m: v[0] for m, v in paper.items()}},
                      {"method": label, "source": "ours", **ours[label]}]
         table = pd.DataFrame(rows).set_index(["method", "source"]).style.format(precision=3)
-        return table, {"t1_dr": ours["FedSCM"]["D.R."], "t1_dr_sr": ours["FedSCM+SR"]["D.R."],
-                       "t1_better": sum(ours["FedSCM+SR"][m] <= ours["FedSCM"][m] for m in DISSIMILARITIES)}
+        return Table(table, {"t1_dr": ours["FedSCM"]["D.R."], "t1_dr_sr": ours["FedSCM+SR"]["D.R."],
+                             "t1_better": sum(ours["FedSCM+SR"][m] <= ours["FedSCM"][m] for m in DISSIMILARITIES)})
 
     def headlines(self, wins: list[dict]):
         """The page's headline claims (Table 2, per α) for the book's front page."""

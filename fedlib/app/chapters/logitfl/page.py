@@ -9,6 +9,7 @@ import numpy as np
 
 from ....stats import mean_std, pm
 from ...kit import frames
+from ...kit.tables import Table
 from ..base import OURS_STORED, Chapter, curve
 from .calibration import (
     FIRST,
@@ -59,14 +60,16 @@ class LogitFL(Chapter):
     def first_seed_run(self, aggregator: str, **overrides):
         return self.result(logit_config(self.params, aggregator, self.k0, self.params["seeds"][0], **overrides))
 
-    def calibration_search(self):
-        """The calibration record's notes, its points as a table and a figure (None, None: no points)."""
+    def calibration_search(self) -> Table:
+        """The calibration record's notes (shown first), its points as a table and a figure (None, None: no
+        points)."""
         import matplotlib.pyplot as plt
 
         record = load_calibration()
         points = record["points"]
         if not points:
-            return "No calibration recorded yet (run fedlib.app.chapters.logitfl.calibrate()).", None, None
+            return Table(note="No calibration recorded yet (run fedlib.app.chapters.logitfl.calibrate()).",
+                         order=("note", "frame", "figure"))
         fig, ax = plt.subplots(figsize=(9, 3.4), layout="constrained")
         for stage, color in {"pilot": "gray", "structure": "C0", "tuning": "C1", "edge": "C2", "confirm": "C3"}.items():
             at = [i for i, r in enumerate(points) if r["stage"] == stage]
@@ -79,10 +82,10 @@ class LogitFL(Chapter):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         notes = "\n".join(record[n] for n in ("note", "note_confirm") if record.get(n))
-        return notes, calibration_table(record), fig
+        return Table(calibration_table(record), note=notes, figure=fig, order=("note", "frame", "figure"))
 
-    def calibration_verdict(self):
-        """The first protocol's stored runs (or None), the calibrated choice vs this profile's, ``cal_text``."""
+    def calibration_verdict(self) -> Table:
+        """The first protocol's stored runs (or None), ``cal_text``, the calibrated choice vs this profile's (note)."""
         import pandas as pd
 
         points = load_calibration()["points"]
@@ -129,9 +132,9 @@ class LogitFL(Chapter):
             text += (f" Stored paper-profile runs at the profile's protocol: simple averaging "
                      f"{pm(mean, std, n)} % (mean ± sd (seeds)) ("
                      + ("" if abs(mean - PAPER_SIMPLE) <= 3 else "not ") + "within 3 points of the paper).")
-        return first_frame, choice, {"cal_text": text}
+        return Table(first_frame, {"cal_text": text}, note=choice)
 
-    def headline(self):
+    def headline(self) -> Table:
         """MNIST, k = ks[0]: paper, ours and stored per method (bold: the best), and the gains over simple averaging."""
         import pandas as pd
 
@@ -148,11 +151,11 @@ class LogitFL(Chapter):
             return (pd.DataFrame.from_dict({k: {m: cell(v) for m, v in line.items()} for k, line in lines.items()},
                                            orient="index").rename(columns=LABELS).rename_axis("source"))
 
-        return frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v)), {
+        return Table(frames.bold_best(table(lambda v: pm(*v)), table(lambda v: v)), {
             "head_k": self.k0, "head_best": LABELS[max(aggregators, key=lambda a: head[a][0])],
             "head_uwa_gain": head["uwa"][0] - head["simple"][0], "head_meta_gain": head["meta"][0] - head["simple"][0],
             "paper_uwa_gain": paper["uwa"] - paper["simple"], "paper_meta_gain": paper["meta"] - paper["simple"],
-            "head_fedavg": head["fedavg"][0]}
+            "head_fedavg": head["fedavg"][0]})
 
     def accuracy_table(self, settings: dict, index: str, **row_args):
         """Final accuracy (bold: the best) per setting {label: row() arguments}, and the rows."""
@@ -172,11 +175,11 @@ class LogitFL(Chapter):
         return (_accuracy_frame(rows, ["source", "k"]),
                 {k: r for (source, k), r in rows.items() if source != self.ours})
 
-    def simple_instability(self):
+    def simple_instability(self) -> Table:
         """Why simple averaging at the first k spreads over seeds (issue 30), from the stored paper-profile runs:
         per seed, the final accuracy, the clients' test accuracy after their first round of private training
         (min, mean, max over the clients) and at the last round, and the aggregated labels' accuracy on the
-        public set. (None, values) while no run is stored."""
+        public set. No frame (a note) while no run is stored."""
         import pandas as pd
 
         params = self.paper_params
@@ -211,12 +214,11 @@ class LogitFL(Chapter):
             with np.errstate(invalid="ignore", divide="ignore"):  # constant columns: nan, said on the page
                 values["si_corr"] = float(np.corrcoef(both["final accuracy (%)"],
                                                       both["public labels' accuracy, last round (%)"])[0, 1])
-        if not len(finals):
-            return None, values
-        shown = frame.astype(object).where(frame.notna(), "no stored run yet")
-        return shown, values
+        shown = frame.astype(object).where(frame.notna(), "no stored run yet") if len(finals) else None
+        return Table.formatted(shown, values, "No stored simple-averaging run yet (python -m fedlib results --chapter "
+                                             "logitfl --table 'k sweep').", precision=2, na_rep="")
 
-    def k_sweep(self):
+    def k_sweep(self) -> Table:
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""
         import matplotlib.pyplot as plt
 
@@ -245,21 +247,21 @@ class LogitFL(Chapter):
                            f"is best for {stored_meta} of {len(stored)} values of k and UWA is ahead of simple "
                            f"averaging for {stored_uwa} of {len(stored)}; whether a margin exceeds the seeds' noise "
                            f"is judged in the scorecard (95 % t-intervals of the paired margins).")
-        return table, fig, {"k_meta_best": meta_best, "k_uwa_wins": uwa_wins, "k_n": len(ks),
-                            "k_stored_text": stored_text}
+        return Table(table, {"k_meta_best": meta_best, "k_uwa_wins": uwa_wins, "k_n": len(ks),
+                             "k_stored_text": stored_text}, figure=fig)
 
-    def cifar10(self):
-        """The CIFAR-10 rows (None: not run), a line on the data, and the best method."""
+    def cifar10(self) -> Table:
+        """The CIFAR-10 rows (None: not run), the best method, a line on the data (or on why there are no rows)."""
         note = next((r.meta["dataset_source"] for r in self.runs if r.config["dataset"] == "cifar10"), None)
         if note is None:
-            return (None, "No CIFAR-10 under the data root (or not in this profile): these rows were not run.",
-                    {"c_best": "not run"})
+            return Table(None, {"c_best": "not run"},
+                         note="No CIFAR-10 under the data root (or not in this profile): these rows were not run.")
         label, ks = "CIFAR-10 (JPEG copy)" if "JPEG" in note else "CIFAR-10", self.params["cifar10_ks"]
         table, rows = self.accuracy_table({f"{label}, k = {k}": {"k": k} for k in ks}, "data", cifar10=True)
         first = rows[f"{label}, k = {ks[0]}"]
-        return table, f"data: {note}", {"c_best": LABELS[max(first, key=lambda m: first[m][0])]}
+        return Table(table, {"c_best": LABELS[max(first, key=lambda m: first[m][0])]}, note=f"data: {note}")
 
-    def communication_table(self):
+    def communication_table(self) -> Table:
         """Floats per round of each aggregator against FedAvg's (k = ks[0], first seed), a line on the model."""
         import pandas as pd
 
@@ -272,8 +274,8 @@ class LogitFL(Chapter):
         simple = self.first_seed_run("simple")
         note = (f"model: {self.params['model']}, {simple.meta['model_parameters']:,} parameters; "
                 f"public set: {simple.config['server_val']:,} samples")
-        return (pd.DataFrame.from_dict(lines, orient="index").rename_axis("aggregator"), note,
-                {"comm_ratio": communication(simple)["ratio"]})
+        return Table(pd.DataFrame.from_dict(lines, orient="index").rename_axis("aggregator"),
+                     {"comm_ratio": communication(simple)["ratio"]}, note=note)
 
     def uwa_weights(self):
         """The last round's UWA weights (k = ks[0], first seed): by class, largest weight, entropy."""
@@ -300,17 +302,18 @@ class LogitFL(Chapter):
                      "w_entropy": info["mean_entropy"], "w_holder": float((class_weight * held).sum(0).mean()),
                      "w_random": float(held.sum(0).mean() / held.shape[0])}
 
-    def public_size(self):
+    def public_size(self) -> Table:
         """Final accuracy per public-set size (bold: the best) and what the smallest costs."""
         sizes = [self.params["public_size"], *self.params["public_sizes_ablation"]]
         big, small = sizes[0], sizes[-1]
         table, rows = self.accuracy_table({n: {"public_size": n} if n != big else {} for n in sizes}, "public samples",
                                           k=self.k0, with_fedavg=False)
         drop = ", ".join(f"{LABELS[a]} {rows[big][a][0] - rows[small][a][0]:+.2f}" for a in self.params["aggregators"])
-        return table, {"p_small": small, "p_big": big, "p_drop": drop}
+        return Table(table, {"p_small": small, "p_big": big, "p_drop": drop})
 
-    def dropout(self):
-        """Final accuracy per dropout rate, the meta-model's clients per round at the largest, the change."""
+    def dropout(self) -> Table:
+        """Final accuracy per dropout rate, the change (values), the meta-model's clients per round at the largest
+        (note)."""
         rates = [0.0, *self.params["dropouts"]]
         table, rows = self.accuracy_table({f"{p:g}": {"dropout": p} if p else {} for p in rates}, "dropout p",
                                           k=self.k0, with_fedavg=False)
@@ -318,9 +321,10 @@ class LogitFL(Chapter):
         present = np.asarray([h["diagnostics"]["present"] for h in meta.history])
         delta = ", ".join(f"{LABELS[a]} {rows[f'{last:g}'][a][0] - rows['0'][a][0]:+.2f}"
                           for a in self.params["aggregators"])
-        return table, f"meta-model, p = {last}: clients present per round: {present.sum(1).tolist()}", {
-            "d_p": last, "d_delta": delta,
-            "d_meta_ok": "completed every round" if len(meta.history) == meta.config["rounds"] else "failed"}
+        return Table(table, {"d_p": last, "d_delta": delta,
+                             "d_meta_ok": "completed every round" if len(meta.history) == meta.config["rounds"]
+                             else "failed"},
+                     note=f"meta-model, p = {last}: clients present per round: {present.sum(1).tolist()}")
 
     def uwa_tau(self):
         """UWA's final accuracy per τ (1: the paper's rule, ∞: simple averaging), ours and stored."""
@@ -336,8 +340,9 @@ class LogitFL(Chapter):
         lines["∞ (simple averaging)"] = column("simple")
         return pd.DataFrame.from_dict(lines, orient="index").rename_axis("UWA τ")
 
-    def closing(self):
-        """Paper, ours and stored per k and aggregator, the stored UWA runs per round; records the headlines."""
+    def closing(self) -> Table:
+        """Paper, ours and stored per k and aggregator, the stored UWA runs per round (note); records the
+        headlines."""
         import pandas as pd
 
         aggregators, lines, headlines = self.params["aggregators"], [], []
@@ -356,4 +361,4 @@ class LogitFL(Chapter):
                  f"{[round(h['diagnostics']['mean_max_weight'], 2) for h in run.history]}"
                  for s in sorted({r.config["seed"] for r in self.stored.results.values()})
                  if (run := self.stored.results.get(logit_config(self.paper_params, "uwa", 2, s).key()))]
-        return pd.DataFrame(lines).set_index(["k", "aggregator"]), "\n".join(notes)
+        return Table(pd.DataFrame(lines).set_index(["k", "aggregator"]), note="\n".join(notes))

@@ -398,7 +398,7 @@ def test_cifar10_readings_screen_uniform_fedavg_on_the_headline_split_by_hand(mo
     assert values["cr_runs"] == 2 and values["cr_candidates"] == 6 and values["cr_chosen"] == "SGD momentum 0.9"
     assert values["cr_chosen_gap"] == pytest.approx(1.12) and values["cr_baseline_gap"] == pytest.approx(10.12)
     assert frame.loc["crop + flip", "Dir(0.05) ours (paper 65.12)"] == "no stored run yet"
-    items = [i for i in celm_protocol.queue_items(params) if i.table == "CIFAR-10 readings"]
+    items = [i for i in celm_protocol.runs(params) if i.table == "CIFAR-10 readings"]
     assert len(items) == 6 and items[0].row == "CIFAR-10 Dir. (0.05)"
 
 
@@ -599,7 +599,7 @@ def test_table7_is_queued_and_shows_as_needing_emnist_where_it_is_absent(monkeyp
     from fedlib.app.chapters.celm import page as celm_page
     from fedlib.app.chapters.celm import protocol as celm_protocol
 
-    items = [i for i in celm_protocol.queue_items(load_profile("celm", "paper")) if i.table == "Table 7"]
+    items = [i for i in celm_protocol.runs(load_profile("celm", "paper")) if i.table == "Table 7"]
     assert len(items) == 75 and {i.dataset for i in items} == {"emnist"}
     assert {i.cells[0] for i in items if i.seed == 0} == {
         ("Table 7", f"EMNIST {r}", m) for r in ("Dir. (0.01)", "Dir. (0.05)", "Dir. (0.10)", "PLS", "SLS")

@@ -113,9 +113,9 @@ def test_the_profiles_table1_reading_sets_the_share_for_every_method_and_weights
 def test_the_readings_are_an_experiment_of_the_paper_profile_and_its_queue(params):
     readings = {c.key() for *_, c in fedms.maverick_reading_configs(params)}
     assert "maverick_readings" in params["experiments"]
-    assert readings <= {i.key for i in fedms.queue_items(params)} and readings <= {c.key() for c in fedms.configs(params)}
+    assert readings <= {i.key for i in fedms.runs(params)} and readings <= {c.key() for c in fedms.configs(params)}
     without = {**params, "experiments": ["table1"]}  # the smoke and quick builds do not run them
-    assert "Maverick readings" not in {i.table for i in fedms.queue_items(without)}
+    assert "Maverick readings" not in {i.table for i in fedms.runs(without)}
     assert len(readings - {c.key() for c in fedms.configs(without)}) == 15  # all but Table 1's 3 FedAvg runs
     assert "maverick_readings" not in load_profile("fedms", "quick")["experiments"]
 
@@ -248,7 +248,7 @@ def test_cifar10_readings_change_only_what_they_name_and_stay_on_the_screens_val
     both = by[("Dir(10)", "crop + flip, weight decay 5e-4")]
     assert both.augment == "crop_flip" and both.weight_decay == 5e-4
     assert both.model_copy(update={"augment": None, "weight_decay": 0.0}).resolved() == table1.resolved()
-    items = [i for i in fedms.queue_items(load_profile("fedms", "paper")) if i.table == "CIFAR-10 readings"]
+    items = [i for i in fedms.runs(load_profile("fedms", "paper")) if i.table == "CIFAR-10 readings"]
     assert len(items) == len(rows) and all(i.column in fedms.CIFAR10_READINGS for i in items)
 
 

@@ -205,13 +205,13 @@ def test_simple_averaging_gets_more_seeds_and_the_instability_view_reads_them_by
 
     from fedlib.app.kit.sources import load_profile
     from fedlib.app.chapters.logitfl import LogitFL
-    from fedlib.app.chapters.logitfl.protocol import queue_items, row_configs
+    from fedlib.app.chapters.logitfl.protocol import runs, row_configs
     from fedlib.run import RunResult
 
     params = load_profile("logitfl", "paper")
     simple = row_configs(params, params["ks"][0])["simple"]
     assert [c.seed for c in simple] == [0, 1, 2, 3, 4] and len(row_configs(params, params["ks"][1])["simple"]) == 3
-    seeds_of = [i.seed for i in queue_items(params) if i.table == "k sweep" and i.column == "Simple avg."
+    seeds_of = [i.seed for i in runs(params) if i.table == "k sweep" and i.column == "Simple avg."
                 and i.row.endswith(f"k={params['ks'][0]}")]
     assert seeds_of == [0, 1, 2, 3, 4]
 

@@ -22,20 +22,27 @@ SMOKE_CHAPTERS = [c for c in CHAPTER_MODULES]
 
 @pytest.mark.parametrize("chapter", SMOKE_CHAPTERS)
 @pytest.mark.parametrize("profile", ["smoke", "paper"])
-def test_queue_items_are_exactly_the_chapters_runs(chapter, profile):
-    """The queue runs what the chapter reads: the same config keys, each with a seed and a label."""
+def test_a_chapter_declares_its_runs_once_and_the_book_reads_the_queues_cells(chapter, profile):
+    """One declaration, ``runs(params)``: the book's configs are its cells' configs, each once in the order of
+    the first cell naming it; every cell has a label and its config's seed; every run an experiment of the
+    protocol makes (``experiment_configs``, where a chapter has one) is a cell."""
+    from fedlib.app.chapters import record
+
     params = load_profile(chapter, profile)
-    module = chapter_module(chapter)
-    items = module.queue_items(params)
-    if chapter == "leaderboard":
-        expected = {c.key() for c in module.configs(params)}
-        expected |= {c.key() for d in params["datasets"] for c in module.uwa_configs(params, d)}
-        expected |= {c.key() for c in module.poisoning_configs(params)}  # the poisoning table (issue 33)
-    else:
-        expected = {c.key() for c in module.configs(params)}
-    assert {i.key for i in items} == expected
+    module, items = chapter_module(chapter), chapter_module(chapter).runs(params)
+    configs = record(chapter).configs(params)
+    assert [c.key() for c in configs] == list(dict.fromkeys(i.key for i in items))
     assert all(i.chapter == chapter and i.table and i.row and i.column for i in items)
     assert all(i.seed == i.config.seed for i in items)
+    protocol = getattr(module, "experiment_configs", None) or getattr(getattr(module, "protocol", None),
+                                                                      "experiment_configs", None)
+    if protocol is not None:
+        made = {c.key() for e in params["experiments"] for c in protocol(params, e)}
+        assert made <= {i.key for i in items}
+    if chapter == "leaderboard":  # its page's own subsets are cells too
+        pages = {c.key() for c in module.configs(params)} | {c.key() for c in module.poisoning_configs(params)}
+        pages |= {c.key() for d in params["datasets"] for c in module.uwa_configs(params, d)}
+        assert pages == {i.key for i in items}
 
 
 def test_every_paper_table_has_a_headline_row_at_seed_zero():

@@ -95,12 +95,12 @@ class FakeConfig:
 
 
 def _fake_chapter(name: str, ours: bool, schema) -> tuple[Paper, Claim]:
-    def queue_items(params):
+    def runs(params):
         return [queue.QueueItem(name, "Table 1", "row", "column", 0, FakeConfig(0), queue.run_round)]
 
     claim = Claim(f"{name} beats FedAvg", "Table 1", "table-1", (Comparison("row", Side(("Table 1", "row", "column"),
                                                                                        f"{name}_reading")),))
-    paper = Paper(name, name.title(), schema, lambda params: [FakeConfig(0)], queue_items, reference=None,
+    paper = Paper(name, name.title(), schema, runs, reference=None,
                   claims=() if ours else (claim,), metrics={f"{name}_reading": lambda result: 1.0}, ours=ours)
     return paper, claim
 

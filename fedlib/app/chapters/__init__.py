@@ -1,7 +1,7 @@
 """The book's chapters: one module per chapter, each declaring one :class:`Paper` record.
 
 A chapter module (``fedlib/app/chapters/<name>.py``, or a package ``<name>/`` whose ``__init__``
-declares the record) holds its runs (``configs``, ``queue_items``),
+declares the record) holds its runs once, ``runs(params)``: labelled cells the book and the queue read,
 its profile schema (``fedlib.app.chapters.profiles``), the paper's claims and the tables and figures
 its page shows, and ends with ``PAPER = Paper(...)``. Every list of chapters the queue, the
 claims, the coverage and status pages and the command line use is derived from these records
@@ -65,13 +65,16 @@ class Paper:
     name: str  # the chapter key: fedlib/app/chapters/<name>.py (or <name>/), book/<name>.ipynb, params/<name>/
     title: str  # as the book names it (the status page's headings)
     profile_schema: type[Profile]  # params/<name>/{smoke,quick,paper,evidence}.yaml and the notebook's parameters cell
-    configs: Callable[[dict[str, Any]], list]  # every run of a profile's parameters, each once
-    queue_items: Callable[[dict[str, Any]], list]  # those runs as labelled queue items (fedlib.app.queue)
+    runs: Callable[[dict[str, Any]], list]  # every run of a profile as labelled cells (QueueItems): book and queue
     reference: str | None  # book/reference/<reference>.yaml: the published numbers the page compares with
     claims: tuple[Claim, ...] = ()  # the paper's main claims, in the order its scorecard shows them
     metrics: Mapping[str, Callable[..., float]] = field(default_factory=dict)  # its claims' readings of a run
     ours: bool = False  # a chapter of ours, not a paper's: a run it shares with a paper is labelled by the paper
     rank: int = DEFAULT_RANK  # its place in the queue's order (CHAPTER_MODULES); a literal, read from the source
+
+    def configs(self, params: dict[str, Any]) -> list:
+        """Every run of ``params`` once (:func:`configs_of` its ``runs``)."""
+        return configs_of(self.runs, params)
 
     @property
     def engine(self) -> bool:
@@ -142,14 +145,14 @@ def defenses(chapter: str, params: dict) -> str | None:
             f"than {clip:g}× the round's median distance are clipped (not part of the papers' protocols).")
 
 
-def unique_configs(experiment_configs, params: dict) -> list:
-    """Every run of the profile's experiments, each config once (experiments share runs)."""
+def configs_of(runs: Callable[[dict[str, Any]], list], params: dict) -> list:
+    """The configs of a chapter's ``runs(params)``, each once, in the order of the first cell that names it
+    (cells share runs: Table 8's 5 % is Table 1's CELM run)."""
     seen, out = set(), []
-    for experiment in params["experiments"]:
-        for config in experiment_configs(params, experiment):
-            if config.key() not in seen:
-                seen.add(config.key())
-                out.append(config)
+    for item in runs(params):
+        if item.key not in seen:
+            seen.add(item.key)
+            out.append(item.config)
     return out
 
 

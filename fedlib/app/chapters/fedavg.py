@@ -13,6 +13,7 @@ are labelled as this page's protocol, never as the paper's cell.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -23,7 +24,7 @@ from ...stats import pm
 from ..kit import frames
 from ..kit.sources import reference_value
 from ..kit.stored import evidence_of
-from . import ENGINE_DEFAULT_CLIP, Paper, profiles, record
+from . import ENGINE_DEFAULT_CLIP, Paper, configs_of, profiles, record
 from .celm import protocol as celm_protocol
 from .base import Chapter, queue_item
 from .profiles import FederationProfile, Names, Seeds
@@ -47,13 +48,7 @@ def config(params: dict[str, Any], split: str, method: str, seed: int) -> RunCon
     return celm_protocol.run_config({**params, "model": "mlp"}, SPLITS[split][0], method, seed)  # CELM's protocol
 
 
-def configs(params: dict[str, Any]) -> list[RunConfig]:
-    """Every run of the chapter: splits x methods x seeds."""
-    return [config(params, s, m, seed) for s in params["splits"] for m in params["methods"]
-            for seed in params["seeds"]]
-
-
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue): CELM Table 1's
     FedAvg column and sample-count FedAvg beside it; headline row Dir(0.05)."""
     return [queue_item("fedavg", params, "Table 1 (FedAvg)", SPLITS[s][1], METHOD_LABELS[m], config(params, s, m, seed),
@@ -105,7 +100,7 @@ class FedAvg(Chapter):
     def celm_protocol(self) -> dict[str, stats.SeedSpread]:
         """CELM Table 1's FedAvg cell per split from the CELM protocol's stored runs (the runs the CELM
         page and the status page read), by seed."""
-        evidence = evidence_of(record("celm").queue_items(profiles.load("celm", "paper")))
+        evidence = evidence_of(record("celm").runs(profiles.load("celm", "paper")))
         return {split: stats.SeedSpread.of({s: 100.0 * r["final"]["accuracy"] for s, r in
                                             evidence.get(("Table 1", SPLITS[split][1], "FedAvg"), {}).items()})
                 for split in self.params["splits"]}
@@ -172,4 +167,7 @@ class FedAvgProfile(FederationProfile):
 
 
 # the page compares with CELM Table 1's FedAvg column
-PAPER = Paper("fedavg", "FedAvg", FedAvgProfile, configs, queue_items, reference="celm", ours=True, rank=0)
+PAPER = Paper("fedavg", "FedAvg", FedAvgProfile, runs, reference="celm", ours=True, rank=0)
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

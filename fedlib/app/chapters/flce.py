@@ -30,7 +30,7 @@ from ...stats import mean_std, pm
 from ..kit import frames
 from ..kit.claim_types import Claim, Comparison, Side
 from ..kit.sources import reference_value
-from . import Paper, run_options, unique_configs
+from . import Paper, run_options, configs_of
 from .base import Chapter, curve, dataset_label, queue_item
 from .profiles import FederationProfile, Names, Seeds
 
@@ -95,7 +95,6 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-configs = partial(unique_configs, experiment_configs)  # every run of the chapter once
 
 
 # ----------------------------------------------------------------------------- contributions
@@ -155,7 +154,7 @@ def communication_cost(feature_dim: int = 64) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline row: the first dataset's Non-IID split."""
     seeds, datasets, experiments, items = params["seeds"], params["datasets"], params["experiments"], []
@@ -514,5 +513,8 @@ CLAIMS = (
                 for row in ("CIFAR-10 Non-IID", "CIFAR-10 IID"))),
 )
 
-PAPER = Paper("flce", "FLCE", FLCEProfile, configs, queue_items, reference="flce", claims=CLAIMS,
+PAPER = Paper("flce", "FLCE", FLCEProfile, runs, reference="flce", claims=CLAIMS,
               metrics={"last_100_accuracy": last_100_accuracy}, rank=2)
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

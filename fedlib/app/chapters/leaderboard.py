@@ -326,7 +326,7 @@ def reference_ranks(result) -> dict[str, float]:
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue); not a paper's
     table, so it ranks after the papers' main tables; headline: the Maverick split."""
     item = partial(queue_item, "leaderboard", params, table_rank=2)
@@ -648,4 +648,4 @@ class LeaderboardProfile(FederationProfile):
     threads: int  # torch CPU threads; 0: torch's default
 
 
-PAPER = Paper("leaderboard", "Leaderboard", LeaderboardProfile, configs, queue_items, reference=None, ours=True, rank=6)
+PAPER = Paper("leaderboard", "Leaderboard", LeaderboardProfile, runs, reference=None, ours=True, rank=6)

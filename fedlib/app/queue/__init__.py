@@ -1,6 +1,6 @@
 """The results queue: every run of every chapter's paper profile, most valuable first.
 
-Each chapter's ``Paper`` record (``fedlib.app.chapters``) names its ``queue_items(params) ->
+Each chapter's ``Paper`` record (``fedlib.app.chapters``) names its ``runs(params) ->
 list[QueueItem]`` (``fedlib.app.kit.items``): one item per run of its profile, saying which paper table,
 row and column the run backs, its seed, its config and the function that runs it (:func:`run_round` for
 every engine run, :func:`run_scm`). The queue knows nothing else about chapters: it orders the

@@ -34,9 +34,9 @@ def scm_pack_signature(config) -> tuple:
 
 
 def chapter_items(chapter: str, profile: str = "paper") -> list[QueueItem]:
-    """Every item of a chapter's profile (its ``Paper.queue_items``), duplicates included; a profile that
+    """Every item of a chapter's profile (its ``Paper.runs``), duplicates included; a profile that
     does not fit the chapter's schema is one ``ProfileError`` line."""
-    return list(chapters.record(chapter).queue_items(profiles.load(chapter, profile)))
+    return list(chapters.record(chapter).runs(profiles.load(chapter, profile)))
 
 
 def all_items(profile: str = "paper", only: Iterable[str] | None = None) -> list[QueueItem]:

@@ -46,7 +46,7 @@ from ....contributions import contribution_history
 from ....results import RunResult
 from ...kit.claim_types import Claim, Comparison, Side, cells_row
 from ...kit.items import items_of, run_round
-from .. import readings, run_options, unique_configs
+from .. import readings, run_options, configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import FederationProfile, Names, Part
 
@@ -236,7 +236,6 @@ def precision_screen_configs(params: dict[str, Any]) -> list[tuple[str, RunConfi
     return out
 
 
-configs = partial(unique_configs, experiment_configs)  # every run once (e.g. Table 8's 5 % is Table 1's CELM)
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -308,7 +307,7 @@ def cffl_study_configs(params: dict[str, Any]) -> list[tuple[str, RunConfig]]:
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline rows: Dir(0.05) (Tables 1, 6), PLS (Table 4)."""
     prefix = dataset_label(params["dataset"])
@@ -434,3 +433,6 @@ CLAIMS = (
     Claim("CELM beats CGSV on every Table 1 split", "Table 1", "table-1-accuracy-under-label-skew",
           cells_row(table1_claim_rows(), "CELM", "CGSV")),
 )
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

@@ -30,7 +30,7 @@ from ....methods import METHODS
 from ....results import RunResult
 from ...kit.claim_types import Claim, Comparison, Side, cells_row, final
 from ...kit.sources import load_profile
-from .. import readings, run_options, unique_configs
+from .. import readings, run_options, configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import FederationProfile, Names
 
@@ -176,7 +176,6 @@ def table1_grid(params: dict[str, Any], cifar10: bool = False) -> tuple[list[str
     return params["splits"], list(params["methods"]) + variants
 
 
-configs = partial(unique_configs, experiment_configs)  # every run of the chapter once
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -225,7 +224,7 @@ def aggregated_rounds(result) -> np.ndarray:
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue), labelled with
     the paper cell it backs; headline row of Table 1: Dir(0.1), where Mavericks matter most."""
     item = partial(queue_item, "fedms", params)
@@ -424,3 +423,6 @@ CLAIMS = (
             cells_row(table1_claim_rows(), "FedMS", baseline, metric="fedms_table1"), quantifier="most")
       for baseline in ("FedProx", "PoC", "FedEMD", "S-FedAvg", "GreedyFed")),
 )
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

@@ -26,7 +26,7 @@ from ....scm_pipeline import run_pipeline
 from ...kit.claim_types import Claim, Comparison, Side
 from ...kit.items import run_scm
 from ...kit.sources import load_profile
-from .. import unique_configs
+from .. import configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import Names, Profile, Seeds
 
@@ -60,7 +60,6 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[ScmConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
-configs = partial(unique_configs, experiment_configs)  # Tables 1–4 (the issue-22 variants: ``diagnosis_configs``)
 
 
 def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
@@ -132,7 +131,7 @@ def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str,
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every federation of the profile for ``python -m fedlib results`` (fedlib.app.queue): one
     pipeline run backs a whole column of Table 2 (all methods); the seed-0 federation at
     ``stability_alpha`` also carries Table 1; headline: α = 0.1."""
@@ -225,3 +224,6 @@ CLAIMS = (
           tuple(Comparison(col, Side(("Table 2", "all methods", col), "selected_minus_unselected", "0.67"))
                 for col in table2_claim_columns())),
 )
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

@@ -26,7 +26,7 @@ from ....methods.logit import LogitFL as LogitMethod
 from ...kit import frames
 from ...kit.claim_types import Claim, cells_row
 from ...kit.stored import stored_results
-from .. import unique_configs
+from .. import configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import Ints, Names, Profile, Seeds
 
@@ -104,7 +104,6 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
     raise ValueError(f"experiments: unknown experiment {experiment!r}; known: {', '.join(EXPERIMENTS)}")
 
 
-configs = partial(unique_configs, experiment_configs)  # configs(params, experiments=None): each run once
 
 
 # ----------------------------------------------------------------------------- reading runs
@@ -155,7 +154,7 @@ def stored(params: dict[str, Any]) -> tuple[dict, dict]:
 # ----------------------------------------------------------------------------- the results queue
 
 
-def queue_items(params: dict[str, Any]) -> list:
+def runs(params: dict[str, Any]) -> list:
     """Every run of the profile for ``python -m fedlib results`` (fedlib.app.queue): the paper's
     headline is MNIST k = 2 (the only numbers it quotes); FedAvg baselines run on the round engine."""
     item = partial(queue_item, "logitfl", params)
@@ -229,3 +228,6 @@ CLAIMS = (
           "accuracy-versus-heterogeneity-k-classes-per-client",
           cells_row([f"MNIST k={k}" for k in (2, 5, 8)], "UWA", "Simple avg.", "k sweep", ref="Headline")),
 )
+
+
+configs = partial(configs_of, runs)  # every run once, in the order of the first cell naming it

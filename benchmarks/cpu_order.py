@@ -15,7 +15,7 @@ Splits: ``iid`` (N equal clients) and, for N = 5, ``celm`` (CELM's Dir(0.01) cli
 18,000 / 9,952 / 6,000 / 2,002). The table gives the median seconds per round, the ratios
 vectorized/clients and loop/clients (> 1: the client order is faster) and the largest parameter
 difference between the plans (random labels at lr 0.1 amplify float-order differences over an epoch;
-the plans' equality to 1e-6 is tested on short runs, tests/test_cpu_order.py). The load average before and after is recorded: ratios measured while
+the plans' equality to 1e-6 is tested on short runs, tests/core/test_cpu_order.py). The load average before and after is recorded: ratios measured while
 other work shares the cores are indicative. The rule ``fedlib.plans.client_order`` cites
 this table.
 

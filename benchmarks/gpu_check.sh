@@ -4,7 +4,7 @@
 #   OUT=/some/empty/dir bash benchmarks/gpu_check.sh          (OUT defaults to benchmarks/results)
 #
 # 1. the equality tests: the captured step against the eager engine (bit-identical on CUDA),
-#    the static-buffer step, CPU worker groups (tests/test_population.py);
+#    the static-buffer step, CPU worker groups (tests/core/test_population.py);
 # 2. one whole round at the benchmark's shape, CUDA graph against eager steps (max |diff|);
 # 3. benchmarks/peers.py --device cuda: vectorized (graph), eager, loop, Flower, centralized,
 #    N = 5, 20, 100, 500, with the per-round breakdown.
@@ -54,11 +54,11 @@ status=0
 
     echo; echo "## 1. equality tests (captured step vs eager)"
     if "$PY" -c "import pytest" 2>/dev/null; then
-        FEDLIB_TEST_COMPILE=1 "$PY" -m pytest tests/test_population.py -q -p no:cacheprovider \
+        FEDLIB_TEST_COMPILE=1 "$PY" -m pytest tests/core/test_population.py -q -p no:cacheprovider \
             -k "compiled or static or worker or backend or vectorized_equals_loop" || status=1
     else  # no pytest on the machine: the captured-vs-eager test called directly
         echo "(pytest is not installed: running test_compiled_step_equals_eager directly)"
-        "$PY" -c "import sys; sys.path.insert(0, 'tests'); import test_population as t; t.test_compiled_step_equals_eager(); print('test_compiled_step_equals_eager passed')" || status=1
+        "$PY" -c "import sys; sys.path[:0] = ['tests', 'tests/core']; import test_population as t; t.test_compiled_step_equals_eager(); print('test_compiled_step_equals_eager passed')" || status=1
     fi
 
     echo; echo "## 2. one round at the benchmark's shape: captured steps vs eager steps"

@@ -44,7 +44,7 @@
 # Order (fedlib/app/queue.py, --first): seed 0 of the CIFAR-10 readings screens (CELM, then FedMS: FedAvg under
 # each candidate recipe, issue 30; the chosen reading decides whether earlier CIFAR-10 runs stay current),
 # then CELM Table 1 (CIFAR-10 rows), FedMS Table 1 (CIFAR-10), FLCE (its CIFAR-10 headline row first),
-# FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/test_gpu_script.py rehearses
+# FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/app/test_gpu_script.py rehearses
 # this script on the CPU (DEVICE=cpu) and checks its --first labels against the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,7 +4,7 @@ The MLP of the FedMS chapter on MNIST (synthetic 28x28 data when MNIST is not un
 data root), 2,000 validation samples, n client models (perturbed copies of one model).
 "batched" is ``exact_shapley(coalition_utility(...))``: all 2^n coalition models are rows of
 one ``S @ W`` and are evaluated in batched passes. "loop" builds and evaluates one coalition
-model at a time with a plain module forward (the test oracle of tests/test_shapley.py) and
+model at a time with a plain module forward (the test oracle of tests/core/test_shapley.py) and
 then applies Eq. 6. Both give the same values (checked here). Each time is the best of
 ``--repeat`` runs, all measured in this one invocation.
 

@@ -39,7 +39,7 @@ class Tolerance:
     weights: float  # aggregation weights
 
 
-# Another plan, same machine: a few local steps (tests/test_cpu_plan.py, tests/test_packing.py).
+# Another plan, same machine: a few local steps (tests/core/test_cpu_plan.py, tests/core/test_packing.py).
 PLAN = Tolerance(parameters=1e-6, accuracy=1e-6, loss=1e-5, weights=1e-6)
 
 # Another machine, the first two rounds of a stored run (fedlib.app.recompute). Measured: 9 stored MLP
@@ -49,7 +49,7 @@ CROSS_MACHINE = Tolerance(parameters=1e-3, accuracy=0.002, loss=0.01, weights=1e
 
 # bfloat16 local training (RunConfig.precision): another plan on the same machine (one client at a time vs vmapped
 # groups, a packed run vs the run alone, channels-last vs contiguous), a few local steps or the first rounds
-# (tests/test_precision.py). Autocast computes a matmul's or convolution's weight gradient in bfloat16 (8 bits of
+# (tests/core/test_precision.py). Autocast computes a matmul's or convolution's weight gradient in bfloat16 (8 bits of
 # mantissa), so a sum in another order can move it across a rounding boundary (relative 2^-8) where float32
 # differs in its last bit. Measured on this CPU: a CNN's parameters after 2-3 steps (lr 0.05, momentum 0.9), one
 # client at a time vs vmapped, 5e-4 relative (float32: 7e-9); channels-last vs contiguous 0-5e-10; packed MLP and

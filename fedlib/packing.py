@@ -17,7 +17,7 @@ Equal numbers. A packed run makes the same selections and aggregation weights as
 alone, and its parameters agree to float rounding (about 1e-7 relative per round): packing changes
 how the per-client arithmetic is batched (a first step from a shared start is one large matmul
 alone, a batched one in a pack; threads take other row groups), not what is computed
-(``tests/test_packing.py`` checks every registered method). Packing never mixes a run whose result
+(``tests/core/test_packing.py`` checks every registered method). Packing never mixes a run whose result
 would change: requests with different optimiser constants, objectives or shapes are never merged.
 """
 

@@ -5,7 +5,7 @@ in the compact record, ``fedlib.record``, through ``fedlib.cache.ResultCache``),
 holds there (``runs/.<key>.claim``), the one listing every reader shares (:func:`list_store`, read again only
 when a file changed) and the writer every run goes through (:meth:`Store.put`). ``Store()`` is the
 repository's ``results/``; ``Store.writing()`` is where the queue writes (``$FEDLIB_RESULTS``, else the
-repository's). No other module builds a path under a results folder (tests/test_store.py checks it).
+repository's). No other module builds a path under a results folder (tests/core/test_store.py checks it).
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ METHOD_LABELS = {"fedavg_uniform": "FedAvg", "cffl": "CFFL", "cgsv": "CGSV", "sh
 DETECTORS = ("cffl", "cgsv", "shapfed", "celm")  # methods with contribution scores (Table 3)
 
 # PLS: classes per client, the allocation that reproduces Table 4's Uniform column, chosen by
-# ``choose_pls_allocation`` among ``pls_class_count_search()``'s (tests/test_celm.py checks both).
+# ``choose_pls_allocation`` among ``pls_class_count_search()``'s (tests/app/test_celm.py checks both).
 PLS_ALLOCATION = (2, 3, 4, 5, 9)
 
 # split label -> (split spec, CELM table row without the dataset prefix)

@@ -16,7 +16,7 @@ from fedlib import record
 from fedlib.cache import ResultCache, _digest
 from fedlib.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # The budget: 3,000 runs (full coverage) in at most 37 MiB, so that a GPU call's working tree (the tracked
 # files, about 7 MiB besides the store, and the largest dataset it carries, CIFAR-10's 19 MiB) stays under
 # the 64 MiB such a call may take.

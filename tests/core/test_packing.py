@@ -332,7 +332,7 @@ def test_the_packed_benchmark_profiles_a_packed_round_as_the_gpu_call_will(tmp_p
 
     if data_missing("cifar10"):
         pytest.skip("CIFAR-10 is not on this machine")
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "packed.py"
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "packed.py"
     spec = importlib.util.spec_from_file_location("packed_benchmark", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

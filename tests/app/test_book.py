@@ -16,7 +16,7 @@ from fedlib.app.kit.sources import PROFILES, load_reference, reference_value
 from fedlib.app.kit.stored import evidence_summary, stored_results
 from fedlib.cache import load_entry
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 
 

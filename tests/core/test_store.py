@@ -9,7 +9,7 @@ import fedlib
 from fedlib.config import make_config
 from fedlib.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # a path built under a results folder: its runs folder, the folder itself, a claim, the queue's target
 LAYOUT = re.compile(r"""/\s*["'](runs|results)["']|["']results["']\s*/|RUNS_FOLDER|runs_dir\(|FEDLIB_RESULTS|\.claim["']""")
 ALLOWED = {

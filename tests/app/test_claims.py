@@ -167,7 +167,7 @@ def test_every_claim_links_to_a_section_of_its_chapter_page():
     import nbformat
     from docutils.nodes import make_id
 
-    root = Path(__file__).resolve().parent.parent / "book"
+    root = Path(__file__).resolve().parents[2] / "book"
     for chapter in claims.papers():
         nb = nbformat.read(root / f"{chapter}.ipynb", as_version=4)
         ids = {make_id(line.lstrip("#").strip()) for c in nb.cells if c.cell_type == "markdown"

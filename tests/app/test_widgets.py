@@ -17,7 +17,7 @@ from fedlib.app.widgets import Explorer  # noqa: E402
 from fedlib.plots import accuracy_curves, contribution_bars, final_contributions  # noqa: E402
 from fedlib.run import RunResult  # noqa: E402
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "book" / "explore.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "book" / "explore.ipynb"
 SMALL = dict(dataset="synthetic", fraction=1.0, test_samples=None, batch_size=64, rounds=3, n_clients=4)
 
 

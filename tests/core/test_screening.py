@@ -19,7 +19,7 @@ from fedlib.screening import (ANOMALY_NORM, HOSTILE_ROLES, fixed_sum, judge, mon
                               update_disagreement)
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-RUNS = Path(__file__).resolve().parents[1] / "results" / "runs"
+RUNS = Path(__file__).resolve().parents[2] / "results" / "runs"
 
 
 # ----------------------------------------------------------------------------- order-fixed statistics
@@ -213,3 +213,15 @@ def test_no_stored_clean_run_warns_under_the_rule():
         if found is not None and any(roles[c] not in ("maverick", "weak_free_rider") for c in found["clients"]):
             warned.append(path.name)
     assert judged >= 300 and warned == []
+
+
+def test_a_group_larger_than_the_agreeing_rest_is_not_the_suspect():
+    """Rule D: under extreme label skew (CIFAR-10 Dir(0.05), 5 clients) three clients can point against the
+    other two, which agree: the three are the majority, never flagged; two against three are."""
+    from fedlib.screening import round_anomalies
+
+    def found(cos):
+        return {"cosine": cos, "core_cosine": cos, "norm_ratio": [1.0] * 5, "unchanged": [], "identical": []}
+
+    assert round_anomalies(found([0.9, -0.5, 0.9, -0.5, -0.5]), [0, 1, 2, 3, 4])[0] == []
+    assert round_anomalies(found([0.9, -0.5, 0.9, -0.5, 0.9]), [0, 1, 2, 3, 4])[0] == [1, 3]

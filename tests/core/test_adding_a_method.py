@@ -9,7 +9,7 @@ import pytest
 
 from fedlib.methods import METHODS
 
-PAGE = Path(__file__).resolve().parent.parent / "book" / "adding_a_method.md"
+PAGE = Path(__file__).resolve().parents[2] / "book" / "adding_a_method.md"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from fedlib.data import dataset_spec, load_dataset
 from fedlib.data_files import DataCorruptError, DataNotFoundError
 
 # the offline copies: the data root CI exports, else ../shared/datasets beside the checkout
-SHARED_DATASETS = Path(os.environ.get("FEDLIB_DATA") or Path(__file__).resolve().parents[2] / "shared" / "datasets")
+SHARED_DATASETS = Path(os.environ.get("FEDLIB_DATA") or Path(__file__).resolve().parents[3] / "shared" / "datasets")
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 
 

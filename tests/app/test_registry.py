@@ -19,7 +19,7 @@ from fedlib.app.chapters import Paper, profiles
 from fedlib.app.kit import sources
 from fedlib.app.kit.claim_types import Claim, Comparison, Side
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FOLDER = ROOT / "fedlib" / "app" / "chapters"  # a chapter: a module <name>.py, or a package <name>/ (its __init__)
 
 

@@ -314,9 +314,11 @@ class ResultCache:
         return self.parse(path, content)
 
     @staticmethod
-    def parse(path: Path, content: bytes) -> tuple[dict | None, str | None]:
+    def parse(path: Path, content: bytes, expanded: bool = True) -> tuple[dict | None, str | None]:
         """(payload, None) of the bytes ``content`` of the entry file ``path`` (gzip when its name ends in
-        ``.gz``) when they hold an entry with a matching checksum, else (None, problem)."""
+        ``.gz``) when they hold an entry with a matching checksum, else (None, problem). ``expanded=False``:
+        a compact record's history is left in its columns (``fedlib.record``; the store's listing decodes a
+        run's history only when it is read)."""
         try:
             entry = json.loads(gunzip_bounded(content) if path.name.endswith(".gz") else content)
             payload = entry["payload"]
@@ -326,6 +328,8 @@ class ResultCache:
             return None, f"unreadable ({type(err).__name__})"
         if not isinstance(payload, dict):
             return None, "payload is not a mapping"
+        if not expanded:
+            return payload, None
         try:
             return expand(payload), None  # a compact record's columnar history, decoded (fedlib.record)
         except (ValueError, KeyError, TypeError, IndexError, zlib.error) as err:

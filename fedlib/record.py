@@ -230,9 +230,9 @@ def _encode_rows(rows: list[dict]) -> dict[str, Any]:
     return {"keys": keys, "c": columns}
 
 
-def _decode_rows(block: dict[str, Any], rows: int) -> list[dict]:
+def _decode_rows(block: dict[str, Any], rows: int, only=None) -> list[dict]:
     out: list[dict] = [{} for _ in range(rows)]
-    for key in block["keys"]:
+    for key in block["keys"] if only is None else [k for k in block["keys"] if k in only]:
         column = block["c"][key]
         if column["k"] == "some":
             present = _decode_column(column["p"], rows)
@@ -311,14 +311,15 @@ def encode_history(history: list[dict]) -> dict[str, Any]:
     return {"format": FORMAT, "rounds": len(history), **_encode_rows(history)}
 
 
-def decode_history(encoded: dict[str, Any]) -> list[dict]:
-    """The list of per-round mappings :func:`encode_history` encoded (ValueError on a damaged one)."""
+def decode_history(encoded: dict[str, Any], only=None) -> list[dict]:
+    """The list of per-round mappings :func:`encode_history` encoded (ValueError on a damaged one); with
+    ``only``, each mapping holds just those top-level keys (what a check reads, without decoding the rest)."""
     if not isinstance(encoded, dict) or encoded.get("format") != FORMAT:
         raise ValueError(f"not a columnar history ({FORMAT})")
     rows = encoded["rounds"]
     if not isinstance(rows, int) or rows < 0:
         raise ValueError("a columnar history's rounds must be a count")
-    return _decode_rows(encoded, rows)
+    return _decode_rows(encoded, rows, only)
 
 
 def is_encoded(history: Any) -> bool:

@@ -10,8 +10,10 @@ repository's). No other module builds a path under a results folder (tests/core/
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 from .cache import KEY_NAME, ResultCache, key_of, read_regular, scan_folder
 from .config import RunConfig, ScmConfig
 from .provenance import git_commit, repo_root
+from .record import decode_history, expand, is_encoded
 from .results import check_result, result_check
 
 CLAIM_SUFFIX = ".claim"  # runs/.<key>.claim: a running queue's hold on a key it computes
@@ -132,19 +135,36 @@ def read_stored(store, paths) -> Iterator[tuple[Path, dict | None, dict | None, 
 @dataclass(frozen=True)
 class StoredRun:
     """One valid entry of the store: its file, key, entry (``stored_payload``), run (:func:`run_of`) and
-    its config as this version reads it (a ``RunConfig``, or a ``ScmConfig`` for a FedSCM pipeline)."""
+    its config as this version reads it (a ``RunConfig``, or a ``ScmConfig`` for a FedSCM pipeline).
+    The listing keeps a compact record's history in its columns (``fedlib.record``) and decodes it the first
+    time ``entry`` or ``result`` is read: ``meta`` and ``final`` never need it."""
 
     path: Path
     key: str
-    entry: dict
-    result: dict
+    stored: dict  # the entry as written (a compact record's history still columns)
     config: Any
+
+    @functools.cached_property
+    def entry(self) -> dict:
+        return expand(self.stored)
+
+    @functools.cached_property
+    def result(self) -> dict:
+        return run_of(self.entry)
+
+    @property
+    def meta(self) -> dict:
+        return run_of(self.stored).get("meta") or {}
+
+    @property
+    def final(self) -> dict:
+        return run_of(self.stored).get("final") or {}
 
     def agrees(self) -> bool:
         """Whether the entry's own config, on the data its run recorded, has the file's key: its name, its
         config and its run's record tell the same story (a current run; a re-signed or renamed one does not)."""
         try:
-            return self.config.key(self.result.get("meta", {}).get("data") or {}) == self.key
+            return self.config.key(self.meta.get("data") or {}) == self.key
         except Exception:  # noqa: BLE001 - a config that cannot make its key does not agree
             return False
 
@@ -230,13 +250,24 @@ def list_store(root: str | Path | None = None) -> StoreListing:
 
 
 def _judge(path: Path, key: str, blob: bytes, parse) -> tuple[StoredRun | None, str | None]:
-    """(the run, None) of an entry file's bytes, or (None, why it is left out)."""
-    entry, problem = parse(path, blob)
+    """(the run, None) of an entry file's bytes, or (None, why it is left out). A compact record is checked
+    on the history columns :func:`fedlib.results.check_result` reads (round and the two scores per round);
+    the rest of its history is decoded when the run is read."""
+    entry, problem = parse(path, blob, expanded=False)
     if problem is not None:
         return None, problem
     result = run_of(entry)
-    config, problem = stored_config(entry.get("config"), result)
-    return (None, problem) if problem else (StoredRun(path, key, entry, result, config), None)
+    checked = result
+    if isinstance(result, dict) and is_encoded(result.get("history")):
+        try:
+            checked = {**result, "history": decode_history(result["history"], CHECKED_COLUMNS)}
+        except (ValueError, KeyError, TypeError, IndexError, zlib.error) as err:
+            return None, f"unreadable history columns ({type(err).__name__})"
+    config, problem = stored_config(entry.get("config"), checked)
+    return (None, problem) if problem else (StoredRun(path, key, entry, config), None)
+
+
+CHECKED_COLUMNS = frozenset({"round", "accuracy", "balanced_accuracy"})  # what check_result reads of each round
 
 
 def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | None]:

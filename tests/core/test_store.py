@@ -63,3 +63,17 @@ def test_an_empty_store_lists_nothing(tmp_path):
     for bad in ("../escape", ".hidden", "a/b", ""):
         with pytest.raises(ValueError, match="not a run key"):
             Store(tmp_path).read(bad)
+
+
+def test_the_listing_decodes_a_runs_history_only_when_it_is_read(tmp_path):
+    """A compact record is judged on the columns ``check_result`` reads; its full history is decoded on the first
+    read of ``entry`` or ``result``, and equals what the store's reader returns."""
+    config = make_config(dataset="synthetic", model="mlp", n_clients=3, rounds=2, method="fedavg")
+    result = fedlib.run(config, cache=False, progress=False).to_dict()
+    store = Store(tmp_path)
+    store.put(config.key(), config.to_dict(), result)
+    (run,) = store.listing().runs
+    assert "entry" not in run.__dict__ and run.meta == result["meta"] and run.final == result["final"]
+    assert isinstance(run.stored["result"]["history"], dict)  # still columns
+    assert run.result == store.read(config.key())[0]["result"] and "entry" in run.__dict__
+    assert len(run.result["history"]) == 2

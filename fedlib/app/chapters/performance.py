@@ -184,7 +184,7 @@ def gpu_packs_text(configs: list, index=None) -> str | None:
     packs: dict[tuple, list[float]] = {}  # (model, device, pack size, date) -> its stored runs' wall times
     for runs in (index or StoredIndex.read()).by_signature.values():
         for stored in runs:  # fedlib.results.StoredRun
-            meta = stored.result["meta"]
+            meta = stored.meta
             size = int((meta.get("pack") or {}).get("size", 1))
             if size > 1 and "cuda" in str(meta.get("device")) and shape(meta["resolved"]) == want:
                 device = str(meta["device"]).split("(", 1)[-1].rstrip(")")

@@ -130,9 +130,8 @@ def stored_results(chapter: str, configs) -> Stored:
                   if fp.get("sha256") is None}
     listing = Store().listing()  # every file judged once: links, FIFOs, odd names, invalid ones left out
     out = Stored({}, {}, list(listing.left_out))
-    for run in listing.engine_runs():
-        path, payload, result, stem = run.path, run.entry, run.result, run.key
-        meta = result["meta"]
+    for run in listing.engine_runs():  # a run's history is decoded only when it is this chapter's
+        path, stem, meta = run.path, run.key, run.meta
         made = made_by(meta.get("resolved"), meta.get("rule_versions"))
         key = stem if stem in wanted else unverified.get(made)
         # a run of the queue on a GPU keeps its own config_key (device "cuda") under the chapter's key:
@@ -143,9 +142,9 @@ def stored_results(chapter: str, configs) -> Stored:
                 and run.agrees():
             config, fingerprint = wanted[key]
             check = result_check(config, fingerprint if fingerprint.get("sha256") else meta.get("data", {}))
-            if check(result) is None:
-                out.results[key] = RunResult.from_dict(result)
-                out.provenance[key] = {**{k: payload.get(k) for k in ("commit", "device", "date", "wall_time")},
+            if check(run.result) is None:
+                out.results[key] = RunResult.from_dict(run.result)
+                out.provenance[key] = {**{k: run.stored.get(k) for k in ("commit", "device", "date", "wall_time")},
                                        **{k: meta.get(k) for k in ("resolved", "rule_versions", "data", "rekeyed")},
                                        "data_unverified": fingerprint.get("sha256") is None}
                 continue
@@ -153,8 +152,9 @@ def stored_results(chapter: str, configs) -> Stored:
         if same is None:  # another chapter's run (one store for all)
             continue
         config, fingerprint = wanted[same]
-        out.stale[path.name] = {"config": payload.get("config"), "changed": what_changed(meta, config, fingerprint),
-                                "result": RunResult.from_dict(result)}
+        out.stale[path.name] = {"config": run.stored.get("config"),
+                                "changed": what_changed(meta, config, fingerprint),
+                                "result": RunResult.from_dict(run.result)}
     return out
 
 
@@ -189,7 +189,7 @@ class StoredIndex:
             return cached[1]
         index = cls(listing.root, skipped=list(listing.left_out))
         for run in listing.engine_runs():
-            meta = run.result["meta"]
+            meta = run.meta
             sig = _signature(meta.get("resolved"), meta.get("rule_versions"))
             index.by_signature.setdefault(sig, []).append(run)
         _INDEXES[listing.root] = (listing, index)

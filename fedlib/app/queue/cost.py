@@ -82,7 +82,7 @@ class CostModel:
         model = cls()
         roots = [root] if root is not None else sorted({s.runs for s in stores()})
         for run in (run for r in roots for run in list_store(r).runs):  # the valid entries only
-            model.read_entry(run.entry)
+            model.read_entry(run.stored)  # config, wall time and meta: the history stays encoded
         return model
 
     packed: list[tuple[tuple, float]] = field(default_factory=list)  # the same, of runs trained in packs

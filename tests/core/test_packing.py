@@ -258,7 +258,7 @@ def test_the_performance_page_costs_the_gpu_goal_by_the_stored_packs():
     def run(model="cnn", size=2, wall=40.0, date="d1", device="cuda:0 (NVIDIA H100 80GB HBM3)", **change):
         meta = {"resolved": {**protocol, "model": model, **change}, "pack": {"size": size}, "wall_time": wall,
                 "date": date, "device": device}
-        return SimpleNamespace(key="key", result={"meta": meta})  # a fedlib.results.StoredRun's fields
+        return SimpleNamespace(key="key", result={"meta": meta}, meta=meta)  # a fedlib.store.StoredRun's fields
 
     runs = [run(wall=39.0), run(wall=40.0), *[run(size=4, wall=100.0, date="d2") for _ in range(4)],
             run(rounds=100, wall=1.0, date="d3"), run(size=1, wall=1.0, date="d4"),

@@ -1,6 +1,15 @@
 """The results layer: a run's result as JSON-ready data (``RunResult``), the checks a stored
 or cached payload must pass (``check_result``, ``result_check``) and the provenance a run
-records (what produced it: key, config, rule versions, data, versions, device, date)."""
+records (what produced it: key, config, rule versions, data, versions, device, date).
+
+Every runner returns one record, a ``RunResult``: an engine run's (config, its rounds' ``history``,
+``final`` scores, ``meta``) and a pipeline's, FedSCM's (``fedlib.scm_pipeline``): the same four,
+with an empty history (one-shot: its post-trainings' rounds are not the record's), ``final`` of
+its headline method (:func:`pipeline_final`), and its further sections in ``parts`` (methods,
+selections, clients, target_proportions, diagnosis, stability when run). ``to_dict`` puts the
+parts at the top level beside the four, as FedSCM results were always stored; ``from_dict``
+reads those, including the ones stored before the record had a history and a final.
+"""
 
 from __future__ import annotations
 
@@ -15,25 +24,61 @@ import torch
 from .config import ENGINE_VERSION, RunConfig
 from .data import Dataset
 
-__all__ = ["RunResult", "check_result", "result_check"]
+__all__ = ["RunResult", "check_result", "is_pipeline_result", "pipeline_final", "result_check"]
+
+
+RECORD_FIELDS = ("config", "history", "final", "meta")  # every record's; a pipeline's parts sit beside them
+HEADLINE_PREFIX = "FedSCM ("  # a pipeline's headline rows: FedSCM's, one per γ ("FedSCM (γ = 0.67)")
+
+
+def is_pipeline_result(data: Any) -> bool:
+    """Whether ``data`` is a pipeline's (FedSCM's) result as JSON: it has a table of ``methods``."""
+    return isinstance(data, dict) and isinstance(data.get("methods"), dict)
+
+
+def pipeline_final(methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A pipeline record's ``final``: the method it names (``method``) and that method's accuracy and
+    balanced accuracy on the labelled target set. The method is the first FedSCM row of the table,
+    i.e. FedSCM at the config's first γ (the rows follow ``config.methods``, FedSCM's in ``config.gammas``'
+    order), else the table's first row; scores None when the table is empty."""
+    label = next((m for m in methods if m.startswith(HEADLINE_PREFIX)), next(iter(methods), None))
+    row = methods.get(label) or {}
+    return {"method": label, "accuracy": row.get("accuracy"), "balanced_accuracy": row.get("balanced_accuracy")}
 
 
 @dataclass
 class RunResult:
-    """Everything a run produced, as JSON-ready data."""
+    """Everything a run produced, as JSON-ready data: the record every runner returns (the module's
+    docstring). ``parts`` holds a pipeline's further sections by name (FedSCM: ``parts["methods"]``,
+    ...); an engine run has none."""
 
     config: dict[str, Any]
     history: list[dict[str, Any]]
     final: dict[str, Any]
     meta: dict[str, Any]
+    parts: dict[str, Any] = field(default_factory=dict)
     model: Any = field(default=None, repr=False, compare=False)  # (flat, buffers) when asked for
 
+    def __post_init__(self):
+        clash = [name for name in self.parts if name in RECORD_FIELDS]
+        if clash:
+            raise ValueError(f"RunResult: a part cannot be named {clash[0]!r} (a field of every record)")
+
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "history": self.history, "final": self.final, "meta": self.meta}
+        return {"config": self.config, "history": self.history, "final": self.final, "meta": self.meta,
+                **self.parts}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunResult:
-        return cls(data["config"], data["history"], data["final"], data["meta"])
+        """The record of a result's JSON (``to_dict``'s layout). A pipeline's result stored before the
+        record had a history and a final (FedSCM's sections, config and meta only) gets an empty history
+        and its :func:`pipeline_final`."""
+        parts = {k: v for k, v in data.items() if k not in RECORD_FIELDS}
+        if is_pipeline_result(data):
+            history, final = data.get("history", []), data.get("final") or pipeline_final(data["methods"])
+        else:
+            history, final = data["history"], data["final"]
+        return cls(data["config"], history, final, data["meta"], parts)
 
     def series(self, key: str) -> tuple[list[int], list[Any]]:
         """(rounds, values) of a per-round metric, skipping rounds without it."""
@@ -56,7 +101,8 @@ class RunResult:
         setup = [f"{label} {self.meta[k]:.1f} s" for k, label in (("time_load", "data and model"),
                                                                   ("warmup_s", "torch.func warm-up"))
                  if self.meta.get(k)]
-        lines.append(f"final: {scores}, wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
+        method = f" ({f['method']})" if f.get("method") else ""  # a pipeline's final names its method
+        lines.append(f"final{method}: {scores}, wall {self.meta['wall_time']:.1f} s on {self.meta['device']}"
                      + (f" (set-up before round 1, not in wall: {', '.join(setup)})" if setup else "")
                      + (f"\nstopped early: {f['stopped']}" if f.get("stopped") else ""))
         return "\n".join(lines)

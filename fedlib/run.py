@@ -3,6 +3,11 @@
 The front door over three layers: the federation set-up (``fedlib.federation.prepare``), the
 engine's round loop (``fedlib.engine.execute``) and the results layer (``fedlib.results``:
 ``RunResult``, its checks and provenance). Their names stay importable from here.
+
+``run`` takes both config kinds: a ``RunConfig`` (a federated run of the engine) and an ``ScmConfig``
+(FedSCM's one-shot experiment, ``fedlib.scm_pipeline.run_pipeline``); a mapping is read as an
+``ScmConfig`` when it names FedSCM's ``gammas`` or ``post_rounds`` (every ``ScmConfig.to_dict()`` does). Both return
+the same record, a ``RunResult``.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 from typing import Callable
 
 from .cache import ResultCache, as_store
-from .config import ConfigError, RunConfig, make_config
+from .config import ConfigError, RunConfig, ScmConfig, make_config
 from .data import Dataset
 from .engine import _execute, _round_generator, _stop_message, execute  # noqa: F401
 from .events import report as report_progress
@@ -34,13 +39,14 @@ from .results import (  # noqa: F401
     check_result,
     result_check,
 )
+from .scm_pipeline import run_pipeline, run_pipelines
 from .store import entry_check, run_of, stored_payload  # noqa: F401
 
 __all__ = ["RunResult", "run", "run_many", "run_pack", "prepare", "Prepared", "resolve_device", "SPLIT_MODIFIERS", "check_result",
            "result_check", "exit_with_parent"]
 
 
-def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress: bool = True,
+def run(config: RunConfig | ScmConfig | dict, *, cache: bool | ResultCache = True, progress: bool = True,
         dataset: Dataset | None = None, on_round: Callable[[dict], None] | None = None) -> RunResult:
     """Run (or fetch from the cache) one federated experiment.
 
@@ -48,9 +54,15 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     content fingerprint of the data (of ``dataset`` when given). A cached entry is returned only
     if its config, versions and data match the request and its numbers are valid
     (:func:`check_result`). ``on_round(record)`` is called after every round of a fresh run.
-    A finished run is returned even when the cache cannot be written (one ``CacheWriteWarning``)."""
+    A finished run is returned even when the cache cannot be written (one ``CacheWriteWarning``).
+    An ``ScmConfig`` is FedSCM's experiment: ``fedlib.scm_pipeline.run_pipeline``'s record, cached
+    as that caches it (it has no rounds: ``on_round`` is refused)."""
     config = _as_config(config)
     store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
+    if isinstance(config, ScmConfig):
+        if on_round is not None:
+            raise ConfigError("run: on_round is for federated rounds; a FedSCM experiment (ScmConfig) has none")
+        return run_pipeline(config, cache=store if store is not None else False, dataset=dataset, progress=progress)
     fingerprint = _fingerprint_of(config, dataset)
     if fingerprint.get("sha256") is None:  # files not there yet (a download may bring them): load first
         dataset = _load(config)
@@ -72,12 +84,19 @@ def run(config: RunConfig | dict, *, cache: bool | ResultCache = True, progress:
     return result
 
 
-def _as_config(config) -> RunConfig:
-    if isinstance(config, RunConfig):
+# a mapping that names FedSCM's selection or its post-training is an ScmConfig's (as fedlib.app.kit.items.work
+# reads one); other keys only FedSCM has (alpha, methods, ...) are too near a run's to decide
+SCM_KEYS = ("gammas", "post_rounds")
+
+
+def _as_config(config) -> RunConfig | ScmConfig:
+    if isinstance(config, (RunConfig, ScmConfig)):
         return config
     if config is None:  # not the 20-round default protocol by accident: the defaults are asked for explicitly
         raise ConfigError("run: config is None; pass a RunConfig or a mapping of config keys (e.g. "
                           "fedlib.make_config(dataset='synthetic', rounds=1); make_config() gives the defaults)")
+    if isinstance(config, dict) and any(k in config for k in SCM_KEYS):
+        return ScmConfig.make(config)
     return make_config(config)  # a path, list, number, ... gives a one-line ConfigError
 
 
@@ -97,12 +116,21 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
     machines with their own disks. For a local process pool use the "spawn" start method
     (``mp_context=multiprocessing.get_context("spawn")``): forked children of a process whose
     OpenMP threads have run can hang. Across machines, pass a Dask ``distributed.Client``:
-    its workers need fedlib installed and the data root, and send results back here."""
-    if isinstance(configs, (str, bytes, dict, RunConfig)) or not hasattr(configs, "__iter__"):
+    its workers need fedlib installed and the data root, and send results back here.
+
+    FedSCM configs (``ScmConfig``) run one after another (no executor), or, all of them FedSCM's and
+    ``pack=True``, together by ``fedlib.scm_pipeline.run_pipelines``."""
+    if isinstance(configs, (str, bytes, dict, RunConfig, ScmConfig)) or not hasattr(configs, "__iter__"):
         raise ConfigError(f"run_many: expected a list of configs, got {type(configs).__name__}")
     configs = [_as_config(c) for c in configs]
     store = as_store(cache)  # True, False or a ResultCache; anything else is a one-line ConfigError
+    fedscm = sum(isinstance(c, ScmConfig) for c in configs)
+    if fedscm and (executor is not None or (pack and fedscm < len(configs))):
+        raise ConfigError("run_many: FedSCM configs (ScmConfig) take no executor and pack only among themselves "
+                          "(pack=True runs them by fedlib.scm_pipeline.run_pipelines)")
     report_progress("batch", total=len(configs))  # to the book build's terminal, if it listens
+    if fedscm and pack:
+        return run_pipelines(configs, cache=store if store is not None else False, progress=progress)
     if pack:
         return _run_packed(configs, store, executor, progress, max_rows)
     if executor is None:
@@ -184,6 +212,8 @@ def run_pack(configs: list[RunConfig], *, progress: bool = False, max_rows: int 
     from .packing import execute_packed, make_packs, rows_per_pack
 
     configs = [_as_config(c) for c in configs]
+    if any(isinstance(c, ScmConfig) for c in configs):
+        raise ConfigError("run_pack: FedSCM configs (ScmConfig) pack by fedlib.scm_pipeline.run_pipelines")
     out: list[dict | None] = [None] * len(configs)
     t_load = time.perf_counter()
     prepared, keys = [], []

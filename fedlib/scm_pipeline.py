@@ -36,7 +36,16 @@ disjoint labelled evaluation set are drawn with those proportions from the two h
 the test set (with replacement only when a half has too few samples of a class). Under
 covariate shift the (K + 1)-th client's affine map is applied to the test images.
 
-``run_pipeline(config)`` returns JSON-ready data and caches it by the config's hash.
+The record (``fedlib.results.RunResult``, as every runner returns): ``config``; ``history`` empty (a
+one-shot experiment: the post-trainings' rounds stay inside the methods' rows); ``final``, the headline
+method's scores on the labelled target set: the first FedSCM row, i.e. FedSCM at the config's first γ
+(``fedlib.results.pipeline_final``, which names it in ``final["method"]``); ``meta`` (environment,
+timings and the key's provenance); and its sections in ``parts``: ``methods`` (one row per method label,
+:func:`method_labels`), ``selections`` (per γ), ``clients``, ``target_proportions``, ``diagnosis`` and
+``stability`` (when ``stability_runs``). As JSON (``to_dict``) the sections sit at the top level, as
+FedSCM results were always stored. ``run_pipeline(config)`` (and ``fedlib.run(config)``) returns it
+and caches it by the config's hash; :func:`execute` and :func:`execute_many` return its JSON, uncached
+and without the key's provenance.
 """
 
 from __future__ import annotations
@@ -70,7 +79,7 @@ from .population import (
     make_client_batches,
     predict,
 )
-from .results import _key_provenance, environment
+from .results import RunResult, _key_provenance, environment, is_pipeline_result, pipeline_final
 from .splits import covariate_shift
 from .store import run_of, stored_payload
 from .training import train_clients
@@ -368,7 +377,8 @@ def _jsd_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def execute(config: ScmConfig, dataset=None, progress: bool = False) -> dict[str, Any]:
-    """Run Algorithm 2 and every baseline on one federation (uncached)."""
+    """Run Algorithm 2 and every baseline on one federation (uncached): the record's JSON (the module's
+    docstring), without the key's provenance."""
     stages = _pipeline(config, dataset, progress)
     answer = None
     while True:
@@ -524,8 +534,10 @@ def _pipeline(config: ScmConfig, dataset, progress: bool):
                           "seconds": time.perf_counter() - t0, **info}
         log(f"{label}: {100 * acc:.2f}% ({time.perf_counter() - t0:.1f} s)")
 
-    result: dict[str, Any] = {
+    result: dict[str, Any] = {  # the record's JSON (the module's docstring)
         "config": config.to_dict(),
+        "history": [],  # one-shot: the post-trainings' rounds are inside the methods' rows
+        "final": pipeline_final(methods),
         "methods": methods,
         "selections": {f"{g:g}": s.to_dict() for g, s in selections.items()},
         "clients": {
@@ -630,19 +642,19 @@ def _set_rng_state(state: tuple) -> None:
 
 
 def run_pipelines(configs: list[ScmConfig | dict], *, cache: bool | ResultCache = True, dataset=None,
-                  progress: bool = False, on_done: Callable[[int, dict], None] | None = None) -> list[dict[str, Any]]:
+                  progress: bool = False, on_done: Callable[[int, RunResult], None] | None = None) -> list[RunResult]:
     """:func:`run_pipeline` for several federations: cached ones from the cache, the others together
-    (:func:`execute_many`); ``on_done(i, result)`` for each as it is ready."""
+    (:func:`execute_many`); ``on_done(i, record)`` for each as it is ready."""
     configs = [c if isinstance(c, ScmConfig) else ScmConfig.make(c) for c in configs]
     store = as_store(cache)
-    out: list[dict | None] = [None] * len(configs)
+    out: list[RunResult | None] = [None] * len(configs)
     todo = []
     for i, config in enumerate(configs):
         hit = store.get(config.key(), _entry_check) if store is not None else None
         if hit is None:
             todo.append(i)
             continue
-        out[i] = run_of(hit)
+        out[i] = RunResult.from_dict(run_of(hit))
         if on_done is not None:
             on_done(i, out[i])
     for i, result in zip(todo, execute_many([configs[i] for i in todo], dataset, progress) if todo else []):
@@ -652,29 +664,35 @@ def run_pipelines(configs: list[ScmConfig | dict], *, cache: bool | ResultCache 
     return out  # type: ignore[return-value]
 
 
-def _finish(config: ScmConfig, result: dict[str, Any], store) -> dict[str, Any]:
-    """A fresh result with its key's provenance, JSON-ready, kept in the cache (when there is one)."""
+def _finish(config: ScmConfig, result: dict[str, Any], store) -> RunResult:
+    """The record of a fresh result, with its key's provenance, kept in the cache (when there is one)."""
     fingerprint = config.data_fingerprint()  # what produced it, as every engine run records (fedlib.results)
     result["meta"].update(_key_provenance(config, fingerprint, config.key(fingerprint)))
     result = json.loads(json.dumps(result))
     if store is not None:  # a cache that cannot be written: one warning line, the result is returned
         store.keep(config.key(), stored_payload(config.to_dict(), result))
     report("run", cached=False, wall=result["meta"].get("wall_time", 0.0))
-    return result
+    return RunResult.from_dict(result)
 
 
 def run_pipeline(config: ScmConfig | dict, *, cache: bool | ResultCache = True, dataset=None,
-                 progress: bool = False) -> dict[str, Any]:
-    """One federation's results (JSON-ready), from the cache when the config was run before. The
-    cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
-    (``fedlib.results.stored_payload``): copying one into ``results/runs/`` keeps it."""
+                 progress: bool = False) -> RunResult:
+    """One federation's record (the module's docstring), from the cache when the config was run before.
+    The cache is fedlib.run's (``$FEDLIB_CACHE/runs``) and its entries are stored runs' JSON
+    (``fedlib.store.stored_payload``): copying one into ``results/runs/`` keeps it. ``fedlib.run(config)``
+    calls it for an ``ScmConfig``."""
     config = config if isinstance(config, ScmConfig) else ScmConfig.make(config)
     store = as_store(cache)  # True, False or a ResultCache
     if store is not None and (hit := store.get(config.key(), _entry_check)) is not None:
         report("run", cached=True, wall=0.0)
-        return run_of(hit)
+        return RunResult.from_dict(run_of(hit))
     return _finish(config, execute(config, dataset, progress), store)
 
 
 def _entry_check(entry: dict) -> str | None:
-    return None if isinstance(run_of(entry).get("methods"), dict) else "not a FedSCM pipeline result"
+    """None when a cache entry holds a FedSCM record's JSON (its sections, config and meta), else why not."""
+    result = run_of(entry)
+    if not is_pipeline_result(result):
+        return "not a FedSCM pipeline result"
+    return None if isinstance(result.get("config"), dict) and isinstance(result.get("meta"), dict) else \
+        "a FedSCM pipeline result without its config or meta"

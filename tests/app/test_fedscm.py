@@ -1,9 +1,11 @@
 """The FedSCM pipeline (Algorithm 2): config validation, the federation and its target,
 batched client predictions against the per-client loop, a whole small pipeline with every
-baseline, the cache, and the chapter's experiment lists."""
+baseline, the cache, its record (a ``RunResult``, also from ``fedlib.run``) and the chapter's
+experiment lists."""
 
 import json
 
+import fedlib
 import fedlib.config
 import numpy as np
 import pytest
@@ -15,6 +17,9 @@ from fedlib.cache import ResultCache
 from fedlib.app.chapters.fedscm import protocol as chapter  # the chapter's runs and stored results
 from fedlib.config import ConfigError, ScmConfig
 from fedlib.provenance import repo_root
+from fedlib.results import RunResult, pipeline_final
+from fedlib.run import run_many, run_pack
+from fedlib.store import stored_payload
 from fedlib.data import load_dataset
 from fedlib.methods import scm
 from fedlib.models import build_model
@@ -137,32 +142,33 @@ def test_the_whole_pipeline_runs_every_method_and_caches(data, tmp_path):
     cfg = _config()
     store = ResultCache(tmp_path)
     result = run_pipeline(cfg, cache=store, dataset=data)
-    json.dumps(result)  # JSON-ready
-    assert set(result["methods"]) == set(method_labels(cfg))
+    json.dumps(result.to_dict())  # JSON-ready
+    methods, selections, clients = (result.parts[k] for k in ("methods", "selections", "clients"))
+    assert set(methods) == set(method_labels(cfg))
     for g in cfg.gammas:
-        sel = result["selections"][f"{g:g}"]
+        sel = selections[f"{g:g}"]
         assert sel["rounding"] == "none" and sel["selected"] == sel["raw_selected"]  # selected = non-zero weight
         assert sel["selected"] == scm.support(torch.tensor(sel["weights"])).tolist()
         assert len(sel["vertex_selected"]) == scm.vertex_counts(g)[2]
         label = f"FedSCM (γ = {g:g})"
-        assert result["methods"][label]["clients"] == sel["selected"]
+        assert methods[label]["clients"] == sel["selected"]
     for label in ("K3DA", "Co-MDA", "FMDA-OT"):
-        assert result["methods"][label]["post_trained"]
-    assert result["methods"]["Co-MDA"]["clients"] == sorted(result["methods"]["Co-MDA"]["clients"])
-    assert len(result["methods"]["Co-MDA"]["clients"]) == cfg.comda_clients
-    checks = result["diagnosis"]["checks"]
+        assert methods[label]["post_trained"]
+    assert methods["Co-MDA"]["clients"] == sorted(methods["Co-MDA"]["clients"])
+    assert len(methods["Co-MDA"]["clients"]) == cfg.comda_clients
+    checks = result.parts["diagnosis"]["checks"]
     assert checks["server/eval overlap (samples)"] == 0 and checks["max |Σ_c h_k(X) − 1|"] < 1e-5
-    assert [r["temperature"] for r in result["diagnosis"]["temperatures"]] == list(cfg.temperatures)
-    acc = np.asarray(result["clients"]["target_accuracy"])
-    assert result["methods"]["Best Source"]["clients"] == [int(acc.argmax())]
-    assert result["methods"]["FedAvg"]["clients"] == list(range(12))
-    assert not result["methods"]["Source Free"]["post_trained"]
-    assert len(result["clients"]["eta_hat"]) == 12
-    assert set(result["stability"]["FedSCM"]) == set(scm.STABILITY_METRICS)
-    assert all(0 <= m["accuracy"] <= 1 for m in result["methods"].values())
+    assert [r["temperature"] for r in result.parts["diagnosis"]["temperatures"]] == list(cfg.temperatures)
+    acc = np.asarray(clients["target_accuracy"])
+    assert methods["Best Source"]["clients"] == [int(acc.argmax())]
+    assert methods["FedAvg"]["clients"] == list(range(12))
+    assert not methods["Source Free"]["post_trained"]
+    assert len(clients["eta_hat"]) == 12
+    assert set(result.parts["stability"]["FedSCM"]) == set(scm.STABILITY_METRICS)
+    assert all(0 <= m["accuracy"] <= 1 for m in methods.values())
     assert run_pipeline(cfg, cache=store, dataset=data) == result  # second call: the cache
     entry, problem = store.read(cfg.key())  # the cache entry is a stored run's JSON (config, result, provenance)
-    assert problem is None and entry["config"] == cfg.to_dict() and entry["result"] == result
+    assert problem is None and entry["config"] == cfg.to_dict() and entry["result"] == result.to_dict()
     assert {"commit", "device", "date", "wall_time"} <= set(entry)
 
 
@@ -208,7 +214,7 @@ def test_stored_results_round_trip(tmp_path, monkeypatch, data):
     result = execute(ScmConfig.make(cfg.to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0), data)
     store.put(cfg.key(), {"config": cfg.to_dict(), "result": result})
     got = chapter.stored_results(params)
-    assert list(got) == [cfg.key()] and got[cfg.key()]["methods"] == result["methods"]
+    assert list(got) == [cfg.key()] and got[cfg.key()].parts["methods"] == result["methods"]
 
 
 @pytest.mark.parametrize("per_round,steps,mu", [(None, None, 0.01), (2, 2, 0.0)])
@@ -299,7 +305,7 @@ def test_the_pipeline_records_the_same_provenance_as_an_engine_run(data):
     from fedlib.scm_pipeline import run_pipeline
 
     cfg = ScmConfig.make(_config().to_dict(), post_rounds=0, stability_runs=0, expertise_repeats=0)
-    meta = run_pipeline(cfg, cache=False, dataset=data)["meta"]
+    meta = run_pipeline(cfg, cache=False, dataset=data).meta
     assert meta["config_key"] == cfg.key() and meta["resolved"] == cfg.resolved()
     assert meta["rule_versions"] == cfg.rule_versions() and set(meta["data"]) == {"source", "files", "sha256"}
     assert meta["device"].startswith("cpu (")
@@ -361,5 +367,82 @@ def test_run_pipelines_serves_the_cache_and_stores_each_result(data, tmp_path):
     one = run_pipeline(first, cache=store, dataset=data)
     both = run_pipelines([first, second], cache=store, dataset=data, on_done=lambda i, r: done.append(i))
     assert both[0] == one and done == [0, 1]  # the first from the cache
-    assert both[1]["meta"]["config_key"] == second.key(second.data_fingerprint())
+    assert both[1].meta["config_key"] == second.key(second.data_fingerprint())
     assert run_pipeline(second, cache=store, dataset=data) == both[1]
+
+
+# ----------------------------------------------------------------------------- the record (issue 46)
+
+SECTIONS = {"methods", "selections", "clients", "target_proportions", "diagnosis"}  # no stability: not run here
+
+
+def _small(**overrides):
+    """The cheapest federation: selection only, no post-training, no stability, no η̂."""
+    return _config(**{"post_rounds": 0, "stability_runs": 0, "expertise_repeats": 0, "temperatures": (),
+                      "methods": ("fedscm", "best_source", "source_free"), **overrides})
+
+
+def _values(record: RunResult):
+    """What a record computed: everything but the clocks (each method's seconds, meta)."""
+    methods = {label: {k: v for k, v in row.items() if k != "seconds"} for label, row in record.parts["methods"].items()}
+    return record.config, record.history, record.final, {**record.parts, "methods": methods}
+
+
+def test_fedlib_run_takes_an_scm_config_and_returns_the_pipelines_record(data, tmp_path):
+    cfg = _small()
+    record = fedlib.run(cfg, cache=False, progress=False, dataset=data)
+    assert isinstance(record, RunResult) and _values(record) == _values(run_pipeline(cfg, cache=False, dataset=data))
+    assert record.history == [] and set(record.parts) == SECTIONS
+    headline = record.parts["methods"]["FedSCM (γ = 0.67)"]  # the first γ's FedSCM row
+    assert record.final == {"method": "FedSCM (γ = 0.67)", "accuracy": headline["accuracy"],
+                            "balanced_accuracy": headline["balanced_accuracy"]}
+    assert record.meta["config_key"] == cfg.key()
+    assert f"final (FedSCM (γ = 0.67)): accuracy {100 * headline['accuracy']:.2f}%" in record.summary()
+    store = ResultCache(tmp_path)
+    kept = fedlib.run(cfg.to_dict(), cache=store, progress=False, dataset=data)  # a mapping that is an ScmConfig's
+    assert _values(kept) == _values(record)
+    assert run_pipeline(cfg, cache=store, dataset=data) == kept  # cached where run_pipeline finds it
+    assert run_many([cfg], cache=store) == [kept] == run_many([cfg.to_dict()], cache=store, pack=True)
+
+
+def test_the_record_round_trips_and_reads_the_stored_layout_before_it(data, tmp_path):
+    cfg = _small()
+    record = run_pipeline(cfg, cache=False, dataset=data)
+    as_json = json.loads(json.dumps(record.to_dict()))
+    assert set(as_json) == {"config", "history", "final", "meta"} | SECTIONS  # the sections at the top level
+    assert RunResult.from_dict(as_json) == record
+    before = {k: v for k, v in as_json.items() if k not in ("history", "final")}  # as FedSCM runs were stored
+    old = RunResult.from_dict(before)
+    assert old == record and old.parts == record.parts and old.history == []
+    assert old.final["accuracy"] == record.parts["methods"]["FedSCM (γ = 0.67)"]["accuracy"]
+    store = ResultCache(tmp_path)
+    store.put(cfg.key(), stored_payload(cfg.to_dict(), before))
+    assert run_pipeline(cfg, cache=store, dataset=data) == record  # an old cache entry reads as the record
+    assert old.to_dict() == as_json  # written back, it gains its history and final
+
+
+def test_final_is_the_first_fedscm_row_else_the_first_row(data):
+    result = execute(_small(methods=("best_source", "fedscm"), gammas=(0.8, 0.67)), data)
+    assert list(result["methods"]) == ["Best Source", "FedSCM (γ = 0.8)", "FedSCM (γ = 0.67)"]
+    assert result["final"] == {"method": "FedSCM (γ = 0.8)", **{k: result["methods"]["FedSCM (γ = 0.8)"][k]
+                                                                  for k in ("accuracy", "balanced_accuracy")}}
+    rows = {"Best Source": {"accuracy": 0.5, "balanced_accuracy": 0.25}, "FedAvg": {"accuracy": 0.75}}
+    assert pipeline_final(rows) == {"method": "Best Source", "accuracy": 0.5, "balanced_accuracy": 0.25}
+    assert pipeline_final({}) == {"method": None, "accuracy": None, "balanced_accuracy": None}
+
+
+def test_bad_fedscm_inputs_to_the_front_door_fail_with_one_line():
+    cfg = _small()
+    for call, message in (
+        (lambda: fedlib.run({**cfg.to_dict(), "gammas": (1.0,)}), "gammas: each must be in [0, 1)"),
+        (lambda: fedlib.run(cfg, on_round=print), "on_round is for federated rounds"),
+        (lambda: run_many([cfg], executor=object()), "FedSCM configs (ScmConfig) take no executor"),
+        (lambda: run_many([cfg, fedlib.make_config(dataset="synthetic")], pack=True), "pack only among themselves"),
+        (lambda: run_pack([cfg]), "pack by fedlib.scm_pipeline.run_pipelines"),
+    ):
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")) \
+                as info:
+            call()
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="a part cannot be named 'final'"):
+        RunResult(config={}, history=[], final={}, meta={}, parts={"final": {}})

@@ -9,6 +9,7 @@ import pytest
 
 from fedlib.cache import load_entry
 from fedlib.data import data_missing
+from fedlib.results import RunResult
 
 from fedlib.app import queue
 from fedlib.app.queue import cost as queue_cost
@@ -373,12 +374,14 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     assert units[0].cost == 100.0 * queue.SCM_PACK_RUNS and units[0].how == "separate estimates"
     smoke = queue.chapter_items("fedscm", "smoke")
     seen, stored = [], []
+    record = RunResult(config={}, history=[], final={}, meta={"wall_time": 1.0}, parts={"methods": {}})
     monkeypatch.setattr(pipeline, "run_pipelines", lambda configs, on_done: seen.append(configs) or [
-        on_done(i, {"meta": {"wall_time": 1.0}}) for i in range(len(configs))])
-    monkeypatch.setattr(queue_runner, "store_payload", lambda item, result, profile: stored.append(item.key) or Path(item.key))
+        on_done(i, record) or record for i in range(len(configs))])
+    monkeypatch.setattr(queue_runner, "store_payload", lambda item, result, profile: stored.append(
+        (item.key, result)) or Path(item.key))
     queue.run_packed([f"fedscm:{i.key}" for i in smoke], "smoke", log=lambda *a: None)
     assert [[c.key() for c in configs] for configs in seen] == [[i.config.key() for i in smoke]]
-    assert stored == [i.key for i in smoke]
+    assert stored == [(i.key, record.to_dict()) for i in smoke]  # each record stored as its dict
     engine = queue.chapter_items("fedavg", "smoke")[0]
     with pytest.raises(ValueError, match="cannot share a pack"):
         queue.run_packed([f"fedscm:{smoke[0].key}", f"fedavg:{engine.key}"], "smoke")

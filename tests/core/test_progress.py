@@ -101,6 +101,7 @@ def test_a_cached_scm_federation_reports_a_cached_run(tmp_path, monkeypatch):
     monkeypatch.setenv(progress.ENV, str(channel))
     cache = ResultCache(tmp_path / "runs")
     config = ScmConfig.make({"dataset": "fmnist", "n_clients": 10})
-    cache.put(config.key(), {"config": config.to_dict(), "result": {"methods": {}, "meta": {}}})
+    cache.put(config.key(), {"config": config.to_dict(), "result": {"config": config.to_dict(), "methods": {},
+                                                                    "meta": {}}})
     scm_pipeline.run_pipeline(config, cache=cache)
     assert [(e["event"], e["cached"]) for e in progress.ProgressFile(channel).read()] == [("run", True)]

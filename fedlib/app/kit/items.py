@@ -77,7 +77,8 @@ def run_round(config) -> dict:
 
 
 def run_scm(config) -> dict:
-    return run_pipeline(config, progress=False)
+    """Run a FedSCM federation; its record as a dict (``RunResult.to_dict()``, its sections at the top level)."""
+    return run_pipeline(config, progress=False).to_dict()
 
 
 # ----------------------------------------------------------------------------- work

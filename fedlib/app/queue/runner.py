@@ -52,7 +52,8 @@ def on_device(config, device: str):
 
 def compute(items: list[QueueItem], device: str = "cpu", packed: bool = False,
             on_done: Callable[[int, dict], None] | None = None) -> list[dict]:
-    """The finished results of ``items`` on ``device``, not stored: one item by its runner, or (``packed``)
+    """The finished results of ``items`` on ``device`` as dicts (``RunResult.to_dict()``), not stored: one
+    item by its runner, or (``packed``)
     the items as packs (``fedlib.run.run_pack``; FedSCM federations by ``run_pipelines``). ``on_done(i,
     result)`` as each run finishes. What a queue worker runs: a local one stores each result
     (:func:`run_one`, :func:`run_packed`), a cluster worker sends them back (``fedlib.app.cluster``)."""
@@ -65,7 +66,8 @@ def compute(items: list[QueueItem], device: str = "cpu", packed: bool = False,
     if items and items[0].runner is run_scm:
         from ...scm_pipeline import run_pipelines
 
-        return run_pipelines(configs, on_done=on_done)
+        as_dicts = None if on_done is None else (lambda i, record: on_done(i, record.to_dict()))
+        return [record.to_dict() for record in run_pipelines(configs, on_done=as_dicts)]
     from ...run import run_pack
 
     return run_pack(configs, on_done=on_done)

@@ -1,4 +1,5 @@
-"""The FedSCM chapter's analyses: pure functions on stored pipeline results and the theory's simulations
+"""The FedSCM chapter's analyses: pure functions on pipeline records (``fedlib.results.RunResult``, their
+sections in ``parts``) and the theory's simulations
 (no page, no store): selection quality, the issue-22 diagnosis rows, Theorem 6's recovery curves, the
 pipeline tables' rows and the constant-predictor demonstration. pandas is imported inside the functions
 that build frames.
@@ -12,6 +13,7 @@ import numpy as np
 
 from ....config import ScmConfig
 from ....methods import scm
+from ....results import RunResult
 from ....scm_pipeline import method_labels
 from ....stats import mean_std
 
@@ -29,13 +31,13 @@ EXPERTISE = {"max η̂": ("max η̂", "d_eta"), "clients with η̂ ≥ 0.5": ("c
                  ("agreeing non-expert pairs (Def. 4)", "d_pairs_sim")}
 
 
-def selection_quality(result: dict, gamma_key: str | None = None) -> dict[str, float]:
+def selection_quality(result: RunResult, gamma_key: str | None = None) -> dict[str, float]:
     """Did the selection recover the right clients? The selected clients' mean accuracy on the
     target set against the best client, the mean client and the m most accurate clients
     (m = number selected), and the share of the selection among those m."""
-    gk = gamma_key or f"{result['config']['gammas'][0]:g}"
-    acc = 100 * np.asarray(result["clients"]["target_accuracy"])
-    chosen = np.asarray(result["selections"][gk]["selected"], dtype=int)
+    gk = gamma_key or f"{result.config['gammas'][0]:g}"
+    acc = 100 * np.asarray(result.parts["clients"]["target_accuracy"])
+    chosen = np.asarray(result.parts["selections"][gk]["selected"], dtype=int)
     m = max(len(chosen), 1)
     top = np.argsort(-acc, kind="stable")[:m]
     return {"selected": len(chosen), "selected accuracy (%)": float(acc[chosen].mean()) if len(chosen) else np.nan,
@@ -44,17 +46,17 @@ def selection_quality(result: dict, gamma_key: str | None = None) -> dict[str, f
             "share of selection in top-m": float(np.isin(chosen, top).mean()) if len(chosen) else np.nan}
 
 
-def diagnosis_rows(results: dict[str, dict]) -> "pd.DataFrame":
+def diagnosis_rows(results: dict[str, RunResult]) -> "pd.DataFrame":
     """One row per issue-22 variant: selection quality and how far the clients are from Def. 4."""
     import pandas as pd
 
     rows = []
     for name, result in results.items():
-        cfg, dg = result["config"], result["diagnosis"]
+        cfg, dg = result.config, result.parts["diagnosis"]
         ex = dg.get("expertise", {})
         rows.append({"variant": name, "data": cfg["dataset"], "model": cfg["model"], "K": cfg["n_clients"],
                      "local epochs": cfg["local_epochs"], "α": cfg["alpha"],
-                     "mean client size": float(np.mean(result["clients"]["sizes"])),
+                     "mean client size": float(np.mean(result.parts["clients"]["sizes"])),
                      **selection_quality(result), **{col: ex.get(key, np.nan) for key, (col, _) in EXPERTISE.items()}})
     return pd.DataFrame(rows)
 
@@ -94,9 +96,9 @@ def recovery_curve(values, vary: str, fixed: dict, trials: int, seed: int = 0, g
 # ----------------------------------------------------------------------------- pipeline tables
 
 
-def accuracy_rows(results: dict, cfgs: list[ScmConfig]) -> dict[str, tuple[float, float]]:
+def accuracy_rows(results: dict[str, RunResult], cfgs: list[ScmConfig]) -> dict[str, tuple[float, float]]:
     """{method label: (mean, std) of target accuracy in %} over the runs (seeds) present."""
-    present = [results[c.key()]["methods"] for c in cfgs if c.key() in results]
+    present = [results[c.key()].parts["methods"] for c in cfgs if c.key() in results]
     return {label: mean_std(100 * r[label]["accuracy"] for r in present) for label in method_labels(cfgs[0])}
 
 

@@ -10,6 +10,7 @@ import numpy as np
 from ....data_files import DataNotFoundError
 from ....events import report
 from ....methods import scm
+from ....results import RunResult
 from ....scm_pipeline import run_pipeline
 from ....stats import pm
 from ...kit import frames
@@ -75,7 +76,8 @@ def _weights_over_accuracy(ax, acc, weights, color=None):
 
 class FedSCM(Chapter):
     """The FedSCM page: the theory in simulation, then the pipeline's Tables 1, 2 and 4, Figs. 5 and 8,
-    the γ counts and issue 22's diagnosis. Its runs are pipeline results (dicts), not engine runs."""
+    the γ counts and issue 22's diagnosis. Its runs are pipeline records (``RunResult``s whose sections are in
+    ``parts``), not engine runs."""
 
     name = "fedscm"
 
@@ -89,7 +91,7 @@ class FedSCM(Chapter):
         return "Table 3" if self.params["dataset"] == "svhn" else "Table 2"
 
     # -- the runs ------------------------------------------------------------------------
-    def run(self, configs=None) -> dict[str, dict]:
+    def run(self, configs=None) -> dict[str, RunResult]:
         """This build's federations by config key (none when the data is missing), then the stored
         paper-profile ones (``stored``); prints a summary."""
         configs, p, self.ours = self.configs() if configs is None else configs, self.params, "ours"
@@ -102,21 +104,21 @@ class FedSCM(Chapter):
             print(f"Pipeline skipped: {err}")
         if self.results:
             first = self.results[configs[0].key()]
-            source, name = first["meta"]["dataset_source"], first["config"]["dataset"]
+            source, name = first.meta["dataset_source"], first.config["dataset"]
             jpeg = " (JPEG copy)" if name == "cifar10" and "jpeg" in source.lower() else ""
             name = {"fmnist": "Fashion-MNIST stand-in", "cifar10": "CIFAR-10"}.get(name, name)  # as the page names it
-            self.ours, t = f"ours ({name}{jpeg}, {p['model']})", first["meta"]["timings"]
-            print(f"{len(self.results)} federation(s); data: {source}; device: {first['meta']['device']}")
+            self.ours, t = f"ours ({name}{jpeg}, {p['model']})", first.meta["timings"]
+            print(f"{len(self.results)} federation(s); data: {source}; device: {first.meta['device']}")
             print(f"first federation: local training of {p['n_clients']} clients {t['local_training']:.1f} s, "
                   f"predictions on {p['server_samples']} server samples {t['predictions']:.2f} s, "
                   f"selection ({len(p['gammas'])} γ, {p['solver'].upper()}) {t['selection']:.2f} s; "
-                  f"wall time {sum(r['meta']['wall_time'] for r in self.results.values()):.0f} s in all")
+                  f"wall time {sum(r.meta['wall_time'] for r in self.results.values()):.0f} s in all")
         self.stored = self.stored_runs()
         print(f"{len(self.stored)} stored paper-profile federation(s) under results/runs/"
               + (" (shown in their own column of Table 2)" if self.stored else ""))
         return self.results
 
-    def _stored_federations(self, configs) -> dict[str, dict]:
+    def _stored_federations(self, configs) -> dict[str, RunResult]:
         """The evidence profile's run: the stored federations of ``configs`` (NothingStored: none)."""
         self.stored = self.stored_runs()
         self.results = {c.key(): self.stored[c.key()] for c in configs if c.key() in self.stored}
@@ -127,11 +129,11 @@ class FedSCM(Chapter):
         print(summary)
         return self.results
 
-    def stored_runs(self, configs=None) -> dict[str, dict]:
-        """The stored paper-profile pipeline results, by config key."""
+    def stored_runs(self, configs=None) -> dict[str, RunResult]:
+        """The stored paper-profile pipeline records, by config key."""
         return stored_results(self.paper_params)
 
-    def fig5_result(self) -> dict:
+    def fig5_result(self) -> RunResult:
         """The federation of Figs. 5 and 8, Table 1 and issue 22: label shift, α = stability_alpha, first seed."""
         p = self.params
         return self.results[pipeline_config(p, "label", p["stability_alpha"], p["seeds"][0]).key()]
@@ -278,13 +280,14 @@ class FedSCM(Chapter):
             return Table(None, {"f5_rank": np.nan, "f5_best": np.nan, "f5_sel": _markdown("not run")},
                          order=("figure", "frame"))
         fed5, gammas = self.fig5_result(), self.params["gammas"]
-        acc = 100 * np.asarray(fed5["clients"]["target_accuracy"])
+        selections = fed5.parts["selections"]
+        acc = 100 * np.asarray(fed5.parts["clients"]["target_accuracy"])
         fig, axes = plt.subplots(1, len(gammas), figsize=(4.2 * len(gammas), 3.3), layout="constrained", squeeze=False)
         for ax, g in zip(axes[0], gammas):
-            _weights_over_accuracy(ax, acc, np.asarray(fed5["selections"][f"{g:g}"]["weights"]), color="tab:green")
+            _weights_over_accuracy(ax, acc, np.asarray(selections[f"{g:g}"]["weights"]), color="tab:green")
             ax.set(xlabel="client accuracy on the target (%)", ylabel="FedSCM weight λ", title=f"γ = {g:g}")
         gk = f"{gammas[0]:g}"
-        chosen = fed5["selections"][gk]["selected"]
+        chosen = selections[gk]["selected"]
         split = pd.DataFrame(selected_vs_unselected(fed5, gk)).T.style.format(precision=3)
         rank = float(np.mean([100.0 * (acc < acc[i]).mean() for i in chosen]))  # percentile among the K clients
         return Table(split, {"f5_rank": rank, "f5_best": float(acc.max()),
@@ -298,7 +301,8 @@ class FedSCM(Chapter):
 
         rows, paper_count = [], {0.67: 3, 0.7: 4, 0.8: 5, 0.9: 10}
         for g in self.params["gammas"] if self.results else []:
-            sel = [r["selections"][f"{g:g}"] for r in self.results.values() if f"{g:g}" in r.get("selections", {})]
+            sel = [r.parts["selections"][f"{g:g}"] for r in self.results.values()
+                   if f"{g:g}" in r.parts.get("selections", {})]
             full, rest, count = scm.vertex_counts(g)
             rows.append({"γ": g, "cap 1 − γ": round(1 - g, 4),
                          "raw support (selected), runs": ", ".join(str(len(s["raw_selected"])) for s in sel),
@@ -317,11 +321,11 @@ class FedSCM(Chapter):
         """Fig. 8: estimated expertise η̂ against target accuracy (the federation of Fig. 5)."""
         import matplotlib.pyplot as plt
 
-        fed5 = self.fig5_result() if self.results else {}
-        if "eta_hat" not in fed5.get("clients", {}):
+        clients = self.fig5_result().parts["clients"] if self.results else {}
+        if "eta_hat" not in clients:
             return None, {"f8_corr": np.nan}
-        acc = 100 * np.asarray(fed5["clients"]["target_accuracy"])
-        eta_hat = np.asarray(fed5["clients"]["eta_hat"])
+        acc = 100 * np.asarray(clients["target_accuracy"])
+        eta_hat = np.asarray(clients["eta_hat"])
         fig, ax = plt.subplots(figsize=(5.5, 3.4), layout="constrained")
         _weights_over_accuracy(ax, acc, eta_hat)
         ax.set(xlabel="client accuracy on the target (%)", ylabel="estimated expertise η̂")
@@ -339,7 +343,7 @@ class FedSCM(Chapter):
                                      "d_demo_bad", "d_demo_const"], np.nan),
                     **{k: _markdown("not run") for k in ("d_temps", "d_variants", "d_good", "d_a", "d_b", "d_above",
                                                            "d_wide", "d_struct")}}
-        dg = self.fig5_result()["diagnosis"]
+        dg = self.fig5_result().parts["diagnosis"]
         checks, ex = dg["checks"], dg.get("expertise", {})
         print("(a) bug checks on the Fig. 5 federation")
         display(pd.Series(checks, name="value").to_frame())
@@ -420,10 +424,9 @@ class FedSCM(Chapter):
         not run)."""
         import pandas as pd
 
-        fed5 = self.fig5_result() if self.results else {}
-        if "stability" not in fed5:
+        ours = self.fig5_result().parts.get("stability") if self.results else None
+        if ours is None:
             return Table(None, dict.fromkeys(("t1_dr", "t1_dr_sr", "t1_better"), np.nan), note="Table 1 not run.")
-        ours = fed5["stability"]
         rows = []
         for label in ("FedSCM", "FedSCM+SR"):
             paper = frames.paper_values(self.reference, "Table 1", label, scm.STABILITY_METRICS, str)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ....config import ScmConfig
+from ....results import RunResult
 from ....store import Store
 from ....scm_pipeline import run_pipeline
 from ...kit.claim_types import Claim, Comparison, Side
@@ -80,12 +81,12 @@ def diagnosis_configs(params: dict[str, Any]) -> list[tuple[str, ScmConfig]]:
 # ----------------------------------------------------------------------------- reading runs
 
 
-def selected_vs_unselected(result: dict, gamma_key: str) -> dict[str, dict[str, float]]:
+def selected_vs_unselected(result: RunResult, gamma_key: str) -> dict[str, dict[str, float]]:
     """Fig. 6's comparison as numbers: mean accuracy on the target set and 1 − JSD to the
     target's label distribution of selected and unselected clients."""
-    cl = result["clients"]
+    cl = result.parts["clients"]
     sel = np.zeros(len(cl["sizes"]), dtype=bool)
-    sel[result["selections"][gamma_key]["selected"]] = True
+    sel[result.parts["selections"][gamma_key]["selected"]] = True
     out = {}
     for name, mask in (("selected", sel), ("unselected", ~sel)):
         out[name] = {"target accuracy (%)": 100 * float(np.mean(np.asarray(cl["target_accuracy"])[mask])),
@@ -112,19 +113,19 @@ def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool
         if progress:
             print(f"[{i + 1}/{len(cfgs)}] fedscm: {config.shift} α={config.alpha} seed {config.seed}", flush=True)
         result = run_pipeline(config, progress=progress)
-        written.append(store.put(config.key(), config.to_dict(), result))
+        written.append(store.put(config.key(), config.to_dict(), result.to_dict()))
     return written
 
 
-def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, dict]:
-    """Stored pipeline results (``results/runs/``) whose config is one of ``configs(params)``
-    (with ``diagnosis=True``: of ``diagnosis_configs(params)``)."""
+def stored_results(params: dict[str, Any], diagnosis: bool = False) -> dict[str, RunResult]:
+    """Stored pipeline records (``results/runs/``) whose config is one of ``configs(params)``
+    (with ``diagnosis=True``: of ``diagnosis_configs(params)``), by config key."""
     store = Store()
     out = {}
     for config in ([c for _, c in diagnosis_configs(params)] if diagnosis else configs(params)):
         payload, _ = store.read(config.key())
         if payload is not None:
-            out[config.key()] = payload["result"]
+            out[config.key()] = RunResult.from_dict(payload["result"])
     return out
 
 
@@ -198,13 +199,15 @@ class FedSCMProfile(Profile):
 
 
 def scm_accuracy(result: dict, label: str) -> float:
-    """A pipeline run's target accuracy (%) of the method ``label``: the claims' reading of Table 2."""
-    return 100.0 * float(result["methods"][label]["accuracy"])
+    """A pipeline run's target accuracy (%) of the method ``label``: the claims' reading of Table 2 (the
+    claims read a stored run as its dict: ``RunResult.to_dict()``'s layout)."""
+    return 100.0 * float(RunResult.from_dict(result).parts["methods"][label]["accuracy"])
 
 
 def selected_minus_unselected(result: dict, gamma: str) -> float:
-    """Target accuracy (points) of the clients FedSCM selects at ``gamma`` minus the others' (Fig. 5)."""
-    split = selected_vs_unselected(result, gamma)
+    """Target accuracy (points) of the clients FedSCM selects at ``gamma`` minus the others' (Fig. 5), of a
+    stored run's dict (as the claims read runs)."""
+    split = selected_vs_unselected(RunResult.from_dict(result), gamma)
     return split["selected"]["target accuracy (%)"] - split["unselected"]["target accuracy (%)"]
 
 

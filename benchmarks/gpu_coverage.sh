@@ -143,7 +143,7 @@ sys.exit(0 if sys.argv[1] == 'cpu' or torch.cuda.is_available() else 'no CUDA de
             --workers "${WORKERS:-1}" --budget "$left" --pack "${PACK:-on}" --max-rows "${MAX_ROWS:-32}" \
             "${first[@]}" || true
         local stored seconds
-        stored=$(find "$FEDLIB_RESULTS/runs" -maxdepth 1 -type f -newer "$FEDLIB_RESULTS/.started" \( -name '*.json' -o -name '*.json.gz' \) | wc -l)
+        stored=$(find "$FEDLIB_RESULTS/runs" -maxdepth 1 -type f -newer "$FEDLIB_RESULTS/.started" \( -name '*.json' -o -name '*.json.gz' -o -name '*.json.zd' \) | wc -l)
         seconds=$(( $(date +%s) - t0 ))
         python3 -c "import sys; n, s = int(sys.argv[1]), max(1, int(sys.argv[2])); \
 print(f'runs stored: {n} in {s / 60:.2f} device-minutes (this script; add the machine start): {n / (s / 60):.2f} per minute')" \

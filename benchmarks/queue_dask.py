@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from fedlib.app import cluster, queue  # noqa: E402
+from fedlib.cache import FORMS  # noqa: E402
 from fedlib.cache import key_of  # noqa: E402
 from fedlib.provenance import environment  # noqa: E402
 import fedlib.store  # noqa: E402
@@ -48,7 +49,7 @@ def without_timings(value):
 
 def stored(root: Path) -> dict[str, dict]:
     store = Store(root)
-    return {key_of(p): store.read(key_of(p))[0] for p in sorted(store.runs.glob("*.json.gz"))}
+    return {key_of(p): store.read(key_of(p))[0] for p in sorted(p for p in store.runs.iterdir() if p.name.endswith(FORMS))}
 
 
 def units(chapter: str):

@@ -1,10 +1,13 @@
 """JSON result store with atomic writes and checksums.
 
 One file per key: ``{"sha256": <hex of the payload's canonical JSON>, "payload": {...}}``, as
-``<key>.json``, or as the compact record ``<key>.json.gz`` (``compress=True``, the default of the committed
-``results/`` store): gzip-compressed, its per-round history as numeric columns (:mod:`fedlib.record`;
-the checksum covers the payload as written, and a reader gets the history back as per-round mappings).
-Both forms, and the earlier gzip files whose history is a list, are read.
+``<key>.json``, or as the compact record ``<key>.json.zd`` (``compress=True``, the default of the committed
+``results/`` store): its per-round history as numeric columns (:mod:`fedlib.record`; the checksum covers the
+payload as written, and a reader gets the history back as per-round mappings), the entry's JSON text
+deflated against a fixed preset dictionary (:data:`DICTIONARY_FILES`: JSON text of typical entries, so the
+keys, config and provenance every entry repeats cost almost nothing). The file is :data:`ZD_MAGIC` then
+the raw deflate stream; ``python -m fedlib.cache <file>`` prints it as JSON. The earlier forms are
+read: ``<key>.json.gz`` (gzip, history columns-1 or a list of rounds) and plain ``<key>.json``.
 Writes go to a temporary file in the same folder and are renamed into place, so a killed
 process never leaves a half-written entry. Reading never deletes anything: an entry that is
 unreadable, fails its checksum or fails the caller's check (``get(key, check=...)``: another
@@ -21,8 +24,8 @@ dangling or not, a FIFO, a directory, a name that is not a key) is left out with
 from __future__ import annotations
 
 import errno
-import gzip
 import hashlib
+import importlib.resources
 import json
 import os
 import re
@@ -37,6 +40,10 @@ from typing import Any, Callable
 from .record import compact, expand
 
 _REPORTED: set[tuple[str, str]] = set()  # (path, problem) already warned about in this process
+FORMS = (".json.zd", ".json.gz", ".json")  # an entry's file forms, the one read first first
+ZD_MAGIC = b"fedlib.entry/zd-1\n"  # the compact form's first bytes: its container and dictionary version
+DICTIONARY_FILES = {ZD_MAGIC: "record_dictionary_1.txt"}  # never edited: a new dictionary is a new version
+DICTIONARY_SHA256 = {ZD_MAGIC: "37784a77fdceb0c2254ec0593e90480339ccfcc0f2803efca15fed53498d1ff5"}
 MAX_ENTRY_BYTES = 64 * 2**20  # a stored run is well under 1 MB; anything past this is not read
 
 
@@ -117,17 +124,58 @@ def gunzip_bounded(blob: bytes, limit: int = MAX_ENTRY_BYTES) -> bytes:
     return out
 
 
+_DICTIONARIES: dict[bytes, bytes] = {}
+
+
+def _dictionary(magic: bytes) -> bytes:
+    """The preset dictionary a compact entry names, checked against its recorded digest."""
+    if magic not in _DICTIONARIES:
+        data = importlib.resources.files("fedlib").joinpath(DICTIONARY_FILES[magic]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != DICTIONARY_SHA256[magic]:
+            raise ValueError(f"{DICTIONARY_FILES[magic]} is not the dictionary its entries were written with")
+        _DICTIONARIES[magic] = data
+    return _DICTIONARIES[magic]
+
+
+def zd_compress(text: bytes) -> bytes:
+    """The compact container: :data:`ZD_MAGIC`, then ``text`` deflated against its preset dictionary."""
+    deflater = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zlib.Z_DEFAULT_STRATEGY, _dictionary(ZD_MAGIC))
+    return ZD_MAGIC + deflater.compress(text) + deflater.flush()
+
+
+def zd_decompress(blob: bytes, limit: int = MAX_ENTRY_BYTES) -> bytes:
+    """The text of a compact container (ValueError when it is not one, is damaged or truncated, or holds
+    more than ``limit`` bytes)."""
+    magic = blob[:len(ZD_MAGIC)]
+    if magic not in DICTIONARY_FILES:
+        raise ValueError("not a compact fedlib entry (unknown first bytes)")
+    inflater = zlib.decompressobj(wbits=-15, zdict=_dictionary(magic))
+    out = inflater.decompress(blob[len(magic):], limit + 1)
+    if len(out) > limit or inflater.unconsumed_tail:
+        raise ValueError(f"too large once decompressed (more than {limit} bytes)")
+    if not inflater.eof or inflater.unused_data:
+        raise ValueError("truncated or trailing deflate data")
+    return out
+
+
+def _decoded(name: str, content: bytes) -> bytes:
+    """An entry file's JSON text, by its form."""
+    if name.endswith(".zd"):
+        return zd_decompress(content)
+    return gunzip_bounded(content) if name.endswith(".gz") else content
+
+
 def load_entry(path: str | Path) -> dict:
-    """A store file (either form) as written: ``{"sha256": ..., "payload": ...}``, unchecked (for
-    inspection; readers use :meth:`ResultCache.read`). From a shell: ``zcat <key>.json.gz``."""
-    blob = read_regular(Path(path))
-    return json.loads(gunzip_bounded(blob) if str(path).endswith(".gz") else blob)
+    """A store file (any form) as written: ``{"sha256": ..., "payload": ...}``, unchecked (for
+    inspection; readers use :meth:`ResultCache.read`). From a shell: ``python -m fedlib.cache <file>``."""
+    return json.loads(_decoded(str(path), read_regular(Path(path))))
 
 
 def key_of(path: Path) -> str:
-    """The key of a store file: its name without ``.json`` or ``.json.gz``."""
+    """The key of a store file: its name without its form's suffix (:data:`FORMS`)."""
     name = path.name
-    return name[:-len(".json.gz")] if name.endswith(".json.gz") else name[:-len(".json")]
+    suffix = next((form for form in FORMS if name.endswith(form)), "")
+    return name[:-len(suffix)] if suffix else name
 
 
 def atomic_write_text(path: Path, text: str | bytes) -> None:
@@ -199,7 +247,7 @@ class StoreScan:
 
 
 def scan_folder(root: Path) -> StoreScan:
-    """The entry-named files (``*.json``, ``*.json.gz``, not hidden) of ``root``, each looked at with
+    """The entry-named files (:data:`FORMS`, not hidden) of ``root``, each looked at with
     ``lstat`` only: nothing is opened, followed, moved or deleted; a missing folder is an empty store."""
     root = Path(root)
     out = StoreScan(root)
@@ -207,7 +255,7 @@ def scan_folder(root: Path) -> StoreScan:
     try:
         with os.scandir(root) as listing:
             for e in listing:
-                if e.name.startswith(".") or not e.name.endswith((".json", ".json.gz")):
+                if e.name.startswith(".") or not e.name.endswith(FORMS):
                     continue
                 try:
                     found.append((e.name, os.lstat(e.path)))
@@ -223,7 +271,7 @@ def scan_folder(root: Path) -> StoreScan:
         by_key.setdefault(key_of(Path(name)), {})[name] = info
     for key in sorted(by_key, key=os.fsencode):
         forms = by_key[key]
-        name = f"{key}.json.gz" if f"{key}.json.gz" in forms else f"{key}.json"  # as ResultCache.path reads it
+        name = next(key + form for form in FORMS if key + form in forms)  # as ResultCache.path reads it
         info, path = forms[name], root / name
         if not stat.S_ISREG(info.st_mode):
             out.left_out.append(f"{shown_name(name)} ({special_kind(path, info, root)}, not a regular file)")
@@ -255,8 +303,8 @@ class ResultCache:
 
     ``protect=True`` (the committed ``results/`` store): a reader never renames or deletes an
     entry; only a writer replacing an invalid entry first moves it aside. ``compress`` (default:
-    ``protect``): entries are written as ``<key>.json.gz``; a writer replacing a valid ``<key>.json``
-    removes it once the compressed entry is in place. Both forms are read, the compressed one first."""
+    ``protect``): entries are written as ``<key>.json.zd``; a writer replacing a valid entry in another
+    form removes it once the new one is in place. Every form is read, in the order of :data:`FORMS`."""
 
     def __init__(self, root: str | Path | None = None, *, protect: bool = False, compress: bool | None = None):
         self.root = Path(root) if root is not None else default_cache_root() / "runs"
@@ -267,7 +315,7 @@ class ResultCache:
         """One file per stored key, sorted by key: the one :meth:`path` reads (compressed first)."""
         if not self.root.is_dir():
             return []
-        keys = {key_of(p) for pattern in ("*.json", "*.json.gz") for p in self.root.glob(pattern)}
+        keys = {key_of(p) for form in FORMS for p in self.root.glob(f"*{form}")}
         return [self.path(key) for key in sorted(keys)]
 
     def scan(self) -> "StoreScan":
@@ -290,12 +338,11 @@ class ResultCache:
                 pass
 
     def path(self, key: str) -> Path:
-        """The entry's file: the one there (compressed first), else where a write would put it."""
-        packed, plain = self.root / f"{key}.json.gz", self.root / f"{key}.json"
-        for path in (packed, plain):
-            if os.path.lexists(path):
+        """The entry's file: the one there (in the order of :data:`FORMS`), else where a write would put it."""
+        for form in FORMS:
+            if os.path.lexists(path := self.root / f"{key}{form}"):
                 return path
-        return packed if self.compress else plain
+        return self.root / f"{key}{FORMS[0] if self.compress else '.json'}"
 
     def read(self, key: str) -> tuple[dict | None, str | None]:
         """(payload, None) for a readable entry with a matching checksum, else (None, problem);
@@ -315,12 +362,12 @@ class ResultCache:
 
     @staticmethod
     def parse(path: Path, content: bytes, expanded: bool = True) -> tuple[dict | None, str | None]:
-        """(payload, None) of the bytes ``content`` of the entry file ``path`` (gzip when its name ends in
-        ``.gz``) when they hold an entry with a matching checksum, else (None, problem). ``expanded=False``:
+        """(payload, None) of the bytes ``content`` of the entry file ``path`` (decoded by its form) when
+        they hold an entry with a matching checksum, else (None, problem). ``expanded=False``:
         a compact record's history is left in its columns (``fedlib.record``; the store's listing decodes a
         run's history only when it is read)."""
         try:
-            entry = json.loads(gunzip_bounded(content) if path.name.endswith(".gz") else content)
+            entry = json.loads(_decoded(path.name, content))
             payload = entry["payload"]
             if entry["sha256"] != _digest(payload):
                 return None, "checksum mismatch (edited or damaged)"
@@ -385,9 +432,9 @@ class ResultCache:
             payload = compact(payload)
         text = json.dumps({"sha256": _digest(payload), "payload": payload}, indent=None if self.compress else 1,
                           separators=(",", ":") if self.compress else None)
-        target = self.root / f"{key}.json.gz" if self.compress else self.root / f"{key}.json"
-        atomic_write_text(target, gzip.compress(text.encode(), mtime=0) if self.compress else text)
-        if target != path and os.path.lexists(path):  # the valid entry in the other form, now replaced
+        target = self.root / f"{key}{FORMS[0] if self.compress else '.json'}"
+        atomic_write_text(target, zd_compress(text.encode()) if self.compress else text)
+        if target != path and os.path.lexists(path):  # the valid entry in another form, now replaced
             os.unlink(path)
         self._remove_stale_temporaries()
         return target
@@ -404,3 +451,10 @@ class ResultCache:
 
     def __contains__(self, key: str) -> bool:
         return self.read(key)[0] is not None
+
+
+if __name__ == "__main__":  # python -m fedlib.cache <entry file>...: each as JSON (any form), unchecked
+    import sys
+
+    for name in sys.argv[1:]:
+        print(json.dumps(load_entry(name), indent=1))

@@ -2,12 +2,15 @@
 
 A run's ``history`` is a list of per-round mappings (accuracy, loss, the clients' weights and scores,
 per-class accuracy, the monitor's statistics, a method's diagnostics, ...). As JSON text every number
-costs about 20 characters. :func:`encode_history` turns it into columns: each key becomes one array
-over the rounds, stored as its bytes (float32 where every value is a float32 exactly, as most of the
-engine's numbers are; float64 otherwise; integers and booleans as such), XOR-ed with the previous
-round (a value that does not change costs nothing), byte-shuffled, deflated and written as base85
-text inside the JSON. Lists of varying length, values absent in some rounds and nested mappings have
-their own column kinds; anything else stays JSON.
+costs about 20 characters. :func:`encode_history` turns it into columns (``columns-2``): each key becomes
+one array over the rounds, stored as its bytes (float32 where every value is a float32 exactly, as most
+of the engine's numbers are; float64 otherwise; integers and booleans as such; accuracies as whole
+numerators over their denominator), each row XOR-ed with the previous one, less the previous one, or as
+it is (whichever compresses best: a value that does not change costs nothing, a count that grows costs
+its steps), byte-shuffled; the columns' bytes follow one another in one LZMA stream, written as base85
+text inside the JSON (``blob``, with its ``size``), each column naming its transform and place (``t``,
+``at``). Lists of varying length, values absent in some rounds and nested mappings have their own column
+kinds; anything else stays JSON. The earlier ``columns-1`` (each column deflated on its own) is read.
 
 The encoding is lossless by construction: every column is decoded again while encoding and kept as
 plain JSON unless the decoded values are the given ones exactly (same JSON text: ints stay ints, floats
@@ -28,13 +31,19 @@ from __future__ import annotations
 
 import base64
 import json
+import lzma
 import zlib
 from typing import Any
 
 import numpy as np
 
-FORMAT = "fedlib.history/columns-1"
+FORMAT = "fedlib.history/columns-2"
+FORMATS = ("fedlib.history/columns-1", FORMAT)  # what is read; columns-1 is the earlier record
 _KINDS = {"f": "float", "i": "int", "b": "bool"}
+_TRANSFORMS = ("x", "d", "n")  # a column's rows: XOR-ed with the previous, less the previous, as they are
+# LZMA1 in the .lzma container (13 bytes of header), a 1 MiB window (a history's columns are far smaller),
+# no literal context (lc=0): the bytes are byte-shuffled numbers, not text
+_BLOB_FILTERS = [{"id": lzma.FILTER_LZMA1, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": 1 << 20, "lc": 0}]
 
 
 def _canonical(value: Any) -> str:
@@ -68,20 +77,60 @@ def _leaf_kind(value: Any, depth: int = 0) -> tuple[str | None, tuple[int, ...] 
     return (kind, ()) if kind else (None, None)
 
 
-def _pack(array: np.ndarray) -> str:
-    """Each row less the previous one (XOR for floats, a wrapping difference for integers), byte-shuffled,
-    deflated, base85."""
+class _Blob:
+    """The column bytes of one history (columns-2), appended in the order the columns are encoded."""
+
+    def __init__(self):
+        self.data = bytearray()
+
+    def add(self, raw: bytes) -> list[int]:
+        at = [len(self.data), len(raw)]
+        self.data += raw
+        return at
+
+
+def _transformed(words: np.ndarray, width: int, transform: str) -> bytes:
+    """Each row less the previous one (``x``: XOR, ``d``: wrapping difference, ``n``: as it is), byte-shuffled."""
+    delta = words.copy()
+    if delta.ndim and delta.shape[0] > 1:
+        if transform == "x":
+            delta[1:] ^= words[:-1]
+        elif transform == "d":
+            delta[1:] -= words[:-1]
+    return delta.reshape(-1).view(np.uint8).reshape(-1, width).T.tobytes()
+
+
+def _pack(array: np.ndarray, blob: _Blob) -> dict[str, Any]:
+    """The column's bytes under the row transform that compresses best, appended to ``blob``."""
     raw = np.ascontiguousarray(array)
     width = raw.dtype.itemsize
     words = raw.view(f"u{width}") if width > 1 else raw.view("u1")
-    delta = words.copy()
-    if delta.ndim and delta.shape[0] > 1:
-        if raw.dtype.kind == "f":
-            delta[1:] ^= words[:-1]
-        else:
-            delta[1:] -= words[:-1]
-    shuffled = delta.reshape(-1).view(np.uint8).reshape(-1, width).T.copy()
-    return base64.b85encode(zlib.compress(shuffled.tobytes(), 9)).decode("ascii")
+    options = [(t, _transformed(words, width, t)) for t in _TRANSFORMS]
+    transform, data = min(options, key=lambda option: len(zlib.compress(option[1], 6)))
+    return {"t": transform, "at": blob.add(data)}
+
+
+def _compress_blob(raw: bytes) -> str:
+    return base64.b85encode(lzma.compress(raw, format=lzma.FORMAT_ALONE, filters=_BLOB_FILTERS)).decode("ascii") \
+        if raw else ""
+
+
+def _decompress_blob(text: str, size: int) -> bytes:
+    """The history's column bytes (ValueError when damaged or not ``size`` bytes long)."""
+    if not isinstance(size, int) or size < 0 or not isinstance(text, str):
+        raise ValueError("a columnar history's blob needs its text and size")
+    if not text:
+        if size:
+            raise ValueError("a columnar history's blob is missing")
+        return b""
+    inflater = lzma.LZMADecompressor(format=lzma.FORMAT_ALONE)
+    try:
+        data = inflater.decompress(b85decode(text), max_length=size + 1)
+    except lzma.LZMAError as err:
+        raise ValueError(f"a columnar history's blob is damaged ({err})") from None
+    if len(data) != size or not inflater.eof:
+        raise ValueError(f"a columnar history's blob holds {len(data)} bytes, not {size}")
+    return data
 
 
 _B85_ALPHABET = (b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
@@ -106,18 +155,31 @@ def b85decode(text: str) -> bytes:
     return data[:len(data) - pad] if pad else data
 
 
-def _unpack(text: str, dtype: str, shape: list[int]) -> np.ndarray:
+def _unpack(packed: str | dict, dtype: str, shape: list[int], blob: bytes | None) -> np.ndarray:
+    """A packed column back: columns-1's own deflated text (XOR for floats, difference for integers) or
+    columns-2's transform and place in ``blob``."""
     dtype = np.dtype(dtype)
     width = dtype.itemsize
     count = int(np.prod(shape)) if shape else 1
-    data = zlib.decompress(b85decode(text), bufsize=max(count * width, 1))
+    if isinstance(packed, str):
+        data = zlib.decompress(b85decode(packed), bufsize=max(count * width, 1))
+        transform = "x" if dtype.kind == "f" else "d"
+    else:
+        transform, (start, size) = packed["t"], packed["at"]
+        if transform not in _TRANSFORMS or not isinstance(start, int) or not isinstance(size, int):
+            raise ValueError(f"a history column's packing {packed!r} is not one of columns-2")
+        if blob is None or start < 0 or start + size > len(blob):
+            raise ValueError("a history column lies outside its history's blob")
+        data = bytes(blob[start:start + size])
     if len(data) != count * width:
         raise ValueError(f"a history column holds {len(data)} bytes, not {count * width}")
     words = np.frombuffer(data, np.uint8).reshape(width, -1).T.copy().view(f"u{width}" if width > 1 else "u1")
     words = words.reshape(shape)
     if words.ndim and words.shape[0] > 1:
-        words = np.bitwise_xor.accumulate(words, axis=0) if dtype.kind == "f" else np.cumsum(words, axis=0,
-                                                                                          dtype=words.dtype)
+        if transform == "x":
+            words = np.bitwise_xor.accumulate(words, axis=0)
+        elif transform == "d":
+            words = np.cumsum(words, axis=0, dtype=words.dtype)
     return words.view(dtype).reshape(shape)
 
 
@@ -143,7 +205,7 @@ def _denominator(values: np.ndarray) -> int | None:
     return None
 
 
-def _ratio(values: list[Any], array: np.ndarray) -> dict[str, Any] | None:
+def _ratio(values: list[Any], array: np.ndarray, blob: _Blob) -> dict[str, Any] | None:
     """A float column whose values are all ratios of whole numbers (per trailing column): numerators and
     denominators, packed; None when one is not."""
     if array.dtype != np.float32 or array.ndim not in (1, 2) or array.shape[0] < 2:
@@ -153,10 +215,10 @@ def _ratio(values: list[Any], array: np.ndarray) -> dict[str, Any] | None:
     if any(d is None for d in dens):
         return None
     counts = np.rint(wide * np.asarray(dens, dtype=np.float64)).astype(np.int32).reshape(array.shape)
-    return {"k": "ratio", "s": list(array.shape), "den": dens, "num": _pack(counts)}
+    return {"k": "ratio", "s": list(array.shape), "den": dens, "num": _pack(counts, blob)}
 
 
-def _numeric(values: list[Any]) -> dict[str, Any] | None:
+def _numeric(values: list[Any], blob: _Blob) -> dict[str, Any] | None:
     """A rectangular column of one number kind, packed; None when it is not one."""
     kind, shape = _leaf_kind(values)
     if kind not in ("f", "i", "b"):
@@ -167,7 +229,7 @@ def _numeric(values: list[Any]) -> dict[str, Any] | None:
         exact = np.array_equal(single.astype(np.float64), array, equal_nan=True) and not np.any(
             np.isnan(array) & ~np.isnan(single))
         array = single if exact else array
-        ratio = _ratio(values, array) if exact else None
+        ratio = _ratio(values, array, blob) if exact else None
         if ratio is not None:
             return ratio
     elif kind == "i":
@@ -176,70 +238,72 @@ def _numeric(values: list[Any]) -> dict[str, Any] | None:
             array = array.astype(np.int32)
     else:
         array = np.asarray(values, dtype=np.bool_)
-    return {"k": _KINDS[kind], "d": array.dtype.str, "s": list(shape), "z": _pack(array)}
+    return {"k": _KINDS[kind], "d": array.dtype.str, "s": list(shape), "z": _pack(array, blob)}
 
 
-def _encode_column(values: list[Any]) -> dict[str, Any]:
+def _encode_column(values: list[Any], blob: _Blob) -> dict[str, Any]:
     """One column (a value per row, None where a row lacks the key is handled by the caller)."""
-    column = _numeric(values)
+    mark = len(blob.data)
+    column = _numeric(values, blob)
     if column is None and values and all(isinstance(v, list) for v in values):  # lists of varying length
         flat = [x for v in values for x in v]
-        lengths, inner = _numeric([len(v) for v in values]), _numeric(flat) if flat else None
+        lengths, inner = _numeric([len(v) for v in values], blob), _numeric(flat, blob) if flat else None
         if lengths is not None and (inner is not None or not flat):
             column = {"k": "ragged", "n": lengths, "v": inner}
     if column is None and values and all(isinstance(v, dict) for v in values):
-        column = {"k": "dict", **_encode_rows(values)}
-    if column is None or _canonical(_decode_column(column, len(values))) != _canonical(values):
+        column = {"k": "dict", **_encode_rows(values, blob)}
+    if column is None or _canonical(_decode_column(column, len(values), blob.data)) != _canonical(values):
+        del blob.data[mark:]  # its bytes, if any, are not kept
         return {"k": "json", "v": values}
     return column
 
 
-def _decode_column(column: dict[str, Any], rows: int) -> list[Any]:
+def _decode_column(column: dict[str, Any], rows: int, blob: bytes | None) -> list[Any]:
     kind = column["k"]
     if kind == "json":
         return list(column["v"])
     if kind in ("float", "int", "bool"):
-        array = _unpack(column["z"], column["d"], column["s"])
+        array = _unpack(column["z"], column["d"], column["s"], blob)
         cast = {"float": np.float64, "int": np.int64, "bool": np.bool_}[kind]
         return array.astype(cast).tolist()
     if kind == "ratio":
         dens = np.asarray(column["den"], dtype=np.float32)
-        counts = _unpack(column["num"], "<i4", column["s"]).astype(np.float32)
+        counts = _unpack(column["num"], "<i4", column["s"], blob).astype(np.float32)
         return (counts.reshape(counts.shape[0], -1) / dens).reshape(column["s"]).astype(np.float64).tolist()
     if kind == "ragged":
-        lengths = _decode_column(column["n"], rows)
-        flat = _decode_column(column["v"], 0) if column["v"] is not None else []
+        lengths = _decode_column(column["n"], rows, blob)
+        flat = _decode_column(column["v"], 0, blob) if column["v"] is not None else []
         edges = np.concatenate([[0], np.cumsum(lengths)]).tolist()
         return [flat[a:b] for a, b in zip(edges[:-1], edges[1:])]
     if kind == "dict":
-        return _decode_rows(column, rows)
+        return _decode_rows(column, rows, blob)
     raise ValueError(f"unknown history column kind {kind!r}")
 
 
-def _encode_rows(rows: list[dict]) -> dict[str, Any]:
+def _encode_rows(rows: list[dict], blob: _Blob) -> dict[str, Any]:
     """Mappings (one per row) as columns; a key absent in some rows keeps a presence mask."""
     keys = list(dict.fromkeys(k for row in rows for k in row))
     columns = {}
     for key in keys:
         present = [key in row for row in rows]
         values = [row[key] for row in rows if key in row]
-        column = _encode_column(values)
+        column = _encode_column(values, blob)
         if not all(present):
-            column = {"k": "some", "p": _numeric(present), "c": column}
+            column = {"k": "some", "p": _numeric(present, blob), "c": column}
         columns[key] = column
     return {"keys": keys, "c": columns}
 
 
-def _decode_rows(block: dict[str, Any], rows: int, only=None) -> list[dict]:
+def _decode_rows(block: dict[str, Any], rows: int, blob: bytes | None, only=None) -> list[dict]:
     out: list[dict] = [{} for _ in range(rows)]
     for key in block["keys"] if only is None else [k for k in block["keys"] if k in only]:
         column = block["c"][key]
         if column["k"] == "some":
-            present = _decode_column(column["p"], rows)
+            present = _decode_column(column["p"], rows, blob)
             where = [i for i, p in enumerate(present) if p]
-            values = _decode_column(column["c"], len(where))
+            values = _decode_column(column["c"], len(where), blob)
         else:
-            where, values = list(range(rows)), _decode_column(column, rows)
+            where, values = list(range(rows)), _decode_column(column, rows, blob)
         if len(values) != len(where):
             raise ValueError(f"history column {key!r} holds {len(values)} values for {len(where)} rounds")
         for i, value in zip(where, values):
@@ -308,22 +372,26 @@ def encode_history(history: list[dict]) -> dict[str, Any]:
     """``history`` (a list of per-round mappings) as columns; :func:`decode_history` gives it back exactly."""
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
         raise TypeError("a history is a list of per-round mappings")
-    return {"format": FORMAT, "rounds": len(history), **_encode_rows(history)}
+    blob = _Blob()
+    columns = _encode_rows(history, blob)
+    return {"format": FORMAT, "rounds": len(history), **columns, "size": len(blob.data),
+            "blob": _compress_blob(bytes(blob.data))}
 
 
 def decode_history(encoded: dict[str, Any], only=None) -> list[dict]:
     """The list of per-round mappings :func:`encode_history` encoded (ValueError on a damaged one); with
     ``only``, each mapping holds just those top-level keys (what a check reads, without decoding the rest)."""
-    if not isinstance(encoded, dict) or encoded.get("format") != FORMAT:
-        raise ValueError(f"not a columnar history ({FORMAT})")
+    if not is_encoded(encoded):
+        raise ValueError(f"not a columnar history ({', '.join(FORMATS)})")
     rows = encoded["rounds"]
     if not isinstance(rows, int) or rows < 0:
         raise ValueError("a columnar history's rounds must be a count")
-    return _decode_rows(encoded, rows, only)
+    blob = _decompress_blob(encoded.get("blob"), encoded.get("size")) if encoded["format"] == FORMAT else None
+    return _decode_rows(encoded, rows, blob, only)
 
 
 def is_encoded(history: Any) -> bool:
-    return isinstance(history, dict) and history.get("format") == FORMAT
+    return isinstance(history, dict) and history.get("format") in FORMATS
 
 
 def _history_holder(payload: Any) -> dict | None:

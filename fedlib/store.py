@@ -1,6 +1,6 @@
 """The store of runs: the ONE code that knows the results folder.
 
-``Store(root)`` is a results folder: its runs in ``runs/<key>.json.gz`` (one ``stored_payload`` each, written
+``Store(root)`` is a results folder: its runs in ``runs/<key>.json.zd`` (one ``stored_payload`` each, written
 in the compact record, ``fedlib.record``, through ``fedlib.cache.ResultCache``), the claims a running queue
 holds there (``runs/.<key>.claim``), the one listing every reader shares (:func:`list_store`, read again only
 when a file changed) and the writer every run goes through (:meth:`Store.put`). ``Store()`` is the
@@ -99,7 +99,7 @@ def _checked(key: str) -> str:
 
 # ----------------------------------------------------------------------------- the stored runs
 
-RUNS_FOLDER = "runs"  # results/runs/<key>.json.gz: every stored run, once, keyed by its config and data
+RUNS_FOLDER = "runs"  # results/runs/<key>.json.zd: every stored run, once, keyed by its config and data
 # A run's cache entry ($FEDLIB_CACHE/runs/<key>.json) and its stored copy are the same JSON
 # (``stored_payload``): copying one to the other's folder is all it takes to keep a run.
 
@@ -278,6 +278,6 @@ def entry_check(config: RunConfig, fingerprint: dict) -> Callable[[dict], str | 
 
 def store_run(key: str, config: dict[str, Any], result: dict[str, Any], results_root=None,
               check: Callable[[dict], str | None] | None = None, **extra: Any):
-    """Keep one run under ``results/runs/<key>.json.gz`` (atomic; an invalid file there, or one failing
+    """Keep one run under ``results/runs/<key>.json.zd`` (atomic; an invalid file there, or one failing
     ``check``, is set aside, never deleted). Every writer of stored runs goes through here. Returns the path."""
     return Store(results_root).cache().put(key, stored_payload(config, result, **extra), check=check)

@@ -1,4 +1,4 @@
-"""Re-key stored runs (``results/runs/<key>.json.gz``, or plain ``.json``) to the current cache key; compress plain ones.
+"""Re-key stored runs (``results/runs/<key>.json.zd``, or an earlier form) to the current cache key; compact the rest.
 
 A stored run is re-keyed (its file renamed to the current key, its history and numbers
 unchanged, its provenance completed and noted) only where it provably answers the current key:
@@ -20,7 +20,7 @@ import json
 import os
 from pathlib import Path
 
-from ..cache import ResultCache, atomic_write_text, load_entry
+from ..cache import FORMS, ResultCache, atomic_write_text
 from ..record import _canonical, compact, expand
 from ..config import RunConfig
 from ..results import _key_provenance, result_check
@@ -68,9 +68,10 @@ def migrate_results(root: str | Path | None = None, *, dry_run: bool = False,
 
 
 def compress_results(root: str | Path | None = None, dry_run: bool = False) -> list[str]:
-    """Rewrite every readable entry of ``root/runs/`` that is not yet a compact record (a plain
-    ``<key>.json``, or a gzip file whose history is a list of rounds) as the compact ``<key>.json.gz``
-    (``fedlib.record``): the same key and payload, the history as columns at ``STORED_PRECISION``. Each
+    """Rewrite every readable entry of ``root/runs/`` that is not yet in the current compact form (a plain
+    ``<key>.json``, or an earlier ``<key>.json.gz``: its history a list of rounds or columns-1) as
+    ``<key>.json.zd`` (``fedlib.cache``, ``fedlib.record``): the same key and payload, the history as columns
+    at ``STORED_PRECISION`` (a columns-1 history is at it already: nothing changes but the encoding). Each
     rewritten entry is read back and must equal the original at that precision, else the original is put
     back and a RuntimeError names it. A file that fails its checksum is left as it is. Returns the keys
     rewritten."""
@@ -80,7 +81,7 @@ def compress_results(root: str | Path | None = None, dry_run: bool = False) -> l
         payload, problem = store.read(key)
         if payload is None or problem:
             continue
-        if path.name.endswith(".gz") and _is_compact(path):
+        if path.name.endswith(FORMS[0]):  # the current compact form (fedlib.cache): history columns-2
             continue
         done.append(key)
         if dry_run:
@@ -92,13 +93,6 @@ def compress_results(root: str | Path | None = None, dry_run: bool = False) -> l
             atomic_write_text(path, original)
             raise RuntimeError(f"{path.name}: the compact record does not read back as the original; left as it was")
     return done
-
-
-def _is_compact(path: Path) -> bool:
-    """Whether a gzip entry's history is already columnar (or it has none)."""
-    payload = load_entry(path).get("payload")
-    holder = payload.get("result") if isinstance(payload, dict) and isinstance(payload.get("result"), dict) else payload
-    return not isinstance(holder, dict) or not isinstance(holder.get("history"), list)
 
 
 def _left_out(line: str) -> tuple[str, str]:

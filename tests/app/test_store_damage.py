@@ -5,7 +5,6 @@ re-signed entry naming an unknown or another method. Each is left out of the ONE
 and the migration read that listing; a page built from a damaged store is executed again once the store
 is repaired; the queue's claims leave nothing behind and an invalid one expires."""
 
-import gzip
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ import pytest
 from fedlib.app import book, queue
 from fedlib.app.kit import stored as kit_stored
 from fedlib.app.migrate import migrate_results
-from fedlib.cache import ResultCache, scan_folder, shown_name
+from fedlib.cache import ResultCache, load_entry, scan_folder, shown_name, zd_compress
 from fedlib.config import RunConfig
 from fedlib.store import list_store, stored_payload
 
@@ -42,11 +41,11 @@ def store(runs, cfg, accuracy=0.8):
 
 def resign(path, edit):
     """Edit an entry's payload and write it back with a valid checksum (as a hand edit that re-signs)."""
-    entry = json.loads(gzip.decompress(path.read_bytes()))
+    entry = load_entry(path)
     edit(entry["payload"])
     blob = json.dumps(entry["payload"], sort_keys=True, separators=(",", ":"), allow_nan=True)
     entry["sha256"] = hashlib.sha256(blob.encode()).hexdigest()
-    path.write_bytes(gzip.compress(json.dumps(entry).encode()))
+    path.write_bytes(zd_compress(json.dumps(entry).encode()))
 
 
 def snapshot(folder):
@@ -183,7 +182,7 @@ def test_a_name_that_is_not_a_key_is_left_out(runs):
 
 def test_a_config_that_writes_method_as_a_plain_name_is_a_valid_run_the_queue_can_cost(runs):
     key = config(seed=0).key(DATA)
-    resign(runs / f"{key}.json.gz", lambda p: p["config"].update(method="fedavg"))
+    resign(runs / f"{key}.json.zd", lambda p: p["config"].update(method="fedavg"))
     listing, page, index = everything_reads(runs)
     assert listing.left_out == [] and key in page.results
     assert queue.method_name({"method": "fedavg"}) == "fedavg"
@@ -197,18 +196,18 @@ def test_a_config_that_writes_method_as_a_plain_name_is_a_valid_run_the_queue_ca
 
 def test_a_config_this_version_cannot_read_is_left_out_in_one_line(runs):
     key = config(seed=1).key(DATA)
-    resign(runs / f"{key}.json.gz", lambda p: p["config"].update(split="a layout of long ago", rounds=-3))
+    resign(runs / f"{key}.json.zd", lambda p: p["config"].update(split="a layout of long ago", rounds=-3))
     listing, page, index = everything_reads(runs)
     (line,) = listing.left_out
-    assert line.startswith(f"{key}.json.gz (its config is not one this version reads: ") and "\n" not in line
+    assert line.startswith(f"{key}.json.zd (its config is not one this version reads: ") and "\n" not in line
     assert list(page.results) == [config(seed=0).key(DATA)] and page.skipped == [line]
 
 
 def test_a_re_signed_run_naming_an_unknown_method_is_left_out_not_shown_as_current(runs):
     key = config(seed=0).key(DATA)
-    resign(runs / f"{key}.json.gz", lambda p: p["config"].update(method={"name": "nosuch"}))
+    resign(runs / f"{key}.json.zd", lambda p: p["config"].update(method={"name": "nosuch"}))
     listing, page, index = everything_reads(runs)
-    assert listing.left_out == [f"{key}.json.gz (its config is not one this version reads: method: unknown "
+    assert listing.left_out == [f"{key}.json.zd (its config is not one this version reads: method: unknown "
                                 f"method 'nosuch'; known: " + listing.left_out[0].split("known: ")[1]]
     assert key not in page.results and index.run_of(config(seed=0), dict(DATA)) is None
     assert list(page.results) == [config(seed=1).key(DATA)]
@@ -216,7 +215,7 @@ def test_a_re_signed_run_naming_an_unknown_method_is_left_out_not_shown_as_curre
 
 def test_a_re_signed_run_naming_another_known_method_is_not_current(runs):
     key = config(seed=0).key(DATA)
-    resign(runs / f"{key}.json.gz", lambda p: p["config"].update(method={"name": "fedprox"}))
+    resign(runs / f"{key}.json.zd", lambda p: p["config"].update(method={"name": "fedprox"}))
     listing, page, index = everything_reads(runs)
     assert listing.left_out == [] and not next(r for r in listing.runs if r.key == key).agrees()
     assert key not in page.results and index.run_of(config(seed=0), dict(DATA)) is None
@@ -227,7 +226,7 @@ def test_the_listing_is_read_again_when_an_entry_changes_in_place(runs):
     key = config(seed=1).key(DATA)
     first = list_store(runs)
     assert list_store(runs) is first  # nothing changed: the same listing
-    path = runs / f"{key}.json.gz"
+    path = runs / f"{key}.json.zd"
     blob = bytearray(path.read_bytes())
     blob[-5] ^= 0xFF  # one byte, same size
     path.write_bytes(bytes(blob))
@@ -273,7 +272,7 @@ def test_a_page_built_from_a_damaged_store_is_executed_again_once_the_store_is_r
 
 
 def test_a_page_built_before_a_re_signed_entry_is_restored_is_executed_again(runs, tmp_path):
-    path = runs / f"{config(seed=0).key(DATA)}.json.gz"
+    path = runs / f"{config(seed=0).key(DATA)}.json.zd"
     good = path.read_bytes()
     stage = tmp_path / "stage"
     resign(path, lambda p: p["config"].update(method={"name": "nosuch"}))

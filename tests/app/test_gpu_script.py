@@ -54,7 +54,7 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     assert len(list(out.rglob("*"))) <= 8 and not (out / "runs.tar.part").exists()
     with tarfile.open(out / "runs.tar") as archive:
         members = [m for m in archive.getmembers() if m.isfile()]
-        assert len(members) == 10 and all(m.name.endswith(".json.gz") for m in members)
+        assert len(members) == 10 and all(m.name.endswith(".json.zd") for m in members)
         payload = json.loads(gzip.decompress(archive.extractfile(members[0]).read()))
     # one budget for everything: the queue gets what setup and the benchmark leave, less the queue's grace
     queue_budget = int(log.split("queue budget ")[1].split(" s")[0])

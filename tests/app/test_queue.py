@@ -193,7 +193,7 @@ def test_store_payload_keeps_the_chapters_config_and_provenance(tmp_path, monkey
               "meta": {"device": "cuda (H100)", "date": "2026-01-01", "wall_time": 12.0}}
     path = queue.store_payload(item, result, "paper")
     payload = load_entry(path)["payload"]
-    assert path == tmp_path / "runs" / "x-0.json.gz"
+    assert path == tmp_path / "runs" / "x-0.json.zd"
     assert payload["result"]["config"] == item.config.to_dict() == payload["config"]
     assert payload["device"] == "cuda (H100)" and payload["wall_time"] == 12.0
     assert payload["queue"]["table"] == "Table 1" and queue.is_stored(item)
@@ -245,7 +245,7 @@ def test_a_run_two_chapters_share_is_queued_once_and_stored_once(tmp_path, monke
     assert len(entries) == 1 and set(entries[0].chapters) == {"celm", "fedavg"}
     queue.store_payload(a, {"meta": {}}, "paper")
     entries = queue.plan(items=[b, a], cost_model=queue.CostModel())
-    assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json*")] == ["x-0.json.gz"]
+    assert entries[0].stored and [p.name for p in tmp_path.rglob("*.json*")] == ["x-0.json.zd"]
     assert queue.is_stored(b)  # the other chapter reads the same file
 
 
@@ -630,12 +630,12 @@ def test_runs_a_backend_sends_back_are_checked_and_stored_here_and_absent_data_i
     out = queue.run_queue(entries, "paper", log=lines.append, poll=0.01, backend=backend)
     assert backend.started == ["ok", "absent", "bad", "short"]  # the queue's order, 2 at a time
     assert [i.config.name for i in out.stored] == ["ok"] and queue.is_stored(out.stored[0])
-    assert load_entry(tmp_path / "runs" / "ok-0.json.gz")["payload"]["wall_time"] == 2.0
+    assert load_entry(tmp_path / "runs" / "ok-0.json.zd")["payload"]["wall_time"] == 2.0
     assert [(i.config.name, why) for i, why in out.absent] == [("absent", "cifar10 data absent (looked in /nowhere)")]
     assert [(i.config.name, why) for i, why in out.failed] == [
         ("bad", "RuntimeError: boom"), ("short", "the worker sent back list instead of 1 result(s)")]
     assert out.ran_on == {"ok-0": "w4 (cpu)", "absent-0": "w1", "bad-0": "w2", "short-0": "w3 (cpu)"}
-    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["ok-0.json.gz"]  # no claim left, nothing partial
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["ok-0.json.zd"]  # no claim left, nothing partial
     assert any(line.startswith("[done  1] celm Table 1 | row ok") and " in 0:02 " in line and "on w4 (cpu)" in line
                for line in lines)
     assert "[absent] celm Table 1 | row absent | FedAvg | seed 0: not runnable on w1: cifar10 data absent " \

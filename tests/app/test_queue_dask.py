@@ -156,7 +156,7 @@ def test_a_dask_queue_stores_what_a_local_queue_stores_and_survives_a_killed_wor
     # exactly the finished records, each valid; no claim left, nothing set aside
     ours, theirs = stored(stores / "dask"), stored(stores / "local")
     assert sorted(ours) == sorted(theirs) == sorted(i.key for u in units for i in u.items)
-    assert sorted(p.name for p in Store(stores / "dask").runs.iterdir()) == sorted(f"{k}.json.gz" for k in ours)
+    assert sorted(p.name for p in Store(stores / "dask").runs.iterdir()) == sorted(f"{k}.json.zd" for k in ours)
     assert all(queue.stored_state(i) == (True, None) for u in units for i in u.items)
     # bit for bit the local queue's runs, timings and dates aside
     for key in ours:

@@ -12,7 +12,7 @@ from reliability_common import BASE, ROOT, TINY
 import fedlib
 from fedlib.app import book
 from fedlib.app.kit import stored as kit_stored
-from fedlib.cache import ResultCache
+from fedlib.cache import FORMS, ResultCache
 from fedlib.config import make_config
 from fedlib.methods import METHODS
 from fedlib.record import reduce_history
@@ -189,7 +189,7 @@ def test_the_stored_runs_of_the_repository_are_current_or_listed_stale():
 
     report = migrate_results(ROOT / "results", dry_run=True)
     assert not report["rekeyed"], "run: python -m fedlib migrate-results"
-    stored = [*(ROOT / "results").glob("*/*.json"), *(ROOT / "results").glob("*/*.json.gz")]
+    stored = [p for form in FORMS for p in (ROOT / "results").glob(f"*/*{form}")]
     assert len(report["current"]) + len(report["stale"]) == len(stored)
 
 

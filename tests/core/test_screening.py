@@ -202,7 +202,7 @@ def test_no_stored_clean_run_warns_under_the_rule():
 
     store = ResultCache(RUNS, protect=True)
     judged, warned = 0, []
-    for path, _, result, problem in read_stored(store, sorted(RUNS.glob("*.json.gz"))):
+    for path, _, result, problem in read_stored(store, sorted(RUNS.glob("*.json*"))):
         roles = (result or {}).get("meta", {}).get("client_roles")
         history = [h for h in (result or {}).get("history", []) if h.get("disagreement")]
         if problem or roles is None or not history or HOSTILE_ROLES & set(roles):

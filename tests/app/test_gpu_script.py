@@ -1,7 +1,6 @@
 """The GPU call's script (benchmarks/gpu_coverage.sh) rehearsed on the CPU: preflight, packed queue,
 stored runs and the log that come back under $OUT. What the device runs, the CI runs first."""
 
-import gzip
 import json
 import os
 import shutil
@@ -51,11 +50,13 @@ def test_the_gpu_script_runs_packs_on_the_cpu_and_brings_back_stored_runs(tmp_pa
     # the runs come back as one archive (the device tool brings back at most 8 files), rewritten as runs finish
     import tarfile
 
+    from fedlib.cache import zd_decompress
+
     assert len(list(out.rglob("*"))) <= 8 and not (out / "runs.tar.part").exists()
     with tarfile.open(out / "runs.tar") as archive:
         members = [m for m in archive.getmembers() if m.isfile()]
         assert len(members) == 10 and all(m.name.endswith(".json.zd") for m in members)
-        payload = json.loads(gzip.decompress(archive.extractfile(members[0]).read()))
+        payload = json.loads(zd_decompress(archive.extractfile(members[0]).read()))
     # one budget for everything: the queue gets what setup and the benchmark leave, less the queue's grace
     queue_budget = int(log.split("queue budget ")[1].split(" s")[0])
     assert 0 < queue_budget <= (300 - 120 - 5) * 10 // 11

@@ -11,12 +11,22 @@ import sys
 import warnings
 from pathlib import Path
 
-from .app import queue
+from .app import cluster, queue
 from .app.book import BookError, build
+from .app.chapters import registry
+from .app.explore import serve
 from .app.kit.sources import EVIDENCE, PROFILES, load_profile
+from .app.migrate import (
+    adopt_unclipped,
+    compress_results,
+    format_report,
+    migrate_results,
+)
 from .cache import CacheWriteWarning, atomic_write_text, write_failure
 from .config import ConfigError, load_config, parse_yaml, shown
+from .data import DATASETS
 from .data_files import DataCorruptError, DataNotFoundError
+from .data_sources import IMAGEFOLDER_PREFIX
 from .errors import clipped
 from .limits import check_port, check_workers
 from .run import run
@@ -131,8 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
     args, extra = parser.parse_known_args(argv)
     if args.command == "explore":
-        from .app.explore import serve
-
         return serve(port=args.port, open_browser=args.open)
     if args.command == "migrate-results":
         return _migrate(args)
@@ -169,9 +177,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _migrate(args) -> int:
-    from .app.chapters import registry
-    from .app.migrate import adopt_unclipped, compress_results, format_report, migrate_results
-
     try:
         compressed = compress_results(args.root, dry_run=args.dry_run)
         print(f"rewrote {len(compressed)} stored run(s) as compact records (<key>.json.gz, fedlib.record)"
@@ -193,16 +198,11 @@ def _migrate(args) -> int:
 
 def _check_queue_flags(args) -> None:
     """One-line ValueErrors for queue flags that make no sense (before anything is planned)."""
-    from .app.chapters import registry
-    from .data import DATASETS
-    from .data_sources import IMAGEFOLDER_PREFIX
-    from .limits import check_workers as check_worker_count
-
     if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
         raise ValueError(f"--budget: must be a positive number of seconds (got {args.budget})")
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit: must be >= 1 (got {args.limit})")
-    check_worker_count(args.workers, "--workers")  # 1 to MAX_WORKERS
+    check_workers(args.workers, "--workers")  # 1 to MAX_WORKERS
     if args.max_rows is not None and args.max_rows < 1:
         raise ValueError(f"--max-rows: must be >= 1 (got {args.max_rows})")
     if not re.fullmatch(r"cpu|cuda(:\d{1,3})?", args.device):
@@ -295,8 +295,6 @@ def _results(args) -> int:
               + (f"; budget {args.budget:.0f} s" if args.budget else ""))
     log = lambda line: print(line, flush=True)  # noqa: E731
     if args.scheduler:
-        from .app import cluster
-
         try:
             client = cluster.connect(args.scheduler, args.scheduler_wait)
         except ValueError as err:

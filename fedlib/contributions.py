@@ -20,6 +20,9 @@ NaN for a client not valued that round), for per-round rules such as CELM's z-sc
 from __future__ import annotations
 
 import numpy as np
+import torch
+
+from .methods.flce import complete_contributions, final_contributions
 
 # methods whose per-round contribution is a diagnostic of the aggregated clients
 ROUND_VALUES = {"shapley_rewards": "rewards_gtg"}
@@ -93,10 +96,6 @@ def flce_tensor(result, upto: int | None = None) -> np.ndarray:
 def flce_contributions(result, upto: int | None = None, complete: bool = True, over: str | None = None) -> np.ndarray:
     """Eq. 11-14 on the first ``upto`` rounds of a FLCE run (``complete=False``: FLCE−CMC;
     ``over``: "client_class" or "summed", the run's own ``completion_over`` by default)."""
-    import torch
-
-    from .methods.flce import complete_contributions, final_contributions
-
     params = result.config["method"]
     x = torch.from_numpy(flce_tensor(result, upto))
     if complete and params.get("completion", True):

@@ -76,7 +76,7 @@ def _torchvision_paths(name: str, root: Path) -> list[Path]:
 def _open_torchvision(name: str, root: Path, looked: list[Path], download: bool, **options):
     """A torchvision dataset object; any failure becomes a one-line DataNotFoundError."""
     try:
-        import torchvision.datasets  # heavy (~1 s) and needed only for torchvision's files: imported on use
+        import torchvision.datasets  # lazy: torchvision is heavy (~2 s), needed only for its files
 
         dataset_class = getattr(torchvision.datasets, _TORCHVISION[name][0])
         return dataset_class(str(root), download=download, **options)

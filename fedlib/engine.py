@@ -110,6 +110,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
     rounds = range(cfg.rounds)
     bar = None
     if progress:
+        # lazy: tqdm.auto loads ipywidgets in a notebook; only progress bars need it
         from tqdm.auto import tqdm
 
         bar = tqdm(rounds, desc=f"{cfg.method.name} on {cfg.dataset}", leave=False)

@@ -6,6 +6,7 @@ its message to one line of at most :data:`MAX_MESSAGE` characters, whatever a ca
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 SHOWN_CHARS = 80  # an echoed bad value or key is cut to this many characters
@@ -42,8 +43,6 @@ def clipped(text: Any, limit: int = SHOWN_CHARS) -> str:
 
 def shown(value: Any) -> str:
     """A short ``repr`` of a bad value: errors never echo a huge (or self-expanding) input whole."""
-    import reprlib
-
     short = reprlib.Repr()
     short.maxstring = short.maxother = short.maxlong = SHOWN_CHARS
     short.maxlist = short.maxtuple = 6

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import torch
+
 from .errors import ConfigError, shown
 
 # Hard limits on config input (a config is small: these stop memory and time blow-ups early).
@@ -30,10 +32,8 @@ _DEVICE = re.compile(r"cpu|auto|cuda(?::(0|[1-9][0-9]{0,2}))?")
 
 
 def _cuda_count() -> int | None:
-    """CUDA devices on this machine, or None without CUDA (torch is imported only when asked)."""
+    """CUDA devices on this machine, or None without CUDA."""
     try:
-        import torch
-
         return torch.cuda.device_count() if torch.cuda.is_available() else None
     except Exception:  # a broken driver is "no CUDA" here; running on it reports the error
         return None

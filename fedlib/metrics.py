@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import rankdata
 
 
 def _value(x):
@@ -132,6 +131,9 @@ def joint_distances(true_counts, other) -> dict[str, float]:
 def spearman(a, b):
     """Spearman's rank correlation: the Pearson correlation of the ranks of ``a`` and ``b``
     (ties get their average rank), in [-1, 1]. NaN when either input is constant (undefined)."""
+    # lazy: scipy.stats (~1 s) stays out of the queue, whose chapters import this module
+    from scipy.stats import rankdata
+
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"a and b must have the same shape (got {a.shape} and {b.shape})")

@@ -289,6 +289,7 @@ def execute_packed(prepared: Sequence[Prepared], progress: bool = False,
         advance(i, first=True)
     bar = None
     if progress:
+        # lazy: tqdm.auto loads ipywidgets in a notebook; only progress bars need it
         from tqdm.auto import tqdm
 
         bar = tqdm(total=n, desc=f"pack of {n} runs", unit="run", leave=False)

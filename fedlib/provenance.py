@@ -11,7 +11,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
+
+from ._version import __version__
 
 
 def repo_root() -> Path:
@@ -44,10 +47,8 @@ def environment(device: "torch.device | str", wall: float | None = None, commit:
     """What ran a computation: fedlib's and the libraries' versions, Python, the device in words
     (:func:`device_name`), the date (UTC), the wall time when given and the commit when ``commit``
     (a stored run records its commit when it is stored, ``fedlib.results.stored_payload``)."""
-    import numpy
+    # lazy: torchvision (~2 s) stays out of `import fedlib`; only its version is read here
     import torchvision
-
-    from ._version import __version__
 
     out: dict[str, Any] = {"fedlib_version": __version__, "torch": torch.__version__,
                            "torchvision": torchvision.__version__, "numpy": numpy.__version__,

@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import math
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -363,8 +364,6 @@ class PoisoningMonitor:
 
     def finish(self, final: dict, label: str) -> dict | None:
         """Sets ``final["poisoning_warning"]`` and warns (RuntimeWarning) when it is not None."""
-        import warnings
-
         found = self.report() if self.enabled else None
         final["poisoning_warning"] = found
         if found is not None:

@@ -67,6 +67,7 @@ def pm(mean: float, std: float = float("nan"), n: int | None = None, digits: int
 
 def t_quantile(n: int) -> float:
     """t(0.975, n − 1): the two-sided 95 % quantile of Student's t with n − 1 degrees of freedom."""
+    # lazy: scipy.stats (~1 s) stays out of `import fedlib` and the queue; only t-intervals need it
     from scipy.stats import t
 
     return float(t.ppf(0.5 + LEVEL / 2, n - 1))

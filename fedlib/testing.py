@@ -20,7 +20,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .population import ClientBatches, LocalTraining, ParamLayout
+from .engine import _round_generator
+from .federation import prepare
+from .methods import logit as agg
+from .population import (
+    ClientBatches,
+    LocalTraining,
+    ParamLayout,
+    aggregate,
+    make_client_batches,
+    predict,
+)
+from .training import train_clients
 
 
 def crop_flip_one(img: torch.Tensor, code: int, fill, pad: int = 4) -> torch.Tensor:
@@ -173,11 +184,6 @@ def logit_protocol_loop(config) -> list[dict]:
     the protocol became engine methods): per round the test accuracy of the aggregated ensemble,
     the public-set accuracy and each client's test accuracy. ``config``: a RunConfig whose method
     is ``logit_simple``, ``logit_uwa`` or ``logit_meta``. Oracle of ``fedlib.methods.logit``."""
-    from .federation import prepare
-    from .methods import logit as agg
-    from .population import make_client_batches, predict
-    from .training import train_clients
-
     p = prepare(config)
     m, model = p.method, p.model
     n, c, aggregator = config.n_clients, p.dataset.num_classes, config.method.name.removeprefix("logit_")
@@ -265,9 +271,6 @@ def cohort_training_loop(model, init, x, y, indices, weights, rounds: int, train
     all clients (or ``per_round`` drawn as the engine draws them) train from the global model,
     one after another (``train_clients_loop``), on the engine's batches for that round, and the
     server takes Σ λ_k w_k / Σ λ_k over them. Returns the final (flat, buffers)."""
-    from .engine import _round_generator
-    from .population import aggregate, make_client_batches
-
     rng = np.random.default_rng(seed)
     lam = torch.as_tensor(weights, dtype=torch.float64)
     flat, bufs = init

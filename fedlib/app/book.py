@@ -13,7 +13,9 @@ Layout (relative to the repository root):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -23,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,13 +37,16 @@ from ..config import RunConfig
 from ..methods import METHODS
 from ..provenance import repo_root
 from ..results import result_check
+from ..run import run
 from ..store import Store
+from . import queue
 from .chapters import toc, toc_chapters
 from .kit.pages import _short, headline_dir
 from .kit.sources import EVIDENCE, STATUS_PAGE, _check_profile, book_dir, check_only, load_profile
 from .kit.stored import NothingStored, make_results_command
 from .progress import ENV as PROGRESS_ENV
 from .progress import Board, ChapterBar, ProgressFile, format_seconds
+from .queue import CostModel
 
 
 class BookError(RuntimeError):
@@ -76,8 +82,6 @@ def bold_best(frame, columns: list[str], higher_is_better: bool = True):
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
     """Run ``configs`` and keep each result under ``results/runs/<key>.json.gz`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
-    from ..run import run
-
     store = Store()
     written = []
     for i, config in enumerate(configs):
@@ -99,7 +103,7 @@ def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
 
 def headlines_table():
     """Every chapter's recorded headline rows (the status page), ours − paper beside them, formatted."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (book extra); the command line imports this module
 
     records = [json.loads(p.read_text()) for p in sorted(headline_dir().glob("*.json"))]
     rows = [{"chapter": r["chapter"], "profile": r["profile"], **row} for r in records for row in r["rows"]]
@@ -134,9 +138,6 @@ API_TABLES = ("api_config.md", "api_methods.md")  # generated into the stage, in
 def write_api_tables(stage: Path) -> list[Path]:
     """The API page's generated parts: RunConfig's fields, and every registered method with its
     hyper-parameters, the source it follows and its docstring (equations included)."""
-    import dataclasses
-    import inspect as _inspect
-
     def cell(text: Any) -> str:
         return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -153,7 +154,7 @@ def write_api_tables(stage: Path) -> list[Path]:
     sections = []
     for name in sorted(METHODS):
         cls = METHODS[name]
-        doc = _inspect.cleandoc(cls.__doc__) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
+        doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ and not cls.__doc__.startswith(cls.__name__ + "(") else ""
         params = {f.name: f.default for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
         hyper = ", ".join(f"`{k}={_short(v)}`" for k, v in params.items()) or "none"
         cites = list(dict.fromkeys(m.group(0) for m in source.finditer(doc)))
@@ -193,7 +194,7 @@ def execute_chapter(chapter: str, profile: str, stage: Path, force: bool = False
 
     ``progress_file`` becomes the kernel's ``$FEDLIB_PROGRESS`` (see :mod:`fedlib.app.progress`);
     ``threads``, the kernel's compute threads (:func:`thread_env`). Returns (executed notebook, whether it ran)."""
-    import papermill
+    import papermill  # lazy: papermill (book extra); the command line imports this module
 
     out = stage / f"{chapter}.ipynb"
     stamp = stage / ".stamps" / f"{chapter}.sha256"
@@ -244,7 +245,7 @@ _GLUE_REF = re.compile(r"\{glue(?::\w+)?\}`([^`:]+)(?::[^`]*)?`")
 def _evidence_source(chapter: str, stage: Path) -> Path:
     """The chapter's notebook for the evidence build: every code cell after its runs cell (the first
     calling ``.run(``) tagged to let execution go on when it fails for want of a stored run."""
-    import nbformat
+    import nbformat  # lazy: nbformat (book extra, ~2 s); the command line imports this module
 
     nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
     after_runs = False
@@ -270,7 +271,7 @@ def _sections_without_runs(path: Path, chapter: str) -> bool:
     failed, and the command that makes the missing runs) instead of its traceback, and each paragraph
     quoting a number that was never computed (a glue key no cell glued) is replaced by a note. False
     when an untagged cell failed (a real failure)."""
-    import nbformat
+    import nbformat  # lazy: nbformat (book extra, ~2 s); the command line imports this module
 
     nb = nbformat.read(path, as_version=4)
     cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
@@ -301,7 +302,7 @@ def _sections_without_runs(path: Path, chapter: str) -> bool:
 def _end_at_nothing_stored(path: Path, message: str) -> None:
     """The executed notebook up to the cell that raised NothingStored, that cell showing ``message``
     as its output; the cells after it (which need the runs) are dropped, papermill's error banner too."""
-    import nbformat
+    import nbformat  # lazy: nbformat (book extra, ~2 s); the command line imports this module
 
     nb = nbformat.read(path, as_version=4)
     cells = [c for c in nb.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])
@@ -318,6 +319,7 @@ def _local_kernel_manager(folder: Path, cwd: Path, env: dict[str, str]):
     """A kernel manager whose kernel runs in ``cwd`` with ``env`` added to this process's
     environment (without touching it, so chapters can execute in parallel threads), and talks
     over local IPC sockets in ``folder`` instead of unencrypted TCP (no warning on the terminal)."""
+    # lazy: jupyter_client (book extra); the command line imports this module
     from jupyter_client import AsyncKernelManager
 
     class LocalKernelManager(AsyncKernelManager):
@@ -359,7 +361,7 @@ def _tag_for_reading(path: Path) -> None:
     """After execution: papermill's injected-parameters cell is removed from the page (the
     chapter header shows the parameters as a table), and cells printing long logs get their
     output collapsed (Jupyter Book's hide-output)."""
-    import nbformat
+    import nbformat  # lazy: nbformat (book extra, ~2 s); the command line imports this module
 
     if not path.is_file():
         return
@@ -430,7 +432,6 @@ def estimated_seconds(chapter: str, profile: str, threads: int = 1, cost_model=N
     chapters without runs."""
     if profile == EVIDENCE:
         return EVIDENCE_CHAPTER_SECONDS
-    from . import queue
 
     try:
         items = queue.unique(queue.chapter_items(chapter, profile))
@@ -498,8 +499,6 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     A failing chapter is reported and the others still build (the HTML too); then BookError
     lists the failures.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     _check_profile(profile)
     plan = ThreadPlan.make(jobs)  # jobs × threads ≤ cores
     jobs = plan.jobs
@@ -519,8 +518,6 @@ def build(profile: str = "quick", only: list[str] | None = None, html: bool = Tr
     unknown_time = [c for c in todo if will_run[c] and expected[c] is None]
     model = None
     if unknown_time and profile != EVIDENCE:
-        from .queue import CostModel
-
         model = CostModel.from_results()
     threads_of = {c: plan.cores if c in EXCLUSIVE else plan.threads for c in todo}
     estimate = {c: estimated_seconds(c, profile, threads_of[c], model) for c in unknown_time}

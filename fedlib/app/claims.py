@@ -35,9 +35,14 @@ data need not be on this machine; where it is, it must have that fingerprint.
 
 from __future__ import annotations
 
+import html
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
+
+import pandas as pd
+from IPython.display import HTML, Markdown, display
 
 from .. import stats
 from ..cache import ResultCache
@@ -372,8 +377,6 @@ def table(results: list[Verdict], links: bool = False, page: str = ""):
     """One row per claim: claim, decided by (a link when ``links``), the paper's verdict and
     margin, ours, our deciding margin (mean ± sample std (seeds)) with its 95 % t-interval, the
     one-line summary (:attr:`Verdict.summary`) and the evidence (with the data note)."""
-    import pandas as pd
-
     rows = []
     for v in results:
         where = v.claim.decided_by
@@ -396,8 +399,6 @@ def comparisons(results: list[Verdict]):
     """Every comparison of every claim: the paper's margin, ours (mean ± sample std (seeds)), its
     95 % t-interval, its verdict and whether the paper's margin is rejected (:func:`paper_margin_check`;
     "—" without a paper margin or 3 seeds)."""
-    import pandas as pd
-
     rows = [{"claim": v.claim.text, "comparison": m.label,
              "paper's margin": "—" if m.paper is None else f"{m.paper:+.2f}", "our margin ± sd (n)": m.text(),
              "95 % interval": m.interval_text(), "verdict": m.verdict or UNMEASURED,
@@ -433,8 +434,6 @@ def _coloured(frame, column: str = "ours"):
 
 
 def _e(text: Any) -> str:
-    import html
-
     return html.escape(str(text), quote=True)
 
 
@@ -535,8 +534,6 @@ def numbers_html(frames: dict[str | None, Any]) -> str:
 def scorecard(chapter: str, profile: str | None = None):
     """The chapter's claims and our verdicts, as an HTML table linking to the deciding table (every
     comparison one click away under each claim), then the numbers behind them."""
-    from IPython.display import HTML
-
     results = verdicts(chapter, profile)
     tally = count(results)
     head = (f"<p><b>Scorecard.</b> {tally['n_claims']} claim(s) of the paper, judged on stored paper-profile runs "
@@ -552,8 +549,6 @@ def count(judged: list[Verdict]) -> dict[str, int]:
     """Claims per verdict, how many rest on stored paper-profile runs (and of those, how many on runs
     whose data is not on this machine), and the paper's margins: comparisons where it can be judged
     (``n_testable``), where ours rejects it (``n_rejected``), claims with at least one rejected."""
-    from collections import Counter
-
     c = Counter(v.verdict.split(" (")[0] if v.verdict.startswith(INDICATIVE) else v.verdict for v in judged)
     return {"n_claims": len(judged), "n_hold": c[HOLDS], "n_fail": c[FAILS], "n_noise": c[NOISE],
             "n_indicative": c[INDICATIVE], "n_partial": c[PARTIAL], "n_open": c[UNMEASURED],
@@ -567,8 +562,6 @@ def count(judged: list[Verdict]) -> dict[str, int]:
 def show_verdicts(profile: str | None = None) -> dict[str, int]:
     """Shows every paper's claims table (the status page), each linking to its chapter, with every
     comparison one click away; returns :func:`count`."""
-    from IPython.display import HTML, Markdown, display
-
     judged = []
     display(Markdown(METHOD_NOTE))
     for chapter, label in papers().items():
@@ -589,8 +582,6 @@ def numbers(chapter: str, profile: str | None = None, stored: Evidence | None = 
     std) and ours (stored paper-profile runs, mean ± sample std (seeds); the build profile's runs
     only where none is stored), and whether ours reproduces the paper (``stats.reproduces``).
     Also the columns ``ours``, ``± std`` and ``seeds`` as numbers."""
-    import pandas as pd
-
     absent: set = set()
     reference, stored, build = _inputs(chapter, profile, stored, build, absent)
     rows, seen = [], set()
@@ -626,6 +617,4 @@ def all_numbers(profile: str | None = None):
     """:func:`numbers` of every paper (the status page), grouped by paper: each cell (wrapping), the
     paper's value, ours "mean ± sd (n)" on the same scale (percent for accuracies), and whether ours
     reproduces it (:func:`numbers_html`)."""
-    from IPython.display import HTML
-
     return HTML(numbers_html({name: numbers(chapter, profile) for chapter, name in papers().items()}))

@@ -24,6 +24,8 @@ import time
 import uuid
 from typing import Any
 
+import torch
+
 from ..data import data_missing
 from . import queue
 from .kit.items import QueueItem
@@ -45,17 +47,14 @@ def unit_spec(unit: Entry | Pack) -> list[tuple[QueueItem, type, dict]]:
 
 def worker_device() -> str:
     """The device this worker runs units on: CUDA when it has it, else its CPU."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def run_unit(spec: list[tuple[QueueItem, type, dict]], packed: bool) -> dict[str, Any]:
     """Executed by a cluster worker: the unit's finished results, not stored, as ``{"records": [...], "where",
     "device", "seconds"}``; ``{"absent": why, "where"}`` when a dataset of the unit is not on this worker."""
-    import torch
-
     try:
+        # lazy: distributed (optional: the test extra's); the command line imports this module
         from distributed import get_worker
 
         worker = get_worker()
@@ -165,6 +164,7 @@ class DaskBackend:
 def connect(address: str | None = None, wait_s: float = 60.0):
     """A ``distributed.Client`` of the scheduler at ``address`` (default: ``$DASK_SCHEDULER_ADDRESS``), once at
     least one worker has joined; a one-line ValueError when there is none within ``wait_s`` seconds."""
+    # lazy: distributed (optional: the test extra's); the command line imports this module
     from distributed import Client
 
     address = address or os.environ.get(SCHEDULER_ENV)

@@ -26,7 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import queue
+import pandas as pd
+from IPython.display import Markdown, display
+
+from . import claims, queue
+from .chapters import papers as every_paper
 from .chapters import record
 from .claims import DATA_ABSENT
 from .kit.sources import load_reference
@@ -143,8 +147,6 @@ def _level(cell, backing, build_items, stored, missing, in_paper, chapter) -> tu
 
 
 def frame(cells: list[Cell]):
-    import pandas as pd
-
     return pd.DataFrame([c.__dict__ for c in cells])
 
 
@@ -172,16 +174,12 @@ def counts(cells: list[Cell]):
 
 def _papers(papers: list[str] | None) -> list[str]:
     """The chapters a page shows: ``papers``, or (None) every paper's, in the book's order."""
-    from .chapters import papers as every_paper
-
     return every_paper() if papers is None else list(papers)
 
 
 def show(papers: list[str] | None, build_profile: str = "quick") -> dict[str, list[Cell]]:
     """Shows the legend, then per paper (None: every paper) its grids (its tables, then ours) and the cells not
     runnable here with the reason; returns {paper: its cells}."""
-    from IPython.display import Markdown, display
-
     display(Markdown(" · ".join(f'<span style="background-color: {COLOURS[lv]}; padding: 0 6px">{s}</span> {lv}'
                                 for lv, s in SHORT.items())))
     cells_by_paper = {paper: coverage(paper, build_profile) for paper in _papers(papers)}
@@ -206,13 +204,9 @@ def reproduction(papers: list[str] | None, build_profile: str = "quick"):
     paper's, and how many reproduce it (``stats.reproduces``, the rule of the status page and the scorecards:
     |ours − paper| ≤ max(2 points, the paper's std, our 95 % interval's half-width)); below 3
     seeds a yes or no is indicative and counted apart."""
-    import pandas as pd
-
-    from .claims import numbers
-
     rows = []
     for paper in _papers(papers):
-        f = numbers(paper, build_profile)
+        f = claims.numbers(paper, build_profile)
         judged = f[f["reproduces"] != "—"]
         firm = judged[~judged["reproduces"].str.contains("indicative")]
         rows.append({"paper": paper, "cells compared": len(judged),
@@ -226,8 +220,6 @@ def per_level(cells_by_paper: dict[str, list[Cell]]):
     """Cells per paper and level; glue values: cells in all, those backed by stored paper-protocol runs, and
     the papers' cells (``n_paper_cells``, every cell of the reference YAMLs) with their stored share
     (``n_stored_paper_cells``)."""
-    import pandas as pd
-
     total = pd.concat({paper: frame(cells).groupby("level").size() for paper, cells in cells_by_paper.items()},
                       axis=1).T
     total = total.reindex(columns=[lv for lv in LEVELS if lv in total.columns]).fillna(0).astype(int)

@@ -21,6 +21,7 @@ Voilà actually took (it moves to the next one when the asked port is taken).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+import webbrowser
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -96,8 +98,7 @@ def _capped_kernel_manager():
     """The kernel manager class Voilà runs with (``VoilaConfiguration.multi_kernel_manager_class``):
     jupyter_server's, with at most ``max_kernels`` kernels. Built on first use (jupyter_server is the
     book extra's)."""
-    import asyncio
-
+    # lazy: jupyter_server, traitlets (book extra); the command line imports this module
     from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
     from traitlets import Integer
 
@@ -275,8 +276,6 @@ def serve(port: int = 8866, open_browser: bool = False, command: list[str] | Non
         moved = f" (port {port} was taken)" if port and taken != port else ""
         print(f"The live explorer is at {url}{moved}  (Ctrl-C stops it; keep the token private)", flush=True)
         if open_browser:
-            import webbrowser
-
             webbrowser.open(url)
         return process.wait()
     except _Stop as sig:

@@ -19,7 +19,7 @@ import sys
 from html.parser import HTMLParser
 
 from ..provenance import repo_root
-from .chapters import resolved_methods
+from .chapters import chapter_module, resolved_methods
 from .kit.pages import PROSE_SYMBOLS
 from .kit.sources import PROFILES, book_dir
 
@@ -99,10 +99,8 @@ def prose_drift(chapter: str, text: str | None = None, profile: str = "paper") -
     same paragraph; a paragraph naming no method speaks of the chapter's own) that differ from what its
     ``profile`` runs resolve, one line each (empty: the text agrees). ``text``: default the notebook's
     markdown cells (glued values are rendered from the code and are not in them)."""
-    from .chapters import chapter_module
-
     if text is None:
-        import nbformat
+        import nbformat  # lazy: nbformat (~2 s); only reading a notebook's text needs it
 
         nb = nbformat.read(book_dir() / f"{chapter}.ipynb", as_version=4)
         text = "\n\n".join(c.source for c in nb.cells if c.cell_type == "markdown")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -160,8 +161,6 @@ class Board(_StatusLine):
 
     def __init__(self, jobs: int = 1, stream=None, log_every: float = 60.0,
                  clock: Callable[[], float] = time.monotonic):
-        import threading
-
         super().__init__(stream, log_every, clock)
         self.jobs = max(1, jobs)
         self.bars: dict[str, ChapterBar] = {}

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import fedlib
+
 from ..cache import ResultCache
 from ..config import make_config
 from ..determinism import CROSS_MACHINE
@@ -61,8 +63,6 @@ class _Enough(Exception):
 
 def fresh_history(config: dict[str, Any], rounds: int | None) -> list[dict]:
     """The first ``rounds`` rounds (all when None) of ``config`` computed by today's engine, uncached."""
-    import fedlib
-
     records: list[dict] = []
 
     def keep(record: dict) -> None:
@@ -152,8 +152,6 @@ def recompute_in_full(key: str, store: ResultCache | None = None, replace: bool 
     """Re-compute a stored run whole; with ``replace``, store today's run in its place when they differ
     beyond the tolerance (``meta.recomputed`` records the earlier final accuracy and the first departure).
     ``scratch``: a cache (never the store) of today's runs, so a re-computation done earlier is reused."""
-    import fedlib
-
     store = store or Store().cache()
     entry, problem = store.read(key)
     if entry is None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from itertools import combinations
 
 import numpy as np
 import torch
@@ -279,6 +280,7 @@ def slsqp(probs: torch.Tensor, gamma: float, *, kappa: float = 0.0, sizes=None, 
     0 ≤ λ_k ≤ 1 − γ and the equality Σλ = 1, from λ⁽⁰⁾ = 1/K (or ``init``). Where scipy's
     step differs from Algorithm 1's: see the module docstring (a BFGS matrix replaces the
     negative semi-definite Hessian of Eq. 5, whose quadratic has no minimiser)."""
+    # lazy: scipy.optimize (~0.4 s) stays out of `import fedlib`; only the SLSQP solver needs it
     from scipy.optimize import minimize
 
     probs, sizes_t = _check(probs, gamma, kappa, sizes, rounding)
@@ -311,8 +313,6 @@ def select(probs: torch.Tensor, gamma: float, solver: str = "pgd", **kwargs) -> 
 
 def all_vertices(k: int, gamma: float) -> torch.Tensor:
     """Every vertex of the feasible set for K clients: ``[V, K]`` (small K only)."""
-    from itertools import combinations
-
     full, rest, _ = vertex_counts(gamma)
     rows = []
     for top in combinations(range(k), full):

@@ -88,8 +88,6 @@ def test_stored_runs_are_written_once_and_read_back(tmp_path, monkeypatch):
 
 def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
     """The search with a stand-in for fedlib.run whose accuracy is a known function of the point."""
-    import sys
-
     from fedlib.run import RunResult
 
     def fake_accuracy(c):  # best structure: after_refine with 1 epoch; best single move: lr 0.1
@@ -105,7 +103,7 @@ def test_calibration_search_stages_and_record(tmp_path, monkeypatch):
         return RunResult(config=config.to_dict(), history=[{"round": 0, "accuracy": acc}],
                          final={"accuracy": acc, "mean_client_accuracy": 0.2}, meta={"wall_time": 1.0, "device": "cpu"})
 
-    monkeypatch.setattr(sys.modules["fedlib.run"], "run", fake_run)
+    monkeypatch.setattr(calibration, "run", fake_run)
     path = tmp_path / "calibration.json"
     record = calibration.calibrate(stages=("structure",), path=path, progress=False)
     assert [(p["choice"]["public_logits"], p["choice"]["local_epochs"]) for p in record["points"]] == [

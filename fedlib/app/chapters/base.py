@@ -22,7 +22,10 @@ import json
 from html import escape
 from typing import Any, Callable
 
+import torch
+
 from ... import __version__, data
+from ...config import shown
 from ...provenance import git_commit, repo_root
 from ...run import run_many
 from ..kit import frames, pages
@@ -92,8 +95,6 @@ def check_parameters(chapter: str, namespace: dict[str, Any]) -> None:
     cell, i.e. the notebook's globals) against its profile schema (``fedlib.app.chapters.profiles``)
     before anything runs: an unknown profile (no ``params/<chapter>/<profile>.yaml``), an unknown
     or missing name or a value of the wrong type is one ``ChapterParameterError`` line."""
-    from ...config import shown
-
     known = profiles_of(chapter)
     profile = namespace.get("profile", "quick")
     if not isinstance(profile, str) or profile not in known:
@@ -114,7 +115,8 @@ def queue_item(chapter: str, params: dict[str, Any], table: str, row: str, colum
 def chapter_header(chapter: str, profile: str, params: dict[str, Any]):
     """The first output of every chapter: profile, device, and this build's parameters vs the
     paper's as a small table (the injected parameters cell itself is not shown)."""
-    from IPython.display import HTML  # the book extra's: the queue imports the chapters without it
+    # lazy: IPython (book extra); the queue imports the chapters without it
+    from IPython.display import HTML
 
     table = parameters_table(chapter, params)
     if profile == EVIDENCE:
@@ -180,8 +182,6 @@ class Chapter:
         """This build's runs (the cache answers what ran before; a dataset that is not under the
         data root is skipped with one line), then the stored paper-profile runs; prints a summary."""
         if self.params.get("threads"):  # the profile's torch CPU threads (small models run faster on few)
-            import torch
-
             torch.set_num_threads(self.params["threads"])
         configs = self.configs() if configs is None else configs
         if self.evidence:
@@ -281,6 +281,7 @@ class Chapter:
     @staticmethod
     def glue(values: dict[str, Any]) -> None:
         """Every number a page's text quotes, glued under its name (myst-nb)."""
+        # lazy: myst_nb (book extra); the queue imports the chapters without it
         from myst_nb import glue
 
         for name, value in values.items():
@@ -288,6 +289,6 @@ class Chapter:
 
     def record_headlines(self, rows: list[dict[str, Any]]):
         pages.record_headlines(self.name, self.profile, rows)
-        import pandas as pd  # the book extra's: the queue imports the chapters without it
+        import pandas as pd  # lazy: pandas (book extra); the queue imports the chapters without it
 
         return pd.DataFrame(rows)

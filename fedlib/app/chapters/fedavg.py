@@ -71,6 +71,7 @@ class FedAvg(Chapter):
 
     def _grid(self, height: float, **kwargs):
         """A figure with one axis per split, three to a row, and its (axis, split) pairs."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         p = self.params
@@ -83,8 +84,10 @@ class FedAvg(Chapter):
 
     def split_figure(self):
         """Bubble plots of each split's client x class counts (first seed), and each client's samples and classes."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
+        # lazy: fedlib.plots (matplotlib, ~0.5 s); the queue imports the chapters without it
         from ...plots import bubble_plot
 
         fig, axes = self._grid(4.6)
@@ -110,6 +113,7 @@ class FedAvg(Chapter):
         CELM protocol's stored runs (whether it reproduces the paper, ``stats.reproduces``), and this page's
         own runs (this build and the stored ones), labelled with this page's protocol; the headline
         claims and the numbers the verdict quotes."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         methods, own = self.params["methods"], own_protocol(self.params)
@@ -146,6 +150,7 @@ class FedAvg(Chapter):
 
     def curves(self):
         """Test accuracy after every round, one axis per split (first seed)."""
+        # lazy: fedlib.plots (matplotlib, ~0.5 s); the queue imports the chapters without it
         from ...plots import accuracy_curves
 
         fig, axes = self._grid(3.4, layout="constrained")

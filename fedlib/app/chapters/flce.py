@@ -25,6 +25,7 @@ import numpy as np
 from ... import models
 from ...config import RunConfig, make_config
 from ...contributions import contribution_vector, flce_contributions, flce_tensor, similarity_contributions  # noqa: F401
+from ...metrics import kl
 from ...results import RunResult
 from ...stats import mean_std, pm
 from ..kit import frames
@@ -121,8 +122,6 @@ def diversity_share(result) -> np.ndarray:
 
 def kl_to(result, share=data_share, contribute=contributions) -> float:
     """KL(contribute(result) ‖ share(result)) in nats (FLCE §4.1.3: P = contributions, Q = data quality)."""
-    from ...metrics import kl
-
     return float(kl(contribute(result), share(result)))
 
 
@@ -250,6 +249,7 @@ class FLCE(Chapter):
 
     def table2(self):
         """Table 2: accuracy and macro-F1 (%, last rounds, mean ± std over seeds) beside the paper's; FLCE's rank."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         methods, seeds, lines = self.params["methods"], self.params["seeds"], []
@@ -270,6 +270,7 @@ class FLCE(Chapter):
 
     def figs2_3(self):
         """Figs. 2-3: KL of each method's contributions to the data-size and class-diversity shares, and the table."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -293,6 +294,7 @@ class FLCE(Chapter):
 
     def table3(self):
         """Table 3: KL to the data-size share of FLCE, its ablations and our simplifications, paper vs ours."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         simplifications = list(self.params.get("simplifications", []))
@@ -323,9 +325,8 @@ class FLCE(Chapter):
 
     def fig4(self):
         """Fig. 4: distance and KL of each method's contributions to the exact Shapley value, per checkpoint round."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
-
-        from ...metrics import kl
 
         d0, methods = self.datasets_run[0], self.params["methods"]
         canonical = self.run_of(d0, "Non-IID", "fedsv", exact=True)
@@ -353,6 +354,7 @@ class FLCE(Chapter):
 
     def fig5(self):
         """Fig. 5: FLCE's class profiles (Σ_t Q[k, c] per client, CE-weighted globally) against the true shares."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         run = self.run_of(self.datasets_run[0], "Non-IID", "flce")
@@ -376,6 +378,7 @@ class FLCE(Chapter):
 
     def figs6_7(self):
         """Figs. 6-7: accuracy per round and KL to the data-size share with noisy clients, and their table."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -404,6 +407,7 @@ class FLCE(Chapter):
 
     def table4(self):
         """Table 4: prototype and model sizes of our ResNet-20 beside the paper's (style: ``TABLE4_FORMAT``)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         table = pd.DataFrame(communication_cost()).set_index("Dataset")
@@ -415,6 +419,7 @@ class FLCE(Chapter):
 
     def fig8(self):
         """Fig. 8: mean server seconds per round under Non-IID."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         d0 = self.datasets_run[0]
@@ -429,6 +434,7 @@ class FLCE(Chapter):
 
     def fig9(self):
         """Fig. 9: FLCE's accuracy (last rounds) and KL under Dir(δ) for the sweep's δ, and IID as 'Max'."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -450,6 +456,7 @@ class FLCE(Chapter):
 
     def closing(self):
         """Accuracy, F1 (last rounds, %) and KL of the closing note's methods, Non-IID, first dataset."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         d0 = self.datasets_run[0]

@@ -32,6 +32,7 @@ per-client weight to the data-size share.
 from __future__ import annotations
 
 import itertools
+import warnings
 from functools import partial
 from typing import Any, Callable
 
@@ -39,10 +40,12 @@ import numpy as np
 
 from ... import contributions
 from ...config import RunConfig, make_config
+from ...metrics import detection_summary, kl, spearman
 from ...screening import judge
 from . import Paper, run_options
 from .celm import protocol as celm_chapter
 from .base import Chapter, queue_item
+from .logitfl.protocol import protocol_config
 from .profiles import FederationProfile, Names, Part, Seeds
 
 # leaderboard key -> (registered method, its parameters, where its contribution vector comes from, label);
@@ -176,8 +179,6 @@ def poisoning_metrics(result) -> dict[str, Any]:
 def uwa_configs(params: dict[str, Any], dataset: str) -> list[RunConfig]:
     """The logit protocol's federations (k-classes split, public set) for UWA and simple averaging
     (methods ``logit_uwa``, ``logit_simple``: ordinary rows, run by ``fedlib.run``)."""
-    from .logitfl.protocol import protocol_config
-
     return [protocol_config(agg, dataset=dataset, model=params["models"][dataset], n_clients=params["n_clients"],
                             fraction=params["fraction"], test_samples=params["test_samples"], seed=seed,
                             **params["uwa"])
@@ -216,8 +217,6 @@ def as_distribution(values) -> np.ndarray:
 def fidelity(contribution, reference) -> tuple[float, float]:
     """(Spearman ρ, KL(reference || contribution) in nats) of two per-client vectors; NaN if
     the contribution is missing for a client."""
-    from ...metrics import kl, spearman
-
     c, r = np.asarray(contribution, dtype=float), np.asarray(reference, dtype=float)
     if not np.isfinite(c).all():
         return float("nan"), float("nan")
@@ -233,6 +232,7 @@ def references(result) -> dict[str, np.ndarray]:
 def maverick_rank(contribution, roles) -> float:
     """Rank of the (first) Maverick's contribution among all clients: 1 = valued highest
     (ties share their mean rank); NaN without a Maverick or a finite contribution."""
+    # lazy: scipy.stats (~1 s); the queue imports the chapters without it
     from scipy.stats import rankdata
 
     roles = list(roles)
@@ -244,8 +244,6 @@ def maverick_rank(contribution, roles) -> float:
 
 def free_rider_auroc(history: np.ndarray, roles) -> float:
     """CELM §6.2: mean per-round AUROC of the z-score rule (rounds with a NaN left out)."""
-    from ...metrics import detection_summary
-
     mask = np.isin(np.asarray(roles), FREE_RIDER_ROLES)
     rows = history[np.isfinite(history).all(1)] if len(history) else history
     if not mask.any() or mask.all() or len(rows) == 0:
@@ -283,6 +281,7 @@ def run_metrics(result, key: str) -> dict[str, Any]:
 def table(results: dict, params: dict[str, Any], datasets: list[str]) -> "pd.DataFrame":  # noqa: F821
     """One row per run: dataset, split, seed, method + :func:`run_metrics`, and ``server_ratio``
     (mean server time per round / FedAvg's on the same federation and seed)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     rows = []
@@ -350,6 +349,7 @@ def runs(params: dict[str, Any]) -> list:
 
 def best(frame, column: str, higher_is_better: bool = True, empty: str = "", tol: float = 1e-9):
     """The index labels tied for the best finite value of ``column``, as Markdown (``empty`` if none is finite)."""
+    # lazy: IPython (book extra); the queue imports the chapters without it
     from IPython.display import Markdown
 
     values = frame[column].dropna()
@@ -378,8 +378,6 @@ class Leaderboard(Chapter):
     def run(self) -> list:
         """This build's runs (a dataset not under the data root is skipped), the per-run table, a summary line.
         The poisoning runs' warnings are expected: the poisoning table reports them, the page does not repeat them."""
-        import warnings
-
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*possible poisoning", category=RuntimeWarning)
             super().run(quiet=True)
@@ -394,6 +392,7 @@ class Leaderboard(Chapter):
         return self.runs
 
     def overview(self) -> dict[str, Any]:
+        # lazy: IPython (book extra); the queue imports the chapters without it
         from IPython.display import Markdown
 
         return {"lb_seeds": Markdown(", ".join(map(str, self.params["seeds"]))),
@@ -438,9 +437,11 @@ class Leaderboard(Chapter):
     def show_contributions(self) -> None:
         """Shows each method's final-round contribution beside the exact Shapley value on the first Maverick and
         free-rider federation (smoke profile: the first only), each figure under its caption."""
+        # lazy: IPython (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         from IPython.display import Markdown, display
 
+        # lazy: fedlib.plots (matplotlib, ~0.5 s); the queue imports the chapters without it
         from ...plots import contribution_vs_truth
 
         p, dataset, seed = self.params, self.datasets[0], self.params["seeds"][0]
@@ -458,6 +459,7 @@ class Leaderboard(Chapter):
     def maverick_table(self):
         """On the Maverick split: the Maverick's rank, rare-class and balanced accuracy, ρ Shapley, and its rank
         under each reference of sample-count FedAvg's final round."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         p = self.params
@@ -481,6 +483,7 @@ class Leaderboard(Chapter):
 
     def free_rider_table(self):
         """Free-rider AUROC on the free-rider and the adversarial split."""
+        # lazy: pandas and IPython (book extra); the queue imports the chapters without them
         import pandas as pd
         from IPython.display import Markdown
 
@@ -510,6 +513,7 @@ class Leaderboard(Chapter):
 
     def uwa_table(self):
         """Simple logit averaging and UWA on the logit protocol's federation, mean over datasets and seeds."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         names = {"simple": "simple average", "uwa": "UWA"}
@@ -527,6 +531,7 @@ class Leaderboard(Chapter):
         """Under 40 %-style sign-flipping (``poisoning``): each method's accuracy, the share of seeds whose
         run warned, the share of the sign-flippers the warning named and the benign clients it named (mean over
         seeds); the first row is clean FedAvg on the same federation. Best accuracy under attack first."""
+        # lazy: pandas and IPython (book extra); the queue imports the chapters without them
         import pandas as pd
         from IPython.display import Markdown
 
@@ -562,6 +567,7 @@ class Leaderboard(Chapter):
     def radars(self):
         """One radar per method, six axes on [0, 1] (1 = best; a missing axis at 0): accuracy and balanced accuracy
         / 100, (ρ_Shapley + 1) / 2, free-rider AUROC, Maverick 1 − (rank − 1)/(N − 1), 1 / max(1, server ratio)."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 

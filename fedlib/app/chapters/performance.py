@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -211,8 +212,6 @@ def gpu_packs_text(configs: list, index=None) -> str | None:
 
 def _cores_of(device: str) -> int:
     """Cores named in a CPU device string ("cpu (x86_64, 2 cores, ...)"); GPUs: a large number (no load check)."""
-    import re
-
     found = re.search(r"(\d+) cores", device)
     return int(found.group(1)) if found else 1_000_000
 

@@ -17,6 +17,8 @@ from typing import Annotated, Any, ClassVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ...config import shown
+from .. import chapters
 from ..kit import sources
 from . import ENGINE_DEFAULT_CLIP
 
@@ -63,8 +65,6 @@ class Part(Profile):
 def problem(schema: type[Profile], values: dict[str, Any]) -> str | None:
     """What is wrong with ``values`` for ``schema``, one line naming the parameter (None: they fit).
     An unknown parameter is named first (a misspelt key also leaves its right name missing)."""
-    from ...config import shown
-
     try:
         schema.model_validate(values)
     except ValidationError as err:
@@ -144,11 +144,9 @@ PAGE_SCHEMAS: dict[str, type[Profile]] = {"coverage": CoverageProfile, "explore"
 
 def schema_of(page: str) -> type[Profile]:
     """The schema of a page's parameters: a chapter's from its ``Paper`` record, else ``PAGE_SCHEMAS``'s."""
-    from . import CHAPTER_MODULES, record
-
-    if page in CHAPTER_MODULES:
-        return record(page).profile_schema
+    if page in chapters.CHAPTER_MODULES:
+        return chapters.record(page).profile_schema
     if page not in PAGE_SCHEMAS:
-        known = ", ".join(CHAPTER_MODULES + tuple(PAGE_SCHEMAS))
+        known = ", ".join(chapters.CHAPTER_MODULES + tuple(PAGE_SCHEMAS))
         raise ValueError(f"{page}: no profile schema; pages with one: {known}")
     return PAGE_SCHEMAS[page]

@@ -58,6 +58,7 @@ def earlier_recipe(params: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[
 def earlier_table(frame, values: dict[str, Any]) -> Table:
     """A chapter's CIFAR-10 rows from the stored runs of the original recipe (stale, ``earlier_recipe``'s
     ``values``): a line naming the recipe and its stored runs above the frame; nothing to show while it is None."""
+    # lazy: IPython (book extra); the queue imports the chapters without it
     from IPython.display import Markdown
 
     heading = None if frame is None else Markdown(
@@ -83,6 +84,7 @@ def calibrate(rows, results: dict[str, Any], paper_of: Callable[[str], float]):
     Rule: FedAvg only; the reading with the smallest mean |ours − paper| (final accuracy) over the splits
     it has runs for, among the readings with the most splits measured; a tie goes to the earlier reading.
     Returns (frame: ours, paper per split, the mean gap; the chosen reading or None)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     lines: dict[str, dict[str, Any]] = {}

@@ -69,7 +69,7 @@ def paper_values(reference, table: str, row: str, methods, column_of: Callable[[
 
 
 def _lines(rows: list[tuple[str, dict, dict]], labels: dict[str, str], index: str, cell: Callable):
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (book extra); the queue imports the chapters without it
 
     lines = []
     for label, paper, ours in rows:

@@ -41,7 +41,7 @@ def device_description() -> str:
 def parameters_table(chapter: str, params: dict[str, Any]):
     """This build's parameters next to the paper profile's, for the parameters that differ
     (a DataFrame: parameter, this build, paper; empty when the build follows the paper)."""
-    import pandas as pd  # the book extra's: the queue imports the chapters without it
+    import pandas as pd  # lazy: pandas (book extra); the queue imports the chapters without it
 
     try:
         paper = load_profile(chapter, "paper")

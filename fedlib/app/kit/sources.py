@@ -45,7 +45,7 @@ def load_profile(chapter: str, profile: str) -> dict[str, Any]:
 
 def load_reference(paper: str):
     """The paper's published numbers as a DataFrame (table, row, column, value, std)."""
-    import pandas as pd
+    import pandas as pd  # lazy: pandas (book extra); the queue imports the chapters without it
 
     path = book_dir() / "reference" / f"{paper}.yaml"
     data = yaml.safe_load(path.read_text())

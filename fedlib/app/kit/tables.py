@@ -59,6 +59,7 @@ class Table:
 
     def show(self) -> None:
         """Display the table in a notebook: each part of ``order`` that is not None."""
+        # lazy: IPython (book extra); the queue imports the chapters without it
         from IPython.display import display
 
         for part in self.order:
@@ -70,6 +71,7 @@ class Table:
                 else:
                     display(self.note)
             elif part == "figure" and self.figure is not None:
+                # lazy: matplotlib (~0.5 s) stays out of the queue, which imports the chapters
                 import matplotlib.pyplot as plt
 
                 plt.show()

@@ -7,8 +7,12 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from ... import data
 from ...cache import ResultCache, key_of
+from ...models import MODELS, build_model
+from ...plans import step_flops
 from ...store import list_store
 from ..kit.items import _get, method_name, runner_kind, work
 from .store import stores
@@ -47,11 +51,6 @@ def model_flops(model: str, dataset: str) -> float | None:
     for a model or dataset without a fixed input shape here. Counted once per pair."""
     key = (model, dataset)
     if key not in _MODEL_FLOPS:
-        import torch
-
-        from ...models import MODELS, build_model
-        from ...plans import step_flops
-
         flops = None
         try:
             spec = data.dataset_spec(dataset) if model in MODELS else None

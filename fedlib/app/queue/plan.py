@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+from ...packing import pack_signature
 from ...store import Store
 from .. import chapters
 from ..chapters import profiles
@@ -308,8 +309,6 @@ def plan_packs(entries: list[Entry], device: str = "cpu", max_rows: int = 256, m
     (``fedlib.scm_pipeline.execute_many``); other runs stay single. Units are ordered by their best member's place (seed 0
     before seeds 1-2, then the ``first`` (chapter, table) in their order), then by value
     (:func:`item_value`) per estimated second."""
-    from ...packing import pack_signature
-
     model = cost_model or CostModel.from_results()
     pending = [e for e in entries if not e.stored and not e.missing]
     groups: dict[tuple, list[list[Entry]]] = {}

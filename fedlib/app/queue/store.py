@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from ...cache import read_regular
+from ...config import RunConfig, ScmConfig
 from ...data import data_missing
-from ...store import Store
+from ...results import check_result, placement_free, result_check
+from ...store import Store, run_of
 from ..kit.items import QueueItem
 from ..kit.stored import StoredIndex
 
@@ -42,10 +48,6 @@ def answers(item: QueueItem, payload: dict) -> str | None:
     """None when a stored entry (checksum already verified) is a valid run of ``item``: the right
     schema, and it answers the item's key (its resolved config, rule versions and data, as the
     chapters judge it: ``fedlib.results.result_check``); else what is wrong."""
-    from ...config import RunConfig, ScmConfig
-    from ...results import check_result, placement_free, result_check
-    from ...store import run_of
-
     if not isinstance(payload, dict):
         return "not a stored run"
     run = run_of(payload)
@@ -150,8 +152,6 @@ def claim_owner(key: str, root: Path | None = None) -> dict | None:
     """The claim on ``key`` (``{"pid", "host", "since"}``), or None when there is none. An unreadable
     claim (being written, or a folder, a link, a FIFO) is ``{"pid": None, "host": None, "since": <its
     last change>}``; a readable one that is no claim (:func:`claim_problem`) also has ``"invalid"``: why."""
-    from ...cache import read_regular
-
     path = _claim_path(key, root)
     try:
         owner = json.loads(read_regular(path, limit=4096))
@@ -174,14 +174,11 @@ def claim_owner(key: str, root: Path | None = None) -> dict | None:
 def _remove_claim_file(path: Path) -> None:
     """Remove a dead claim moved out of the way: a file, a link (not what it points to) or an old
     directory claim with what it holds."""
-    import shutil
-    import stat as _stat
-
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return
-    if _stat.S_ISDIR(info.st_mode):
+    if stat.S_ISDIR(info.st_mode):
         shutil.rmtree(path)
     else:
         path.unlink(missing_ok=True)
@@ -194,8 +191,6 @@ def claim(key: str, root: Path | None = None, log: Callable[[str], None] | None 
     unreadable one (a folder of an older queue, a link, a file cut short) over a minute old, is taken
     over and removed, leaving nothing behind; another host's claim holds until it is released.
     Returns (claimed, the current owner when not)."""
-    import socket
-
     path = _claim_path(key, root)
     path.parent.mkdir(parents=True, exist_ok=True)
     mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
@@ -237,8 +232,6 @@ def claim(key: str, root: Path | None = None, log: Callable[[str], None] | None 
 
 def _read_moved(path: Path) -> Any:
     """The content of a claim file moved aside (None when it is not a readable claim file)."""
-    from ...cache import read_regular
-
     try:
         return json.loads(read_regular(path, limit=4096))
     except (OSError, ValueError, RecursionError):

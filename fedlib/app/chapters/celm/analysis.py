@@ -7,11 +7,14 @@ pandas is imported inside the functions that build frames.
 
 from __future__ import annotations
 
+from itertools import combinations_with_replacement
 from typing import Any
 
 import numpy as np
 
 from .... import partition
+from ....metrics import joint_distances
+from ....stats import MIN_SEEDS, interval, mean_std
 from ...kit import frames
 from .protocol import (
     CFFL_STUDY_BASELINE,
@@ -31,6 +34,7 @@ def calibrate_maverick_readings(rows: list[tuple[str, Any]], results: dict[str, 
     accuracy (``paper``: those two values); a tie goes to the earlier reading. Returns (frame: ours, the
     gaps and whether each reading is permitted; the chosen reading or None while no permitted reading has
     a run)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     lines = []
@@ -82,8 +86,6 @@ def pls_class_count_search(target: tuple[float, float] = (0.508, 0.586), n_clien
     """Every equal-size PLS allocation k_1 <= ... <= k_N (k_i in 1..C, Σ k_i >= C, samples
     split evenly) whose Uniform (JSD, Hellinger) under ``metrics.joint_distances`` is within
     ``tolerance`` of ``target``. Vectorized over the allocations."""
-    from itertools import combinations_with_replacement
-
     ks = np.array([k for k in combinations_with_replacement(range(1, n_classes + 1), n_clients)
                    if sum(k) >= n_classes])
     cells = 1.0 / (n_clients * ks)  # the joint mass of a held cell, [A, N]
@@ -104,8 +106,6 @@ def choose_pls_allocation(matches, target: tuple[float, float] = (0.508, 0.586))
     different numbers of classes to different clients'), then the nearest to the printed values
     (|JSD - 0.508| + |Hellinger - 0.586| on the equal-size counts). The EMD column cannot decide: no
     EMD definition tried reproduces it (``CELM.definitions``). Returns (allocation, the rule applied)."""
-    from ....metrics import joint_distances
-
     if not matches:
         raise ValueError("choose_pls_allocation: no allocation to choose from")
     distinct = [k for k in matches if len(set(k)) == len(k)]
@@ -163,6 +163,7 @@ def diagnose_baseline(result, method: str) -> tuple[str, "Any"]:
     CFFL's removal rounds, CGSV's reputation concentration, ShapFed's weights (per class where
     the run recorded them). The table lists, per client, the classes it holds and the rule's
     final numbers."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     counts = np.asarray(result.meta["client_class_counts"])
@@ -225,6 +226,7 @@ def cffl_study_frame(runs: list[tuple[str, Any]], gap_points: float = 5.0):
     clients removed and after which (1-based) round (``removal_rounds``). The conclusion: whether CFFL
     with every client kept (removal off) ends within ``gap_points`` of FedAvg, i.e. whether the removal
     threshold is what holds CFFL's server model back."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     fedavg = 100.0 * runs[0][1].final["accuracy"]
@@ -281,9 +283,8 @@ def precision_screen(rows: list[tuple[str, Any]], results: dict[str, Any], margi
     Rule: bfloat16 is adopted only if at least 3 seeds are paired and the difference's 95 % t-interval lies
     within ±``margin``. ``adopted``: the precision the profile declares. Returns (frame or None while no pair is
     stored, glue values ``ps_*``)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
-
-    from ....stats import MIN_SEEDS, interval, mean_std
 
     by_seed: dict[int, dict[str, Any]] = {}
     for precision, config in rows:

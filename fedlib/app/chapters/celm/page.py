@@ -10,6 +10,15 @@ import numpy as np
 
 from ....data import data_missing
 from ....methods import build_method
+from ....metrics import (
+    detection_summary,
+    emd_1d,
+    hellinger,
+    joint_distances,
+    js_distance,
+    jsd,
+    kl,
+)
 from ....stats import mean_std, pm
 from ...kit import frames
 from ...kit.pages import PROSE_SYMBOLS
@@ -100,6 +109,7 @@ class CELM(Chapter):
 
     def shortfalls(self, threshold: float = 10.0) -> list:
         """A paragraph and a table (``diagnose_baseline``) per baseline run ``threshold`` points below FedAvg."""
+        # lazy: IPython (book extra); the queue imports the chapters without it
         from IPython.display import Markdown
 
         source, results, params = self.by_source()[-1]  # the stored paper-profile runs when there are any
@@ -244,11 +254,10 @@ class CELM(Chapter):
 
     def table3(self) -> Table:
         """Table 3 and Fig. 4, free-rider detection: AUROC and FPR per method, the numbers, the FPR curves."""
+        # lazy: pandas and IPython (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
         from IPython.display import Markdown
-
-        from ....metrics import detection_summary
 
         detectors = [m for m in DETECTORS if m in self.params["methods"]]
         lines, curves, thresholds = [], {}, None
@@ -283,6 +292,7 @@ class CELM(Chapter):
 
     def table4(self) -> Table:
         """Table 4 and Fig. 5: how far CELM's evidence and the uniform matrix are from the true counts."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -321,10 +331,9 @@ class CELM(Chapter):
         """Table 4's Uniform column from the splits alone, paper vs ours under the Table 4 and the earlier
         definitions (JSD in bits, EMD between cell probabilities) and on the PLS splits of ``PLS_MATCHES``;
         a paper value counts as reproduced within our seed range ± its rounding (0.0005)."""
+        # lazy: pandas (book extra), scipy.stats (~1 s); the queue imports the chapters without them
         import pandas as pd
         from scipy.stats import wasserstein_distance
-
-        from ....metrics import hellinger, joint_distances, jsd
 
         names = ("JSD", "EMD", "Hellinger")
 
@@ -374,10 +383,9 @@ class CELM(Chapter):
         """The JSD, Hellinger and EMD variants tried for Table 4's Uniform column on our PLS split
         (``PLS_ALLOCATION``, seed 0), over
         the joint client x class cells, the client rows or the class columns (means)."""
+        # lazy: pandas (book extra), scipy.stats (~1 s); the queue imports the chapters without them
         import pandas as pd
         from scipy.stats import wasserstein_distance
-
-        from ....metrics import emd_1d, hellinger, js_distance, jsd, kl
 
         c = split_counts(SPLITS["PLS"][0], CLASS_SIZES["F.MNIST"]).astype(float)
         n, k = c.shape
@@ -428,6 +436,7 @@ class CELM(Chapter):
 
     def fig6(self):
         """Fig. 6: CELM's final accuracy (%) over the probe steps L x Adam step size η grid."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         p = self.params
@@ -444,6 +453,7 @@ class CELM(Chapter):
 
     def fig7(self):
         """Fig. 7: the final probe images per model (row 0 global) and class; red: classes the client holds."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         run = self.result(run_config(self.params, SPLITS["PLS"][0], "celm", self.params["seeds"][0],
@@ -471,6 +481,7 @@ class CELM(Chapter):
         """CFFL's removals at coefficients 1/3 and 1/6 and with removal off, beside uniform FedAvg, on the
         profile's reduced ``cffl_study`` run: the table (None: not run), the numbers, the computed conclusion
         (note)."""
+        # lazy: IPython (book extra); the queue imports the chapters without it
         from IPython.display import Markdown
 
         study = self.params["cffl_study"]

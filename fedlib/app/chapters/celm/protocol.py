@@ -43,6 +43,7 @@ import numpy as np
 from .... import partition
 from ....config import RunConfig, make_config
 from ....contributions import contribution_history
+from ....metrics import joint_distances
 from ....results import RunResult
 from ...kit.claim_types import Claim, Comparison, Side, cells_row
 from ...kit.items import items_of, run_round
@@ -271,8 +272,6 @@ def fidelity(result) -> dict[str, float]:
     """Table 4 for one CELM run: ``metrics.joint_distances`` between the true client x class
     counts and (i) the uniform matrix, (ii) CELM's evidence Q of the last warm-up round.
     Keys "JSD Uniform", "EMD CELM", ... (NaN for CELM when the run has no evidence)."""
-    from ....metrics import joint_distances
-
     true, q = np.asarray(result.meta["client_class_counts"], dtype=float), last_evidence(result)
     uniform = joint_distances(true, np.ones_like(true))
     celm = joint_distances(true, q) if q is not None and q.sum() > 0 else dict.fromkeys(uniform, float("nan"))

@@ -106,6 +106,7 @@ def calibrate_maverick_readings(params: dict[str, Any], results: dict[str, Any],
     candidate (the paper's reading and the last round come first). ``results``: runs by key (a build's or the stored ones). Returns (frame of
     every candidate: ours and the gap per split, the mean gap, whether Dir(10) is within 3 points;
     the chosen candidate's (run reading, score reading) or None when no candidate has a run)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     lines = []

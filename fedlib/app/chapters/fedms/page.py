@@ -88,6 +88,7 @@ class FedMS(Chapter):
 
     def softmax_table(self, rows) -> Table:
         """Which softmax of Eq. 12 lands nearer the paper, for this build and the stored runs (``rows``: Table 1's)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         verdict = pd.DataFrame([{"source": src, **v} for src, _, _ in self.by_source()
@@ -142,6 +143,7 @@ class FedMS(Chapter):
 
     def fig2(self):
         """Fig. 2: FedAvg with and without the Maverick, and GTG vs MS-GTG rewards of each."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         nan = float("nan")
@@ -177,6 +179,7 @@ class FedMS(Chapter):
     def figs3_5(self) -> Table:
         """Figs. 3-5, one figure per Table 1 split: accuracy curves and cumulative rewards of the
         Mavericks vs the others (``figure``: the list, shown first); the table of final cumulative rewards."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -219,6 +222,7 @@ class FedMS(Chapter):
 
     def table2(self) -> Table:
         """Table 2: participation rate (%) per client role, paper vs ours (mean over seeds; None: not run)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         nan = float("nan")
@@ -244,6 +248,7 @@ class FedMS(Chapter):
     def shortfalls(self, threshold: float = 10.0) -> Table:
         """Table 1 runs (this build's and the stored paper-profile ones) ending more than ``threshold``
         points below FedAvg on the same federation, each with its reading of the history (a note when none)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         lines = []
@@ -335,6 +340,7 @@ class FedMS(Chapter):
 
 
 def _integer_rounds(*axes) -> None:
+    # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
     from matplotlib.ticker import MaxNLocator
 
     for ax in axes:

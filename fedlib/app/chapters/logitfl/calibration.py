@@ -4,10 +4,20 @@ record (``calibration.json`` of the chapter's results) and how the page reads it
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tempfile
+import time
+from pathlib import Path
 from typing import Any
 
+import torch
+
+from ....cache import atomic_write_text
 from ....config import RunConfig
+from ....federation import resolve_device
+from ....provenance import environment
+from ....run import run
 from ....store import Store
 from ...kit.sources import load_profile
 from .protocol import logit_config
@@ -89,18 +99,7 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
     every point (config, accuracy per round, wall and CPU time) in ``results/logitfl-calibration.json``, atomically
     after each run; recorded points are not rerun. ``shard``/``shards`` split a stage's points between processes
     (the next stage after all shards finished). Returns the record."""
-    import fcntl
-    import hashlib
-    import tempfile
-    import time
-    from pathlib import Path
-
-    import torch
-
-    from ....cache import atomic_write_text
-    from ....federation import resolve_device
-    from ....provenance import environment
-    from ....run import run
+    import fcntl  # lazy: POSIX-only; the registry imports this module, only the calibration lock needs it
 
     params = load_profile("logitfl", profile)
     path = path or calibration_path()
@@ -141,6 +140,7 @@ def calibrate(profile: str = "paper", stages=STAGES, top: int = 1, confirm_top: 
 
 def calibration_table(record: dict[str, Any]):
     """Every recorded point as a DataFrame, in the order it was run."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     rows = [{"#": i + 1, "stage": r["stage"], "protocol": r["protocol"], "model": r["config"]["model"], **r["choice"],

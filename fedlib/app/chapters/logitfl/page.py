@@ -26,6 +26,7 @@ from .protocol import LABELS, communication, logit_config, row, row_configs, sto
 def _accuracy_frame(rows: dict, index):
     """{row label: {method: Spread}} as a table of "mean ± sd (n)" (bold: each row's best, on the seeds
     the row's methods share); ``index`` names the row level(s) (tuple labels make a MultiIndex)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     def table(cell):
@@ -53,6 +54,7 @@ class LogitFL(Chapter):
     @staticmethod
     def glue(values: dict[str, Any]) -> None:
         """Every number the text quotes; a text is glued as Markdown (``{glue:md}``)."""
+        # lazy: IPython (book extra); the queue imports the chapters without it
         from IPython.display import Markdown
 
         Chapter.glue({n: Markdown(v) if isinstance(v, str) else v for n, v in values.items()})
@@ -63,6 +65,7 @@ class LogitFL(Chapter):
     def calibration_search(self) -> Table:
         """The calibration record's notes (shown first), its points as a table and a figure (None, None: no
         points)."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         record = load_calibration()
@@ -86,6 +89,7 @@ class LogitFL(Chapter):
 
     def calibration_verdict(self) -> Table:
         """The first protocol's stored runs (or None), ``cal_text``, the calibrated choice vs this profile's (note)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         points = load_calibration()["points"]
@@ -136,6 +140,7 @@ class LogitFL(Chapter):
 
     def headline(self) -> Table:
         """MNIST, k = ks[0]: paper, ours and stored per method (bold: the best), and the gains over simple averaging."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         aggregators = self.params["aggregators"]
@@ -180,6 +185,7 @@ class LogitFL(Chapter):
         per seed, the final accuracy, the clients' test accuracy after their first round of private training
         (min, mean, max over the clients) and at the last round, and the aggregated labels' accuracy on the
         public set. No frame (a note) while no run is stored."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         params = self.paper_params
@@ -220,6 +226,7 @@ class LogitFL(Chapter):
 
     def k_sweep(self) -> Table:
         """Final accuracy for every k and its figure: accuracy vs k, accuracy per round at ks[0]."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         ks, seed, methods = self.params["ks"], self.params["seeds"][0], [*self.params["aggregators"], "fedavg"]
@@ -263,6 +270,7 @@ class LogitFL(Chapter):
 
     def communication_table(self) -> Table:
         """Floats per round of each aggregator against FedAvg's (k = ks[0], first seed), a line on the model."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         lines = {}
@@ -279,6 +287,7 @@ class LogitFL(Chapter):
 
     def uwa_weights(self):
         """The last round's UWA weights (k = ks[0], first seed): by class, largest weight, entropy."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         uwa = self.first_seed_run("uwa")
@@ -328,6 +337,7 @@ class LogitFL(Chapter):
 
     def uwa_tau(self):
         """UWA's final accuracy per τ (1: the paper's rule, ∞: simple averaging), ours and stored."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         def column(aggregator, **overrides):  # the other aggregators ignore uwa_tau
@@ -343,6 +353,7 @@ class LogitFL(Chapter):
     def closing(self) -> Table:
         """Paper, ours and stored per k and aggregator, the stored UWA runs per round (note); records the
         headlines."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         aggregators, lines, headlines = self.params["aggregators"], [], []

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p_exp.add_argument("--port", type=_flag(check_port, "--port"), default=8866,
                        help="port on localhost, 1-65535 (Voila moves to the next free one when it is taken)")
     p_exp.add_argument("--open", action="store_true", help="also open it in the default browser")
-    p_mig = sub.add_parser("migrate-results", help="compress stored runs under results/ (<key>.json.gz), re-key "
+    p_mig = sub.add_parser("migrate-results", help="rewrite stored runs under results/ in the compact form (<key>.json.zd), re-key "
                            "them to the current keys (where provably the same run); report the stale ones")
     p_mig.add_argument("--dry-run", action="store_true", help="report only; change nothing")
     p_mig.add_argument("--root", help="the results folder (default: results/ of the repository)")
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
 def _migrate(args) -> int:
     try:
         compressed = compress_results(args.root, dry_run=args.dry_run)
-        print(f"rewrote {len(compressed)} stored run(s) as compact records (<key>.json.gz, fedlib.record)"
+        print(f"rewrote {len(compressed)} stored run(s) as compact records (<key>.json.zd, fedlib.record)"
               + (" (dry run)" if args.dry_run else ""))
         print(format_report(migrate_results(args.root, dry_run=args.dry_run)))
         for chapter, paper in registry().items():  # paper profiles run unclipped: adopt clipped runs that never clipped

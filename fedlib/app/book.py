@@ -7,7 +7,7 @@ Layout (relative to the repository root):
     book/reference/<paper>.yaml    the papers' published numbers
     params/<chapter>/<profile>.yaml  papermill parameters: smoke, quick, paper, evidence
                                    (a file may say ``inherit: <profile>`` and override some keys)
-    results/runs/<key>.json.gz     stored runs (gzip JSON; zcat reads them) (usually the paper profile) with provenance, one store for all chapters
+    results/runs/<key>.json.zd     stored runs (compact JSON; python -m fedlib.cache <file> prints one) (usually the paper profile) with provenance, one store for all chapters
     book/_executed/<profile>/      git-ignored: staged sources + executed notebooks + HTML
 """
 
@@ -80,7 +80,7 @@ def bold_best(frame, columns: list[str], higher_is_better: bool = True):
 
 
 def store_results(chapter: str, configs, progress: bool = True) -> list[Path]:
-    """Run ``configs`` and keep each result under ``results/runs/<key>.json.gz`` (resumes: files that
+    """Run ``configs`` and keep each result under ``results/runs/<key>.json.zd`` (resumes: files that
     exist are not recomputed); ``chapter`` names the work in the progress lines."""
     store = Store()
     written = []

@@ -1,6 +1,5 @@
 """The book pipeline: sources, profiles, papermill execution, failures, stored results."""
 
-import gzip
 import json
 import shutil
 from pathlib import Path
@@ -14,7 +13,7 @@ from fedlib.app.chapters.base import chapter_header
 from fedlib.app.kit.pages import parameters_table, protocol_differences
 from fedlib.app.kit.sources import PROFILES, load_reference, reference_value
 from fedlib.app.kit.stored import evidence_summary, stored_results
-from fedlib.cache import load_entry
+from fedlib.cache import load_entry, zd_compress
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
@@ -133,7 +132,7 @@ def test_stored_results_round_trip_and_stale_files_are_skipped(tmp_path, monkeyp
     assert written[0].parent == tmp_path / "results" / "runs"  # one store for every chapter
     other = stored_results("fedavg", chapter_module("fedavg").configs({**params, "rounds": 2}))
     assert not other.results and not other.skipped and not other.stale  # another config's run: not this page's
-    written[0].write_bytes(gzip.compress(b"{"))  # damaged
+    written[0].write_bytes(zd_compress(b"{"))  # damaged: a valid container, not JSON
     assert stored_results("fedavg", configs).skipped == [f"{written[0].name} (unreadable (JSONDecodeError))"]
 
 

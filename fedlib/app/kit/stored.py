@@ -114,7 +114,7 @@ def _parse_config(raw: Any):
 
 
 def stored_results(chapter: str, configs) -> Stored:
-    """Read the stored runs (``results/runs/<key>.json.gz``, never moving or deleting one) that answer
+    """Read the stored runs (``results/runs/<key>.json.zd``, never moving or deleting one) that answer
     ``configs``: current runs (key = resolved config + rule versions + data fingerprint, and the
     file's own record agreeing) and stale runs of the same configs made by another variant; runs of
     other configs are not this chapter's and are left out, unreadable files are listed as skipped."""

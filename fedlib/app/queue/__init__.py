@@ -4,7 +4,7 @@ Each chapter's ``Paper`` record (``fedlib.app.chapters``) names its ``runs(param
 list[QueueItem]`` (``fedlib.app.kit.items``): one item per run of its profile, saying which paper table,
 row and column the run backs, its seed, its config and the function that runs it (:func:`run_round` for
 every engine run, :func:`run_scm`). The queue knows nothing else about chapters: it orders the
-items (:func:`priority`), skips those already stored under ``results/runs/<key>.json.gz`` (one
+items (:func:`priority`), skips those already stored under ``results/runs/<key>.json.zd`` (one
 store: a run two chapters share is stored once), estimates what each costs and runs them, one
 process per run, ``workers`` at a time, storing each result with its provenance as it
 finishes. A killed queue resumes where it stopped (stored files are never recomputed). On a Dask

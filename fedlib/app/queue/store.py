@@ -104,7 +104,7 @@ def is_stored(item: QueueItem) -> bool:
 
 
 def store_payload(item: QueueItem, result: dict, profile: str) -> Path:
-    """Keep ``result`` as ``results/runs/<key>.json.gz`` (``fedlib.results.store_run``), plus where
+    """Keep ``result`` as ``results/runs/<key>.json.zd`` (``fedlib.results.store_run``), plus where
     the run sits in the queue. A damaged file or another run's there is set aside first (renamed)."""
     canonical = item.config.to_dict()
     result = {**result, "config": canonical}  # the chapter's config, whatever device ran it

@@ -100,7 +100,7 @@ def selected_vs_unselected(result: RunResult, gamma_key: str) -> dict[str, dict[
 
 
 def store_results(profile: str = "paper", progress: bool = True, diagnosis: bool = False) -> list:
-    """Run a profile's federations and keep each under ``results/runs/<key>.json.gz`` with its
+    """Run a profile's federations and keep each under ``results/runs/<key>.json.zd`` with its
     provenance (``fedlib.results.store_run``; files that exist are not recomputed). ``diagnosis=True``
     runs the issue-22 selection-only variants (``diagnosis_configs``) first — cheap next to the tables."""
     store = Store()

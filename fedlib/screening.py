@@ -181,15 +181,27 @@ def _middle(values: torch.Tensor) -> torch.Tensor:
     return 0.5 * (ordered[low] + ordered[high])
 
 
+_PAIR_BLOCK = 2**24  # compared values held at once when rows are compared pairwise (16 MB of booleans)
+
+
 def _identical_groups(sampled: torch.Tensor, flat: torch.Tensor) -> list[list[int]]:
-    """Groups (row positions, >= 2) of exactly equal rows of ``flat``: rows with equal sampled values
-    (``torch.unique``) that equal their group's first row on every coordinate."""
-    _, group, counts = torch.unique(sampled, dim=0, return_inverse=True, return_counts=True)
-    rows = torch.nonzero(counts[group] > 1).squeeze(1)
+    """Groups (row positions, >= 2) of exactly equal rows of ``flat``: rows equal to another on the sampled
+    values (compared pairwise, a few rows at a time when there are many; ``torch.unique(dim=0)``, its sort,
+    took a tenth of a packed GPU round) that equal their group's first row on every coordinate."""
+    n, width = sampled.shape
+    first = torch.empty(n, dtype=torch.long, device=sampled.device)
+    repeated = torch.empty(n, dtype=torch.bool, device=sampled.device)
+    block = max(1, _PAIR_BLOCK // max(1, n * width))
+    for start in range(0, n, block):  # one pass unless n * n * width is past the block
+        stop = min(n, start + block)
+        equal = (sampled[start:stop, None, :] == sampled[None, :, :]).all(-1)
+        equal[torch.arange(stop - start), torch.arange(start, stop)] = True  # a row with a NaN is itself
+        first[start:stop] = equal.int().argmax(1)  # the group's first row: the first equal one
+        repeated[start:stop] = equal.sum(1) > 1
+    rows = torch.nonzero(repeated).squeeze(1)
     if rows.numel() == 0:
         return []
-    first = torch.full((len(counts),), len(group), dtype=torch.long, device=rows.device)
-    first = first.scatter_reduce(0, group[rows], rows, reduce="amin")[group[rows]]
+    first = first[rows]
     equal = (flat[rows] == flat[first]).all(1).cpu().numpy()
     rows, first = rows.cpu().numpy()[equal], first.cpu().numpy()[equal]
     return [g for g in (rows[first == f].tolist() for f in np.unique(first)) if len(g) > 1]

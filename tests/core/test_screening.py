@@ -225,3 +225,35 @@ def test_a_group_larger_than_the_agreeing_rest_is_not_the_suspect():
 
     assert round_anomalies(found([0.9, -0.5, 0.9, -0.5, -0.5]), [0, 1, 2, 3, 4])[0] == []
     assert round_anomalies(found([0.9, -0.5, 0.9, -0.5, 0.9]), [0, 1, 2, 3, 4])[0] == [1, 3]
+
+
+def _identical_groups_by_unique(sampled, flat):
+    """The oracle: the groups as torch.unique(dim=0) finds them (the monitor's earlier search)."""
+    _, group, counts = torch.unique(sampled, dim=0, return_inverse=True, return_counts=True)
+    rows = torch.nonzero(counts[group] > 1).squeeze(1)
+    if rows.numel() == 0:
+        return []
+    first = torch.full((len(counts),), len(group), dtype=torch.long)
+    first = first.scatter_reduce(0, group[rows], rows, reduce="amin")[group[rows]]
+    equal = (flat[rows] == flat[first]).all(1).numpy()
+    rows, first = rows.numpy()[equal], first.numpy()[equal]
+    return [g for g in (rows[first == f].tolist() for f in np.unique(first)) if len(g) > 1]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_identical_groups_found_pairwise_equal_the_unique_search(seed, monkeypatch):
+    from fedlib import screening
+
+    rng = np.random.default_rng(seed)
+    n, size = int(rng.integers(2, 12)), 40
+    flat = torch.tensor(rng.integers(0, 3, size=(n, size)), dtype=torch.float32)  # few values: many repeats
+    flat[rng.integers(n)] = flat[0]
+    if seed % 2:
+        flat[1, 5] = float("nan")  # a NaN row equals no other, not even its copy
+        flat[2] = flat[1]
+        flat[3, 0], flat[4] = -0.0, flat[3]  # -0.0 == 0.0, as unique's sort compares them
+        flat[4, 0] = 0.0
+    sampled = flat[:, ::4]  # equal on the sample, maybe not on every coordinate
+    if seed % 3 == 0:
+        monkeypatch.setattr(screening, "_PAIR_BLOCK", n * sampled.shape[1] * 2)  # two rows at a time
+    assert screening._identical_groups(sampled, flat) == _identical_groups_by_unique(sampled, flat)

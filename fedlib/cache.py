@@ -30,13 +30,16 @@ import json
 import os
 import re
 import stat
+import sys
 import tempfile
+import time
 import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from .errors import ConfigError, shown
 from .record import compact, expand
 
 _REPORTED: set[tuple[str, str]] = set()  # (path, problem) already warned about in this process
@@ -66,8 +69,6 @@ def as_store(cache: "bool | ResultCache") -> "ResultCache | None":
         return cache
     if cache is True or cache is False:
         return ResultCache() if cache else None
-    from .errors import ConfigError, shown
-
     raise ConfigError(f"cache: must be True, False or a fedlib.cache.ResultCache (got {shown(cache)})")
 
 
@@ -325,8 +326,6 @@ class ResultCache:
     def _remove_stale_temporaries(self, older_than_s: float = 3600.0) -> None:
         """Temporary files of writers killed mid-write (never read as entries) are removed once
         they are clearly abandoned; only a writer of an ordinary cache does this (never a reader)."""
-        import time
-
         if self.protect or not self.root.is_dir():
             return
         now = time.time()
@@ -454,7 +453,5 @@ class ResultCache:
 
 
 if __name__ == "__main__":  # python -m fedlib.cache <entry file>...: each as JSON (any form), unchecked
-    import sys
-
     for name in sys.argv[1:]:
         print(json.dumps(load_entry(name), indent=1))

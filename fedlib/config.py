@@ -19,9 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import partition  # the split kinds: their parameters, ranges and defaults
+from .cache import read_regular
+from .data import DATASETS, _check_known, data_fingerprint, dataset_spec
+from .data_files import path_problem
 from .errors import SHOWN_CHARS, ConfigError, clipped, shown  # noqa: F401 (part of this module's interface)
 from .limits import (MAX_BATCH, MAX_CONFIG_BYTES, MAX_COUNT, MAX_DEPTH, MAX_EPOCHS, MAX_LIST,  # noqa: F401
                      MAX_RATE, MAX_SAMPLES, MAX_SEED, MAX_SPEC_VALUES, MAX_STRING, check_device)
+from .methods import METHODS, build_method  # the registry lives with the methods
+from .methods.scm import vertex_counts
+from .models import MODELS
 
 CACHE_FORMAT = 2  # the layout of the key; 2: resolved config + rule versions + data fingerprint
 # The engine's rule version: local training, screening, aggregation and evaluation in
@@ -39,8 +45,6 @@ def _short_name(name: str) -> str:
 def _check_path(path: str, what: str, directory: bool = False) -> None:
     """A ValueError (one line) for a path that cannot be data: a NUL byte, under /dev, a loop of
     symbolic links, a FIFO or device (``fedlib.data_files.path_problem``, the one statement of these rules)."""
-    from .data_files import path_problem
-
     problem = path_problem(path, directory=directory)
     if problem is not None:
         raise ValueError(f"{what} {clipped(path, 2 * SHOWN_CHARS)} {problem} (refused)")
@@ -153,8 +157,6 @@ class ExperimentConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
-        from .models import MODELS
-
         if v not in MODELS:
             raise ValueError(f"unknown model; known: {', '.join(MODELS)}")
         return v
@@ -162,14 +164,10 @@ class ExperimentConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _dataset(cls, v: str) -> str:
-        from .data import _check_known
-
         if v != "synthetic":
             try:
                 _check_known(v)
             except ValueError:
-                from .data import DATASETS
-
                 raise ValueError(f"unknown dataset; known: {', '.join(DATASETS)}, or imagefolder:<path>") from None
             if v.startswith("imagefolder:"):
                 _check_path(v[len("imagefolder:"):], "dataset: image folder")
@@ -197,8 +195,6 @@ class ExperimentConfig(BaseModel):
 
     def data_fingerprint(self) -> dict[str, Any]:
         """The files this config's dataset reads (``fedlib.data.data_fingerprint``), without loading them."""
-        from .data import data_fingerprint
-
         return data_fingerprint(self.dataset, self.data_root)
 
     def config_key(self) -> str:
@@ -246,9 +242,6 @@ class ExperimentConfig(BaseModel):
     def load(cls, path: str | Path, **overrides):
         """Read a YAML file (safe loading, no aliases, at most ``MAX_CONFIG_BYTES``) and validate it;
         ``overrides`` replace keys (a dict updates a split or method spec)."""
-        from .cache import read_regular
-        from .data_files import path_problem
-
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"config file: expected a path, got {type(path).__name__} {shown(path)}")
         given = clipped(os.fspath(path), 2 * SHOWN_CHARS)  # as errors show it: short, printable, one line
@@ -336,14 +329,10 @@ class RunConfig(ExperimentConfig):
         if self.reference_values and self.per_round > 16:
             raise ValueError(f"reference_values: exact Shapley needs <= 16 clients per round (got {self.per_round})")
         self._check_against_dataset()
-        from .methods import build_method  # registry lives with the methods
-
         build_method(self.method.name, self.method.params).check_run(self.rounds, self.n_clients)
         return self
 
     def _check_against_dataset(self) -> None:
-        from .data import dataset_spec
-
         spec = dataset_spec(self.dataset) if not self.dataset.startswith("imagefolder:") else None
         if spec is None:
             return
@@ -366,8 +355,6 @@ class RunConfig(ExperimentConfig):
         """The config as it runs: every method hyper-parameter and split parameter with its default
         filled in, and engine defaults that change numbers (``server_val``); no ``data_root``
         (the data is identified by :meth:`data_fingerprint`)."""
-        from .methods import build_method
-
         data = self.model_dump(mode="json", exclude={"data_root"})
         method = build_method(self.method.name, self.method.params)
         data["method"] = {"name": self.method.name, **method.resolved_hyperparameters()}
@@ -387,15 +374,11 @@ class RunConfig(ExperimentConfig):
         if self.server_val is not None:
             return self.server_val
         if method is None:
-            from .methods import build_method
-
             method = build_method(self.method.name, self.method.params)
         return DEFAULT_SERVER_VAL if method.needs_validation or self.reference_values else 0
 
     def rule_versions(self) -> dict[str, str]:
         """``{"engine": ENGINE_VERSION, <method>: its rule_version}``."""
-        from .methods import METHODS
-
         return {"engine": ENGINE_VERSION, self.method.name: str(METHODS[self.method.name].rule_version)}
 
     def work(self) -> float:
@@ -469,8 +452,6 @@ class ScmConfig(ExperimentConfig):
 
     @model_validator(mode="after")
     def _consistent(self):
-        from .methods.scm import vertex_counts
-
         for g in self.gammas:
             if not 0 <= g < 1:
                 raise ValueError(f"gammas: each must be in [0, 1) (got {g})")

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import provenance
 from .config import ENGINE_VERSION, RunConfig
-from .data import Dataset
+from .data import Dataset, tensor_fingerprint
 
 __all__ = ["RunResult", "check_result", "is_pipeline_result", "pipeline_final", "result_check"]
 
@@ -114,8 +115,6 @@ def _fingerprint_of(config: RunConfig, dataset: Dataset | None) -> dict:
     if dataset is None:
         return config.data_fingerprint()
     if dataset.fingerprint is None:
-        from .data import tensor_fingerprint
-
         dataset.fingerprint = tensor_fingerprint(dataset)
     return dataset.fingerprint
 
@@ -209,9 +208,7 @@ def _strict(record: dict[str, Any]) -> dict[str, Any]:
 
 def environment(device: torch.device, wall: float) -> dict[str, Any]:
     """A run's environment (``fedlib.provenance.environment``; its commit is recorded when it is stored)."""
-    from .provenance import environment as built
-
-    return built(device, wall, commit=False)
+    return provenance.environment(device, wall, commit=False)
 
 
 def _provenance(p, wall: float) -> dict[str, Any]:

@@ -13,6 +13,7 @@ the same record, a ``RunResult``.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from .federation import (  # noqa: F401
     prepare,
     resolve_device,
 )
+from .packing import execute_packed, make_packs, rows_per_pack
 from .partition import SPLIT_MODIFIERS, SPLITS, make_partition  # noqa: F401
 from .results import (  # noqa: F401
     RunResult,
@@ -137,6 +139,7 @@ def run_many(configs, *, executor=None, cache: bool | ResultCache = True, progre
         return [run(c, cache=store if store is not None else False, progress=progress) for c in configs]
     results, keys, missing = _from_cache(configs, store)
     pending = {i: executor.submit(_run_in_worker, configs[i].to_dict()) for i in missing}
+    # lazy: tqdm.auto loads ipywidgets in a notebook; only progress bars need it
     from tqdm.auto import tqdm
 
     bar = tqdm(total=len(pending), desc="sweep", unit="run", disable=not progress or not pending)
@@ -174,8 +177,6 @@ def _from_cache(configs: list[RunConfig], store) -> tuple[dict[int, RunResult], 
 
 def _run_packed(configs: list[RunConfig], store, executor, progress: bool, max_rows: int | None) -> list[RunResult]:
     """``run_many(pack=True)``: cache hits first, the rest in packs (``fedlib.packing.make_packs``)."""
-    from .packing import make_packs
-
     results, _, missing = _from_cache(configs, store)
     packs = [[missing[j] for j in pack] for pack in make_packs([configs[i] for i in missing], max_rows)]
 
@@ -209,8 +210,6 @@ def run_pack(configs: list[RunConfig], *, progress: bool = False, max_rows: int 
     """Run ``configs`` (uncached) as packs of at most ``max_rows`` client rows per round (default: what
     the device's memory holds, ``fedlib.packing.rows_per_pack``); returns each run's JSON-ready result,
     keyed and with provenance as :func:`run` makes it. ``on_done(i, result)`` as each run finishes."""
-    from .packing import execute_packed, make_packs, rows_per_pack
-
     configs = [_as_config(c) for c in configs]
     if any(isinstance(c, ScmConfig) for c in configs):
         raise ConfigError("run_pack: FedSCM configs (ScmConfig) pack by fedlib.scm_pipeline.run_pipelines")
@@ -267,8 +266,6 @@ def exit_with_parent(poll_s: float = 1.0) -> None:
     polls the parent pid and calls ``os._exit`` once it changes (the orphan is re-parented).
     ``run_many`` calls it in every worker; pass it as ``initializer=exit_with_parent`` (from ``fedlib.run``)
     to a pool you create so that idle workers exit too. Idempotent; a no-op in the main process."""
-    import multiprocessing
-
     if _WATCHDOG or multiprocessing.parent_process() is None:
         return
     parent = os.getppid()

@@ -69,7 +69,14 @@ from .events import report
 from .federation import given, resolve_device
 from .methods import fda, scm
 from .models import build_model
-from .packing import execute_packed
+from .packing import (
+    _merges,
+    execute_packed,
+    make_packs,
+    rows_per_pack,
+    train_signature,
+    train_together,
+)
 from .population import (
     ClientBatches,
     LocalTraining,
@@ -574,14 +581,6 @@ def execute_many(configs: list[ScmConfig], dataset=None, progress: bool = False)
     signature, at most the largest federation's clients per chunk, so memory stays what one run needs),
     and their plain post-trainings run as packs (``fedlib.packing``, rows bounded by device memory).
     Each federation keeps its own generator streams; the global torch generator each sees is its own."""
-    from .packing import (
-        _merges,
-        make_packs,
-        rows_per_pack,
-        train_signature,
-        train_together,
-    )
-
     datasets: dict[tuple, Any] = {}
     stages, states, answers, results = [], [], [None] * len(configs), [None] * len(configs)
     for config in configs:

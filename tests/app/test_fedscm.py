@@ -331,7 +331,6 @@ def test_federations_run_together_equal_each_alone(data, monkeypatch):
     """Issue 28: FedSCM's one-shot stages of several federations (α, seeds, a covariate shift) train as
     one population in one call, their plain post-trainings as one pack, and each result equals its
     federation run alone (every method, the selections, the clients' accuracies, the diagnosis)."""
-    import fedlib.packing as packing
     import fedlib.scm_pipeline as pipeline
     from fedlib.scm_pipeline import execute_many
 
@@ -339,14 +338,14 @@ def test_federations_run_together_equal_each_alone(data, monkeypatch):
                _config(shift="covariate", seed=0)]
     alone = [execute(c, dataset=data) for c in configs]
     calls = {"train": [], "post": []}
-    train, post = packing.train_together, pipeline.execute_packed
-    monkeypatch.setattr(packing, "train_together", lambda requests, *a: calls["train"].append(
+    train, post = pipeline.train_together, pipeline.execute_packed
+    monkeypatch.setattr(pipeline, "train_together", lambda requests, *a: calls["train"].append(
         sum(r.rows for r in requests)) or train(requests, *a))
     monkeypatch.setattr(pipeline, "execute_packed", lambda prepared, *a, **k: calls["post"].append(
         len(prepared)) or post(prepared, *a, **k))
     together = execute_many(configs, dataset=data)
     cohorts = len(configs[0].gammas) + len(configs[0].random_sizes) + 2  # FedSCM per γ, Random, SDEA, FedAvg
-    assert calls["train"][0] == 4 * 12 and calls["post"] == [4 * cohorts]  # (the pack's own training calls follow)
+    assert calls["train"][0] == 4 * 12 and calls["post"] == [4 * cohorts]  # the first: every client of the 4
     for config, a, b in zip(configs, alone, together):
         for part in ("methods", "selections", "clients", "target_proportions", "diagnosis", "stability"):
             for label in a["methods"]:  # timings and pack sizes are the only differences

@@ -17,15 +17,6 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fedlib"
 MARK = "# lazy:"
 
-# Modules others were changing while these imports were hoisted (issue 46): to be hoisted, then taken off this
-# list so that the check covers them too.
-NOT_YET = (
-    "fedlib/app/chapters/fedscm/__init__.py", "fedlib/app/chapters/fedscm/analysis.py",
-    "fedlib/app/chapters/fedscm/page.py", "fedlib/app/chapters/fedscm/protocol.py", "fedlib/app/kit/items.py",
-    "fedlib/app/migrate.py", "fedlib/app/queue/runner.py", "fedlib/cache.py", "fedlib/config.py",
-    "fedlib/record.py", "fedlib/results.py", "fedlib/run.py", "fedlib/scm_pipeline.py", "fedlib/store.py",
-)
-
 
 def function_imports(source: str) -> list[ast.stmt]:
     """Every ``import`` and ``from ... import`` inside a function (or method, or a function in a function)."""
@@ -66,11 +57,9 @@ def test_every_function_level_import_is_hoisted_or_says_why_it_is_lazy():
     problems = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = path.relative_to(ROOT).as_posix()
-        if name not in NOT_YET:
-            problems += [f"{name}:{line}" for line in unmarked(path.read_text())]
+        problems += [f"{name}:{line}" for line in unmarked(path.read_text())]
     assert not problems, ("hoist these imports to the module's top, or say why they are lazy with a "
                           f"'{MARK} <why>' comment on the line or the line above: {problems}")
-    assert all((ROOT / name).is_file() for name in NOT_YET), "NOT_YET names a file that is gone"
 
 
 def test_the_check_finds_an_import_that_does_not_say_why():

@@ -362,8 +362,6 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     """Issue 28: the paper profile's FedSCM federations (Table 2's 3 α x 3 seeds, Table 4's covariate
     shift) join packs of at most SCM_PACK_RUNS with equal scm_pack_signature, costed as their separate
     runs; --run-pack hands them to fedlib.scm_pipeline.run_pipelines, which stores each."""
-    import fedlib.scm_pipeline as pipeline
-
     monkeypatch.setattr(queue_cost, "STARTUP_SECONDS", 0.0)
     items = queue.chapter_items("fedscm", "paper")
     assert len(items) == 12 and {queue.scm_pack_signature(i.config) for i in items} == {
@@ -375,7 +373,7 @@ def test_fedscm_federations_are_planned_as_packs_and_run_by_run_pipelines(monkey
     smoke = queue.chapter_items("fedscm", "smoke")
     seen, stored = [], []
     record = RunResult(config={}, history=[], final={}, meta={"wall_time": 1.0}, parts={"methods": {}})
-    monkeypatch.setattr(pipeline, "run_pipelines", lambda configs, on_done: seen.append(configs) or [
+    monkeypatch.setattr(queue_runner, "run_pipelines", lambda configs, on_done: seen.append(configs) or [
         on_done(i, record) or record for i in range(len(configs))])
     monkeypatch.setattr(queue_runner, "store_payload", lambda item, result, profile: stored.append(
         (item.key, result)) or Path(item.key))

@@ -225,16 +225,16 @@ def test_23_a_run_whose_clipping_never_acted_is_adopted_as_the_unclipped_run(tmp
 
 def test_15_1_the_fedscm_pipeline_cache_key_follows_the_data_read(monkeypatch):
     """The FedSCM pipeline's cache is keyed like the run cache: other files, another key."""
-    import fedlib.data
+    import fedlib.config
     from fedlib.config import ScmConfig
 
     cfg = ScmConfig.make({"dataset": "synthetic", "n_clients": 12})
     key = cfg.key()
-    real = fedlib.data.data_fingerprint
-    monkeypatch.setattr(fedlib.data, "data_fingerprint",
+    real = fedlib.config.data_fingerprint  # fedlib.data's, as the config imports it
+    monkeypatch.setattr(fedlib.config, "data_fingerprint",
                         lambda name, root=None: {**real(name, root), "sha256": "0" * 64})
     assert cfg.key() != key
-    monkeypatch.setattr(fedlib.data, "data_fingerprint", real)
+    monkeypatch.setattr(fedlib.config, "data_fingerprint", real)
     assert cfg.key() == key
 
 

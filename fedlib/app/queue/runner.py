@@ -12,7 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ...store import Store
+from ... import limits
+from ...cache import write_failure
+from ...run import run_pack
+from ...scm_pipeline import run_pipelines
+from ...store import Store, stored_payload
 from ..kit.items import QueueItem, run_round, run_scm
 
 # read as costs.STARTUP_SECONDS: one value, where a test patches it
@@ -33,9 +37,7 @@ from .store import (
 def check_device(device: str) -> str:
     """``device`` when runs can start on it here ('cpu'; 'cuda' or 'cuda:N' when that CUDA device is on
     this machine: ``fedlib.limits.check_device``), else a one-line ``ConfigError`` (a ValueError)."""
-    from ...limits import check_device as checked
-
-    return checked(device, present=True, what="--device")
+    return limits.check_device(device, present=True, what="--device")
 
 
 def no_run_with_key(chapter: str, key: str, profile: str) -> str:
@@ -64,12 +66,8 @@ def compute(items: list[QueueItem], device: str = "cpu", packed: bool = False,
             on_done(0, out[0])
         return out
     if items and items[0].runner is run_scm:
-        from ...scm_pipeline import run_pipelines
-
         as_dicts = None if on_done is None else (lambda i, record: on_done(i, record.to_dict()))
         return [record.to_dict() for record in run_pipelines(configs, on_done=as_dicts)]
-    from ...run import run_pack
-
     return run_pack(configs, on_done=on_done)
 
 
@@ -199,9 +197,6 @@ class LocalProcesses:
 def store_records(unit: Entry | Pack, records: list[dict], profile: str) -> list[tuple[QueueItem, str | None]]:
     """Check each finished result a worker sent back against its item (:func:`answers`) and store the valid
     ones (:func:`store_payload`); (item, None when stored, else why not) for each item of ``unit``."""
-    from ...cache import write_failure
-    from ...store import stored_payload
-
     out: list[tuple[QueueItem, str | None]] = []
     if not isinstance(records, list) or len(records) != len(unit.items):
         return [(item, f"the worker sent back {type(records).__name__} instead of {len(unit.items)} result(s)")
@@ -229,8 +224,6 @@ def _claim_unit(unit: Entry | Pack, outcome: Outcome, log) -> Entry | Pack | Non
         try:
             held, owner = claim(entry.item.key, log=log)
         except OSError as err:  # a read-only or full store: nothing could be stored either
-            from ...cache import write_failure
-
             outcome.failed.append((entry.item, write_failure(err, _claim_path(entry.item.key))))
             log(f"[FAILED] {entry.describe()}: cannot claim it ({outcome.failed[-1][1]})")
             continue

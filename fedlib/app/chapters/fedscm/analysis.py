@@ -48,6 +48,7 @@ def selection_quality(result: RunResult, gamma_key: str | None = None) -> dict[s
 
 def diagnosis_rows(results: dict[str, RunResult]) -> "pd.DataFrame":
     """One row per issue-22 variant: selection quality and how far the clients are from Def. 4."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     rows = []
@@ -77,6 +78,7 @@ SOLVER_VARIANTS = {"PGD (Alg. 1 step)": ("pgd", {"projection": "paper"}),
 def recovery_curve(values, vary: str, fixed: dict, trials: int, seed: int = 0, gamma: float = 2 / 3):
     """P(FedSCM selects exactly the 3 experts) as n or K varies, for PGD and SLSQP, in the
     hard regime (experts η ∈ [0.5, 0.8], others η ∈ [0, 0.4], Dirichlet noise α = 0.3)."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     rows = []
@@ -109,6 +111,7 @@ def constant_predictor_demo(trials: int, k: int = 50, n: int = 200, c: int = 10,
     for all inputs: constant, confident non-experts, as trained clients under label shift).
     Per noise model: exact recovery of the experts, experts among the selected, and the share
     of selections whose clients all predict one constant class."""
+    # lazy: pandas (book extra); the queue imports the chapters without it
     import pandas as pd
 
     rows = []

@@ -49,6 +49,7 @@ DISSIMILARITIES = ("D.R.", "Hamming", "Entropy", "Cosine", "F1")
 
 
 def _markdown(text: str):
+    # lazy: IPython (book extra); the queue imports the chapters without it
     from IPython.display import Markdown
 
     return Markdown(text)
@@ -147,6 +148,7 @@ class FedSCM(Chapter):
     def theorem3(self, k: int = 50, n: int = 200, c: int = 10) -> Table:
         """Theorem 3 per γ and solver: non-zero weights of the raw output (the selection), Σλ, the L1
         distance to the vertex its weights rank highest, and whether it has the vertex's structure."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         if self.evidence and not self.stored_runs():  # the simulations take minutes: not for a page with no runs
@@ -173,6 +175,7 @@ class FedSCM(Chapter):
 
     def theorem6(self):
         """Theorem 6: exact recovery in the issue's setting, then against n and against K (the figure)."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         p = self.params
@@ -204,6 +207,7 @@ class FedSCM(Chapter):
     def theorem9(self, k: int = 10, n: int = 60, c: int = 6) -> Table:
         """Theorem 9: how often PGD (Algorithm 1's step) and SLSQP reach the exhaustive global optimum, and the
         worst objective gap at the vertex of their output (Algorithm 1's step can leave Σλ < 1)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         trials, rows = self.params["optimum_trials"], []
@@ -231,6 +235,7 @@ class FedSCM(Chapter):
         """Tables 2–3 (label shift): paper vs ours (and the stored paper-profile runs) per α (None: not run, a
         note says so), the numbers, and the per-α bests behind the verdict and the headlines (``data``; [] when
         not run)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         p, stored_params, paper_name, frame, wins = self.params, self.paper_params, self.paper_name, {}, []
@@ -257,6 +262,7 @@ class FedSCM(Chapter):
 
     def table4(self) -> Table:
         """Table 4 (covariate shift): paper vs ours, the methods the paper lacks below its own (None: not run)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         if not (self.results and "table4" in self.params["experiments"]):
@@ -273,6 +279,7 @@ class FedSCM(Chapter):
     def fig5(self) -> Table:
         """Fig. 5: every client's FedSCM weight against its target accuracy, per γ (shown first); Fig. 6 as numbers:
         the selected clients against the others (None, no figure: not run)."""
+        # lazy: pandas (book extra), matplotlib (~0.5 s); the queue imports the chapters without them
         import matplotlib.pyplot as plt
         import pandas as pd
 
@@ -297,6 +304,7 @@ class FedSCM(Chapter):
     def counts(self) -> Table:
         """Issue 18.4, per γ over this build's federations: the solver's raw support (the selection), Σλ of
         the raw output, the count after vertex rounding (Theorem 3's ⌈1/(1−γ)⌉) and the paper's stated count."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         rows, paper_count = [], {0.67: 3, 0.7: 4, 0.8: 5, 0.9: 10}
@@ -319,6 +327,7 @@ class FedSCM(Chapter):
 
     def fig8(self):
         """Fig. 8: estimated expertise η̂ against target accuracy (the federation of Fig. 5)."""
+        # lazy: matplotlib (~0.5 s); the queue imports the chapters without it
         import matplotlib.pyplot as plt
 
         clients = self.fig5_result().parts["clients"] if self.results else {}
@@ -334,6 +343,7 @@ class FedSCM(Chapter):
     def issue22(self) -> dict[str, Any]:
         """Issue 22: (a) bug checks, (b) the trained clients against Def. 4, (c) temperatures and protocol
         variants, and the noise-model simulation; displays its tables and returns the glued values."""
+        # lazy: pandas and IPython (book extra); the queue imports the chapters without them
         import pandas as pd
         from IPython.display import display
 
@@ -422,6 +432,7 @@ class FedSCM(Chapter):
     def table1(self) -> Table:
         """Table 1: stability of repeated selections without and with the size regulariser, paper vs ours (None:
         not run)."""
+        # lazy: pandas (book extra); the queue imports the chapters without it
         import pandas as pd
 
         ours = self.fig5_result().parts.get("stability") if self.results else None

@@ -40,7 +40,8 @@ import numpy as np
 FORMAT = "fedlib.history/columns-2"
 FORMATS = ("fedlib.history/columns-1", FORMAT)  # what is read; columns-1 is the earlier record
 _KINDS = {"f": "float", "i": "int", "b": "bool"}
-_TRANSFORMS = ("x", "d", "n")  # a column's rows: XOR-ed with the previous, less the previous, as they are
+_TRANSFORMS = ("x", "d", "n")
+LEADING_COLUMNS = ("round", "accuracy", "balanced_accuracy")  # first in the blob: what the store's listing checks  # a column's rows: XOR-ed with the previous, less the previous, as they are
 # LZMA1 in the .lzma container (13 bytes of header), a 1 MiB window (a history's columns are far smaller),
 # no literal context (lc=0): the bytes are byte-shuffled numbers, not text
 _BLOB_FILTERS = [{"id": lzma.FILTER_LZMA1, "preset": 9 | lzma.PRESET_EXTREME, "dict_size": 1 << 20, "lc": 0}]
@@ -115,8 +116,9 @@ def _compress_blob(raw: bytes) -> str:
         if raw else ""
 
 
-def _decompress_blob(text: str, size: int) -> bytes:
-    """The history's column bytes (ValueError when damaged or not ``size`` bytes long)."""
+def _decompress_blob(text: str, size: int, upto: int | None = None) -> bytes:
+    """The history's column bytes (ValueError when damaged or not ``size`` bytes long); with ``upto``, only
+    its first ``upto`` bytes (the stream is decoded no further)."""
     if not isinstance(size, int) or size < 0 or not isinstance(text, str):
         raise ValueError("a columnar history's blob needs its text and size")
     if not text:
@@ -125,9 +127,13 @@ def _decompress_blob(text: str, size: int) -> bytes:
         return b""
     inflater = lzma.LZMADecompressor(format=lzma.FORMAT_ALONE)
     try:
-        data = inflater.decompress(b85decode(text), max_length=size + 1)
+        data = inflater.decompress(b85decode(text), max_length=size + 1 if upto is None else upto)
     except lzma.LZMAError as err:
         raise ValueError(f"a columnar history's blob is damaged ({err})") from None
+    if upto is not None and upto < size:
+        if len(data) != upto:
+            raise ValueError(f"a columnar history's blob holds fewer than {upto} bytes")
+        return data
     if len(data) != size or not inflater.eof:
         raise ValueError(f"a columnar history's blob holds {len(data)} bytes, not {size}")
     return data
@@ -280,18 +286,19 @@ def _decode_column(column: dict[str, Any], rows: int, blob: bytes | None) -> lis
     raise ValueError(f"unknown history column kind {kind!r}")
 
 
-def _encode_rows(rows: list[dict], blob: _Blob) -> dict[str, Any]:
-    """Mappings (one per row) as columns; a key absent in some rows keeps a presence mask."""
+def _encode_rows(rows: list[dict], blob: _Blob, first: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Mappings (one per row) as columns; a key absent in some rows keeps a presence mask. The columns of
+    ``first`` go first in ``blob``, so a reader of only those decompresses only its start."""
     keys = list(dict.fromkeys(k for row in rows for k in row))
     columns = {}
-    for key in keys:
+    for key in sorted(keys, key=lambda k: (k not in first, first.index(k) if k in first else 0)):
         present = [key in row for row in rows]
         values = [row[key] for row in rows if key in row]
         column = _encode_column(values, blob)
         if not all(present):
             column = {"k": "some", "p": _numeric(present, blob), "c": column}
         columns[key] = column
-    return {"keys": keys, "c": columns}
+    return {"keys": keys, "c": {key: columns[key] for key in keys}}
 
 
 def _decode_rows(block: dict[str, Any], rows: int, blob: bytes | None, only=None) -> list[dict]:
@@ -373,7 +380,7 @@ def encode_history(history: list[dict]) -> dict[str, Any]:
     if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
         raise TypeError("a history is a list of per-round mappings")
     blob = _Blob()
-    columns = _encode_rows(history, blob)
+    columns = _encode_rows(history, blob, LEADING_COLUMNS)
     return {"format": FORMAT, "rounds": len(history), **columns, "size": len(blob.data),
             "blob": _compress_blob(bytes(blob.data))}
 
@@ -386,8 +393,22 @@ def decode_history(encoded: dict[str, Any], only=None) -> list[dict]:
     rows = encoded["rounds"]
     if not isinstance(rows, int) or rows < 0:
         raise ValueError("a columnar history's rounds must be a count")
-    blob = _decompress_blob(encoded.get("blob"), encoded.get("size")) if encoded["format"] == FORMAT else None
+    blob = None
+    if encoded["format"] == FORMAT:
+        upto = None if only is None else max((_end(encoded["c"][k]) for k in encoded["keys"] if k in only), default=0)
+        blob = _decompress_blob(encoded.get("blob"), encoded.get("size"), upto)
     return _decode_rows(encoded, rows, blob, only)
+
+
+def _end(spec: Any) -> int:
+    """Where a column's last byte in its history's blob ends (0 for a JSON column)."""
+    if isinstance(spec, dict):
+        if spec.get("k") == "json":
+            return 0
+        at = spec.get("at")
+        ends = [at[0] + at[1]] if isinstance(at, list) and len(at) == 2 and all(isinstance(v, int) for v in at) else []
+        return max(ends + [_end(v) for k, v in spec.items() if k != "at"])
+    return max([_end(v) for v in spec], default=0) if isinstance(spec, list) else 0
 
 
 def is_encoded(history: Any) -> bool:

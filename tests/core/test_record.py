@@ -203,3 +203,18 @@ def test_the_numpy_base85_decoder_equals_the_standard_library():
             base64.b85decode(bad)
         with pytest.raises(ValueError):
             b85decode(bad)
+
+
+def test_the_listings_columns_lead_the_blob_and_read_alone():
+    history = _history(30)
+    encoded = record.encode_history(history)
+    assert encoded["keys"] == list(history[0])  # the rows keep their keys' order
+    leading = [encoded["c"][k] for k in record.LEADING_COLUMNS if k in encoded["c"]]
+    assert max(record._end(c) for c in leading) < encoded["size"] / 4  # at the blob's start
+    only = {"round", "accuracy"}
+    part = record.decode_history(encoded, only)
+    assert part == [{k: row[k] for k in row if k in only} for row in history]
+    damaged = {**encoded, "blob": encoded["blob"][:len(encoded["blob"]) // 2]}  # its tail gone
+    assert record.decode_history(damaged, only) == part  # the start still reads ...
+    with pytest.raises(ValueError):
+        record.decode_history(damaged)  # ... the whole does not

@@ -323,3 +323,42 @@ def test_the_page_says_whether_the_profile_uses_the_rules_choice(params, monkeyp
             assert table["t1c_earlier_n"] == 7 and table["t1c_recipe"] == wide
             cell = earlier.loc[("CIFAR-10 Mavericks + Dir(1)", "stored paper profile, earlier recipe (stale)"), "FedMS"]
             assert cell.startswith("50.00")
+
+
+def test_the_fedms_precision_screen_pairs_table1s_fedavg_runs_and_keys_each_precision_apart(monkeypatch):
+    """Issue 45 on the FedMS page: the screen's arms are Table 1's CIFAR-10 FedAvg run on Dir(10) in each
+    precision, keyed apart; ``cifar10_precision`` puts the adopted one in every CIFAR-10 run (MNIST stays
+    float32); the page applies the shared rule to the stored pairs and names the profile file."""
+    from fedlib.app.chapters import precisions
+
+    paper = load_profile("fedms", "paper")
+    rows = fedms.precision_screen_configs(paper)
+    assert [(p, c.seed) for p, c in rows] == [(p, s) for s in paper["seeds"] for p in ("float32", "bfloat16")]
+    assert {c.method.name for _, c in rows} == {"fedavg"} and {c.split.params["gamma"] for _, c in rows} == {10.0}
+    assert len({c.key() for _, c in rows}) == 6 and [c.precision for _, c in rows[:2]] == ["float32", "bfloat16"]
+    adopted = {**paper, "cifar10_precision": "bfloat16"}
+    for precision, config in rows:  # the arms keep their keys whichever precision the profile adopts
+        declared = {**paper, "cifar10_precision": precision}
+        assert fedms.run_config(declared, "Dir(10)", "fedavg", config.seed, cifar10=True).key() == config.key()
+    assert [c.key() for _, c in fedms.precision_screen_configs(adopted)] == [c.key() for _, c in rows]
+    assert fedms.run_config(adopted, "Dir(1)", "fedms", 0, cifar10=True).precision == "bfloat16"
+    assert fedms.run_config(adopted, "Dir(1)", "fedms", 0).precision == "float32"
+    with pytest.raises(ValueError, match="^cifar10_precision: must be one of 'float32', 'bfloat16'"):
+        fedms.run_config({**paper, "cifar10_precision": "fp16"}, "Dir(1)", "fedavg", 0, cifar10=True)
+    items = [i for i in fedms.runs(paper) if i.table == "Precision screen"]
+    assert sorted(i.config.key() for i in items) == sorted(c.key() for _, c in rows)
+
+    finals = {("float32", 0): 0.70, ("bfloat16", 0): 0.702, ("float32", 1): 0.69, ("bfloat16", 1): 0.693,
+              ("float32", 2): 0.71, ("bfloat16", 2): 0.709}
+    stored = {c.key(): RunResult(config={}, history=[], final={"accuracy": finals[(p, c.seed)]}, meta={"device": "cpu"})
+              for p, c in rows}
+    monkeypatch.setattr(fedms_page, "stored_results", lambda chapter, configs: Stored(stored, {}, []))
+    chapter = FedMS("paper", paper)
+    table = chapter.precision_screen()
+    # differences +0.2, +0.3, -0.1 points: mean 0.1333, sd 0.2082, t(0.975, 2) 4.3027 -> ±0.5172
+    assert list(table.frame.data["bfloat16 − float32"].round(6)) == [0.2, 0.3, -0.1]
+    assert table.values["ps_rule"] == "bfloat16" and table.values["ps_adopted"] == "float32"
+    assert (table.values["ps_lo"], table.values["ps_hi"]) == pytest.approx((0.1333 - 0.5172, 0.1333 + 0.5172), abs=1e-3)
+    assert "params/fedms/paper.yaml) but the rule says bfloat16" in table.values["ps_protocol"]
+    assert precisions.screen(rows[:2], stored, "float32", "params/fedms/paper.yaml")[1]["ps_verdict"].startswith(
+        "indicative (1 paired seed)")

@@ -71,6 +71,7 @@ def test_order_names_each_part_at_most_once(shown):
                       "table1_cifar10", "table1_cifar10_earlier", "table7", "table2", "table3", "table4",
                       "table4_uniform", "definitions", "tables5_6", "table8"]),
     ("fedms", "FedMS", ["table1", "softmax_table", "table1_cifar10", "table1_cifar10_earlier", "figs3_5", "table2",
+                        "precision_screen",
                         "shortfalls", "maverick_readings", "cifar10_readings"]),
     ("fedscm", "FedSCM", ["theorem3", "theorem9", "table2", "table4", "fig5", "counts", "table1"]),
     ("logitfl", "LogitFL", ["calibration_search", "calibration_verdict", "headline", "simple_instability", "k_sweep",

@@ -277,7 +277,7 @@ def test_the_performance_pages_precision_table_and_sentence_by_hand():
 def _screen(diffs, base=60.0):
     from types import SimpleNamespace
 
-    from fedlib.app.chapters.celm.analysis import precision_screen
+    from fedlib.app.chapters.precisions import screen
 
     rows, results = [], {}
     for seed, d in enumerate(diffs):
@@ -286,7 +286,7 @@ def _screen(diffs, base=60.0):
             rows.append((precision, config))
             results[f"{precision}-{seed}"] = SimpleNamespace(final={"accuracy": acc / 100},
                                                              meta={"device": "cuda:0 (NVIDIA H200)"})
-    return precision_screen(rows, results, 1.0, "bfloat16")
+    return screen(rows, results, "bfloat16", "params/celm/paper.yaml", 1.0)
 
 
 def test_the_precision_screens_rule_by_hand():

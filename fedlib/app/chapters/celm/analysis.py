@@ -14,7 +14,6 @@ import numpy as np
 
 from .... import partition
 from ....metrics import joint_distances
-from ....stats import MIN_SEEDS, interval, mean_std
 from ...kit import frames
 from .protocol import (
     CFFL_STUDY_BASELINE,
@@ -268,54 +267,3 @@ def cffl_study_frame(runs: list[tuple[str, Any]], gap_points: float = 5.0):
               "cs_removed_sixth": sixth, "cs_off": off, "cs_off_gap": off - fedavg,
               "cs_off_reaches_fedavg": "yes" if reaches else "no"}
     return pd.DataFrame(lines).set_index("run"), text, values
-
-
-def device_label(meta: dict) -> str:
-    """A stored run's device, short: the GPU's name, or "CPU"."""
-    device = str(meta.get("device", ""))
-    return device.split("(", 1)[-1].rstrip(")") if device.startswith("cuda") else ("CPU" if device else "—")
-
-
-def precision_screen(rows: list[tuple[str, Any]], results: dict[str, Any], margin: float, adopted: str):
-    """The precision screen (issue 45): per seed, uniform FedAvg's final accuracy in float32 and in bfloat16
-    local training and their paired difference (bfloat16 − float32, points).
-
-    Rule: bfloat16 is adopted only if at least 3 seeds are paired and the difference's 95 % t-interval lies
-    within ±``margin``. ``adopted``: the precision the profile declares. Returns (frame or None while no pair is
-    stored, glue values ``ps_*``)."""
-    # lazy: pandas (book extra); the queue imports the chapters without it
-    import pandas as pd
-
-    by_seed: dict[int, dict[str, Any]] = {}
-    for precision, config in rows:
-        run = results.get(config.key())
-        if run is not None:
-            by_seed.setdefault(config.seed, {})[precision] = run
-    lines = []
-    for seed, runs in sorted(by_seed.items()):
-        if {"float32", "bfloat16"} <= set(runs):
-            f32, b16 = (100 * runs[p].final["accuracy"] for p in ("float32", "bfloat16"))
-            lines.append({"seed": seed, "float32": f32, "float32 device": device_label(runs["float32"].meta),
-                          "bfloat16": b16, "bfloat16 device": device_label(runs["bfloat16"].meta),
-                          "bfloat16 − float32": b16 - f32})
-    diffs = [line["bfloat16 − float32"] for line in lines]
-    spread = mean_std(diffs)
-    lo, hi = interval(diffs)
-    if len(diffs) < MIN_SEEDS:
-        rule = "float32"
-        verdict = (f"indicative ({len(diffs)} paired seed{'s' if len(diffs) != 1 else ''}): float32 stays until "
-                   f"{MIN_SEEDS} seeds are paired")
-    else:
-        rule = "bfloat16" if -margin <= lo and hi <= margin else "float32"
-        verdict = (f"the 95 % interval [{lo:+.2f}, {hi:+.2f}] lies within ±{margin:g} point: bfloat16 is adopted"
-                   if rule == "bfloat16" else
-                   f"the 95 % interval [{lo:+.2f}, {hi:+.2f}] is not within ±{margin:g} point: float32 stays")
-    values = {"ps_pairs": len(diffs), "ps_mean": spread.mean, "ps_std": spread.std, "ps_lo": lo, "ps_hi": hi,
-              "ps_margin": margin, "ps_rule": rule, "ps_verdict": verdict, "ps_adopted": adopted,
-              "ps_protocol": (f"the paper profile's CIFAR-10 runs use {adopted} (`cifar10_precision` in "
-                              f"params/celm/paper.yaml), as the rule says" if adopted == rule else
-                              f"the paper profile declares {adopted} (`cifar10_precision`) but the rule says {rule}: "
-                              f"its CIFAR-10 cells are not backed by the screen's choice")}
-    if not lines:
-        return None, values
-    return pd.DataFrame(lines).set_index("seed"), values

@@ -25,7 +25,7 @@ from ...kit.pages import PROSE_SYMBOLS
 from ...kit.sources import reference_value
 from ...kit.stored import stored_results
 from ...kit.tables import Table
-from .. import readings, resolved_methods
+from .. import precisions, readings, resolved_methods
 from ..base import OURS_STORED, Chapter, dataset_label
 from .analysis import (
     CLASS_SIZES,
@@ -38,14 +38,12 @@ from .analysis import (
     choose_pls_allocation,
     diagnose_baseline,
     pls_class_count_search,
-    precision_screen,
     split_counts,
 )
 from .protocol import (
     DETECTORS,
     METHOD_LABELS,
     PLS_ALLOCATION,
-    PRECISION_MARGIN,
     SPLITS,
     TABLE7_DATASET,
     TABLE7_PREFIX,
@@ -180,8 +178,8 @@ class CELM(Chapter):
         (glue values ``ps_*``). No frame (a note) while no seed is paired."""
         rows = precision_screen_configs(self.paper_params)
         stored = stored_results(self.name, [c for _, c in rows]).results
-        frame, values = precision_screen(rows, stored, PRECISION_MARGIN,
-                                         self.paper_params.get("cifar10_precision", "float32"))
+        frame, values = precisions.screen(rows, stored, precisions.in_force(self.paper_params),
+                                          "params/celm/paper.yaml")
         return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
                                               "--chapter celm --table 'Precision screen').", precision=2)
 
@@ -196,7 +194,7 @@ class CELM(Chapter):
         splits = list(dict.fromkeys(split for _, _, params in self.by_source() for split in params["splits"]))
         rows = self.measured(self.split_rows("Table 1", splits, "CIFAR-10", name + " {split}", cifar10=True))
         best, paper, n = best_counts(rows, self.ours)
-        precision = self.params.get("cifar10_precision", "float32")
+        precision = precisions.in_force(self.params)
         return Table(self.styled(rows), {"t1c_best": best, "t1c_paper": paper, "t1c_n": n},
                      note=f"data: {source}; local training in {precision} (the precision screen's choice)")
 

@@ -21,7 +21,7 @@ decayed x0.1 at half the rounds):
                      classes a Maverick holds), seed 0: the Table 2 reading the paper's FedAvg supports
   precision_screen   uniform FedAvg on CIFAR-10 Dir(0.05) in float32 and in bfloat16 local training, every
                      seed: bfloat16 backs the CIFAR-10 cells only if the paired difference's 95 % interval
-                     lies within ±1 point (``PRECISION_MARGIN``; issue 45)
+                     lies within ±1 point (``precisions.PRECISION_MARGIN``; issue 45)
 
 PLS holds the class allocation ``PLS_ALLOCATION`` (k_i classes for client i), the one chosen by
 ``choose_pls_allocation`` among those that reproduce Table 4's Uniform column; CFFL runs with
@@ -47,7 +47,7 @@ from ....metrics import joint_distances
 from ....results import RunResult
 from ...kit.claim_types import Claim, Comparison, Side, cells_row
 from ...kit.items import items_of, run_round
-from .. import readings, run_options, configs_of
+from .. import precisions, readings, run_options, configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import FederationProfile, Names, Part
 
@@ -92,7 +92,7 @@ def run_config(params: dict[str, Any], split: dict, method: str, seed: int, n_cl
         n_clients=n_clients or params["n_clients"], lr=params["lr"], batch_size=params["batch_size"],
         local_epochs=params["local_epochs"], test_samples=params["test_samples"],
         server_val=params.get("server_val"), split=split, method=spec, seed=seed, **run_options(params),
-        precision=precision or (params.get("cifar10_precision", "float32") if cifar10 else "float32"),
+        precision=precision or (precisions.in_force(params) if cifar10 else "float32"),
     )
     return make_config(**{**fields, **(readings.recipe(params) if cifar10 else {})})
 
@@ -221,20 +221,15 @@ def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> 
                                     params.get("cifar10_reading_splits", ["Dir(0.05)"]))
 
 
-PRECISIONS = ("float32", "bfloat16")  # RunConfig.precision: local training's forward and backward
-PRECISION_MARGIN = 1.0  # points: bfloat16 is adopted only if the paired 95 % interval lies within ±this
 PRECISION_SPLIT = "Dir(0.05)"  # the headline split the screen runs on
 
 
 def precision_screen_configs(params: dict[str, Any]) -> list[tuple[str, RunConfig]]:
     """(precision, config): uniform FedAvg's CIFAR-10 Table 1 run on ``PRECISION_SPLIT`` in each of
-    ``PRECISIONS``, every seed of the profile; the arm of the adopted precision (``cifar10_precision``) is
-    Table 1's own FedAvg runs."""
-    out = []
-    for seed in params["seeds"]:
-        out += [(p, run_config(params, SPLITS[PRECISION_SPLIT][0], "fedavg_uniform", seed, cifar10=True,
-                               precision=p)) for p in PRECISIONS]
-    return out
+    ``precisions.PRECISIONS``, every seed of the profile; the arm of the adopted precision (``cifar10_precision``)
+    is Table 1's own FedAvg runs."""
+    return precisions.screen_configs(lambda seed, p: run_config(params, SPLITS[PRECISION_SPLIT][0], "fedavg_uniform",
+                                                               seed, cifar10=True, precision=p), params["seeds"])
 
 
 

@@ -7,7 +7,7 @@ import numpy as np
 from ...kit import frames
 from ...kit.stored import stored_results
 from ...kit.tables import Table
-from .. import readings
+from .. import precisions, readings
 from ..base import OURS_STORED, Chapter, curve
 from .analysis import (
     best_method,
@@ -25,6 +25,7 @@ from .protocol import (
     adversarial_config,
     cifar10_reading_configs,
     fig2_config,
+    precision_screen_configs,
     maverick_class_accuracy,
     maverick_reading_configs,
     participation,
@@ -113,7 +114,8 @@ class FedMS(Chapter):
         if not rows:
             return Table(None, values, note="No CIFAR-10 runs in this build (not in the experiments, or no CIFAR-10 "
                                             "under the data root).")
-        return Table(self.styled(rows), values, note=f"data: {self.cifar_note()}")
+        return Table(self.styled(rows), values, note=f"data: {self.cifar_note()}; local training in "
+                                                     f"{precisions.in_force(self.params)} (the precision screen's choice)")
 
     def table1_cifar10_earlier(self) -> Table:
         """Table 1 (CIFAR-10) from stored runs the paper profile no longer backs, shown apart as stale: those
@@ -325,6 +327,17 @@ class FedMS(Chapter):
                                       params=params, profile_file="params/fedms/paper.yaml")
         return Table.formatted(shown, values, "No stored FedAvg run of any CIFAR-10 reading yet (python -m fedlib "
                                               "results --chapter fedms --table 'CIFAR-10 readings').", precision=2)
+
+    def precision_screen(self) -> Table:
+        """The precision screen (issue 45): FedAvg on CIFAR-10 Dir(10) in float32 and in bfloat16 local training,
+        paired by seed, from the stored paper-profile runs; the rule's choice beside the profile's (glue values
+        ``ps_*``). No frame (a note) while no seed is paired."""
+        rows = precision_screen_configs(self.paper_params)
+        stored = stored_results(self.name, [c for _, c in rows]).results
+        frame, values = precisions.screen(rows, stored, precisions.in_force(self.paper_params),
+                                          "params/fedms/paper.yaml")
+        return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
+                                              "--chapter fedms --table 'Precision screen').", precision=2)
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""

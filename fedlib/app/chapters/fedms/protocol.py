@@ -14,6 +14,9 @@ validation set is 20 % of the test set (§5.1), the other 80 % evaluated):
                   their class, FedAvg's weights, where the validation set comes from), seed 0
   cifar10_readings   FedAvg on Table 1's CIFAR-10 splits under readings of the CIFAR-10 protocol the
                   paper leaves open (augmentation, weight decay), seed 0
+  precision_screen   FedAvg on CIFAR-10 Dir(10) in float32 and in bfloat16 local training, every seed:
+                  bfloat16 backs the CIFAR-10 cells only if the paired difference's 95 % interval lies
+                  within ±1 point (``precisions.PRECISION_MARGIN``; issue 45)
 Figs. 3–5 (rewards of Mavericks vs non-Mavericks under FedMS, S-FedAvg and GreedyFed) are
 read from the Table 1 runs.
 """
@@ -21,7 +24,7 @@ read from the Table 1 runs.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -30,7 +33,7 @@ from ....methods import METHODS
 from ....results import RunResult
 from ...kit.claim_types import Claim, Comparison, Side, cells_row, final
 from ...kit.sources import load_profile
-from .. import readings, run_options, configs_of
+from .. import precisions, readings, run_options, configs_of
 from ..base import dataset_label, queue_item
 from ..profiles import FederationProfile, Names
 
@@ -70,22 +73,25 @@ def method_spec(method: str, split: str, dataset: str = "mnist", extra: dict | N
 
 def _config(params: dict[str, Any], seed: int, cifar10: bool = False, **fields) -> RunConfig:
     """A run of the chapter's protocol (``cifar10``: the CNN on CIFAR-10 with the profile's ``cifar10_``
-    fraction, rounds and local epochs, under its ``cifar10_reading`` recipe); ``fields`` set the rest or
-    override."""
+    fraction, rounds and local epochs, under its ``cifar10_reading`` recipe, in its ``cifar10_precision``);
+    ``fields`` set the rest or override."""
     data = {f: params[("cifar10_" if cifar10 else "") + f] for f in ("fraction", "rounds", "local_epochs")}
     return make_config(**{
         **data, "dataset": "cifar10" if cifar10 else params["dataset"], "model": "cnn" if cifar10 else params["model"],
         "lr": params["lr"], "batch_size": params["batch_size"], "test_samples": params["test_samples"],
         "server_val": params["server_val"], "seed": seed, **run_options(params),
+        "precision": precisions.in_force(params) if cifar10 else "float32",
         **(readings.recipe(params) if cifar10 else {}), **fields})
 
 
-def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False) -> RunConfig:
+def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar10: bool = False,
+               precision: str | None = None) -> RunConfig:
     """One Table 1 run: 50 clients (48 + 2 Mavericks), Mavericks + Dir(γ), 10 % per round.
     ``method`` may name a softmax variant (``SOFTMAX_VARIANTS``). The profile's ``table1_reading`` (a name of
     ``MAVERICK_RUN_READINGS``, calibrated on MNIST FedAvg; absent: the first, the chapter's original protocol)
     sets, for the whole table (MNIST and CIFAR-10, every method), the Mavericks' share of their class and
-    where the validation set comes from, and FedAvg's weights."""
+    where the validation set comes from, and FedAvg's weights. ``precision``: local training's, over the
+    profile's ``cifar10_precision``."""
     method, variant = SOFTMAX_VARIANTS.get(method, (method, {}))
     reading = table1_reading(params)
     spec = MAVERICK_RUN_READINGS[reading]
@@ -95,7 +101,8 @@ def run_config(params: dict[str, Any], split: str, method: str, seed: int, cifar
     extra = {**params.get("method_params", {}).get(method, {}), **variant}
     return _config(params, seed, cifar10, n_clients=params["n_clients"], clients_per_round=params["clients_per_round"],
                    split=maverick_split(params, split, maverick_share(params, reading)),
-                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra), **fields)
+                   method=method_spec(method, split, "cifar10" if cifar10 else params["dataset"], extra), **fields,
+                   **({"precision": precision} if precision else {}))
 
 
 def validation_fields(params: dict[str, Any], method: str) -> dict[str, Any]:
@@ -164,6 +171,8 @@ def experiment_configs(params: dict[str, Any], experiment: str) -> list[RunConfi
         return [config for *_, config in maverick_reading_configs(params)]
     if experiment == "cifar10_readings":
         return [config for *_, config in cifar10_reading_configs(params)]
+    if experiment == "precision_screen":
+        return [config for _, config in precision_screen_configs(params)]
     raise ValueError(f"experiments: unknown experiment {experiment!r}")
 
 
@@ -240,6 +249,9 @@ def runs(params: dict[str, Any]) -> list:
         items += [queue_item("fedms", params, "CIFAR-10 readings", f"CIFAR-10 {split}", reading, config,
                              table_rank=1, headline=split == "Dir(10)")
                   for split, reading, config in cifar10_reading_configs(params)]
+    if "precision_screen" in experiments:  # float32 vs bfloat16 local training (issue 45)
+        items += [queue_item("fedms", params, "Precision screen", f"CIFAR-10 {PRECISION_SPLIT}", precision, config,
+                             table_rank=1, headline=True) for precision, config in precision_screen_configs(params)]
     if "table2" in experiments:
         items += [item("Table 2", METHOD_LABELS[m], "participation", adversarial_config(params, m, seed),
                        headline=m == "fedms", table_rank=1, backs=(("Table 2", METHOD_LABELS[m], "*"),))
@@ -350,6 +362,19 @@ def cifar10_reading_configs(params: dict[str, Any], seed: int | None = None) -> 
                                     params["cifar10_splits"])
 
 
+# Dir(10), the split nearest IID, has the smallest seed spread, so the ±1-point interval tests the precision
+# rather than the split's noise (chosen before any run; issue 45)
+PRECISION_SPLIT = "Dir(10)"
+
+
+def precision_screen_configs(params: dict[str, Any]) -> list[tuple[str, RunConfig]]:
+    """(precision, config): FedAvg's CIFAR-10 Table 1 run on ``PRECISION_SPLIT`` in each of
+    ``precisions.PRECISIONS``, every seed of the profile; the arm of the adopted precision
+    (``cifar10_precision``) is Table 1's own FedAvg runs."""
+    return precisions.screen_configs(lambda seed, p: run_config(params, PRECISION_SPLIT, "fedavg", seed, cifar10=True,
+                                                                precision=p), params["seeds"])
+
+
 # ----------------------------------------------------------------------------- the declaration
 
 
@@ -374,6 +399,7 @@ class FedMSProfile(FederationProfile):
     cifar10_methods: list[str]
     cifar10_splits: list[str]
     cifar10_reading: str = readings.ORIGINAL  # a name of readings.CIFAR10_READINGS: the CIFAR-10 recipe
+    cifar10_precision: Literal["float32", "bfloat16"] = "float32"  # CIFAR-10 local training's: the screen's call
 
 
 def maverick_reward_gap(result: dict) -> float:

@@ -88,7 +88,7 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
     cfg, model, method, part = p.config, p.model, p.method, p.partition
     warmup = warm_up(model, p.x_pool, p.y_pool)  # one-time torch.func costs, kept out of round 1
     loss_key = (type(method).__name__, repr(sorted(method.resolved_hyperparameters().items())))
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     layout = ParamLayout(model)
     global_flat, global_buffers = p.init if p.init is not None else (layout.flat_of(model), layout.buffers_of(model))
     sizes = np.asarray(part.sizes)
@@ -258,6 +258,9 @@ def rounds(p: Prepared, progress: bool, on_round: Callable[[dict], None] | None 
         final.update(method.final_extras() or {})
     meta = {**_provenance(p, time.perf_counter() - t_start), **(meta or {})}
     meta["warmup_s"] = warmup
+    # CPU seconds of this process (all its threads) over the rounds, like wall_time: a pack's runs share it;
+    # runs per core-hour = 3600 / cpu_time on a 1-thread plan
+    meta["cpu_time"] = time.process_time() - cpu_start
     conv = conv_choices_for(p.model, p.device)
     if conv:  # convolution lowerings chosen by timing (CUDA): the numbers agree up to float order
         meta["conv_lowerings"] = conv

@@ -356,6 +356,7 @@ def test_run_reports_set_up_apart_from_its_rounds(one_thread):
     r = fedlib.run(make_config(dict(dataset="synthetic", model="mlp", n_clients=3, rounds=2, batch_size=16,
                                     local_epochs=1, lr=0.1, seed=0)), cache=False, progress=False)
     assert r.meta["time_load"] > 0 and r.meta["warmup_s"] >= 0
+    assert r.meta["cpu_time"] > 0  # the rounds' process CPU seconds: runs per core-hour from the store
     for h in r.history:  # a round's parts never exceed the round
         assert h["time_train"] + h["time_server"] + h.get("time_eval", 0.0) <= h["time_round"]
     assert "not in wall: data and model" in r.summary()

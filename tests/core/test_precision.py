@@ -315,3 +315,16 @@ def test_the_stored_screen_backs_the_paper_profiles_precision():
     frame, values = screen.frame.data, screen.values
     assert values["ps_pairs"] == 3 and values["ps_rule"] == values["ps_adopted"] == "bfloat16"
     assert -1 <= values["ps_lo"] <= values["ps_hi"] <= 1 and len(frame) == 3
+
+
+def test_the_stored_fedms_screen_backs_the_fedms_profiles_precision():
+    """On the committed store: FedMS's screen (FedAvg, CIFAR-10 Dir(10)) has three seeds paired and the FedMS
+    paper profile declares what the rule chose (float32: the interval is wider than ±1 point)."""
+    from fedlib.app.chapters.fedms import FedMS
+    from fedlib.app.kit.sources import load_profile
+
+    screen = FedMS("evidence", load_profile("fedms", "evidence")).precision_screen()
+    values = screen.values
+    assert values["ps_pairs"] == 3 and len(screen.frame.data) == 3
+    assert values["ps_rule"] == values["ps_adopted"] == "float32" and "as the rule says" in values["ps_protocol"]
+    assert values["ps_lo"] < -1 or values["ps_hi"] > 1

@@ -41,15 +41,17 @@
 #    <files_at>/gpu_coverage.log holds the preflight, the queue's progress, the runs stored per
 #    device-minute and the GPU utilisation.
 #
-# Order (fedlib/app/queue.py, --first): seed 0 of the CIFAR-10 readings screens (CELM, then FedMS: FedAvg under
-# each candidate recipe, issue 30; the chosen reading decides whether earlier CIFAR-10 runs stay current),
-# then CELM Table 1 (CIFAR-10 rows), FedMS Table 1 (CIFAR-10), FLCE (its CIFAR-10 headline row first),
+# Order (fedlib/app/queue.py, --first): the precision screens (issue 45, both stored), seed 0 of the CIFAR-10
+# readings screens (CELM, then FedMS: FedAvg under each candidate recipe, issue 30; the chosen reading decides
+# whether earlier CIFAR-10 runs stay current), then FedMS Table 1 (CIFAR-10: no FedMS run stored yet, and a float32
+# FedMS run is the slowest CIFAR-10 run on a CPU), CELM Table 1 (CIFAR-10 rows), FLCE (its CIFAR-10 headline row first),
 # FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/app/test_gpu_script.py rehearses
 # this script on the CPU (DEVICE=cpu) and checks its --first labels against the queue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu-carry
-FIRST=(--first "celm:Precision screen" "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "celm:Table 1" "fedms:Table 1" flce "fedscm:Table 2")
+FIRST=(--first "celm:Precision screen" "fedms:Precision screen" "celm:CIFAR-10 readings" "fedms:CIFAR-10 readings" "fedms:Table 1"
+       "celm:Table 1" flce "fedscm:Table 2")
 
 prepare() {
     local py="${PYTHON:-python3}" data="${FEDLIB_DATA:?set FEDLIB_DATA to the data root holding mnist/ and cifar10-jpeg/}"

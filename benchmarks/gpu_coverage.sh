@@ -43,7 +43,7 @@
 #
 # Order (fedlib/app/queue.py, --first): the precision screens (issue 45, both stored), seed 0 of the CIFAR-10
 # readings screens (CELM, then FedMS: FedAvg under each candidate recipe, issue 30; the chosen reading decides
-# whether earlier CIFAR-10 runs stay current), then FedMS Table 1 (CIFAR-10: no FedMS run stored yet, and a float32
+# whether earlier CIFAR-10 runs stay current), then FedMS Table 1 (CIFAR-10: one FedMS run stored so far, and a float32
 # FedMS run is the slowest CIFAR-10 run on a CPU), CELM Table 1 (CIFAR-10 rows), FLCE (its CIFAR-10 headline row first),
 # FedSCM Table 2; then the rest. Seeds 1-2 of a table join its packs. tests/app/test_gpu_script.py rehearses
 # this script on the CPU (DEVICE=cpu) and checks its --first labels against the queue.

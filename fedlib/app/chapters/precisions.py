@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from ...config import RunConfig
 from ...stats import MIN_SEEDS, interval, mean_std
+from ..kit.tables import Table
 
 PRECISIONS = ("float32", "bfloat16")  # RunConfig.precision: local training's forward and backward
 PRECISION_MARGIN = 1.0  # points: bfloat16 is adopted only if the paired 95 % interval lies within ±this
@@ -78,3 +79,11 @@ def screen(rows: list[tuple[str, Any]], results: dict[str, Any], adopted: str, p
     if not lines:
         return None, values
     return pd.DataFrame(lines).set_index("seed"), values
+
+
+def page(chapter: str, rows: list[tuple[str, Any]], results: dict[str, Any], params: dict[str, Any]) -> Table:
+    """A chapter's screen section: ``screen`` on its stored runs (``results``) against the paper profile
+    ``params`` (params/<chapter>/paper.yaml); a note while no seed is paired."""
+    frame, values = screen(rows, results, in_force(params), f"params/{chapter}/paper.yaml")
+    return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
+                                          f"--chapter {chapter} --table 'Precision screen').", precision=2)

@@ -178,10 +178,7 @@ class CELM(Chapter):
         (glue values ``ps_*``). No frame (a note) while no seed is paired."""
         rows = precision_screen_configs(self.paper_params)
         stored = stored_results(self.name, [c for _, c in rows]).results
-        frame, values = precisions.screen(rows, stored, precisions.in_force(self.paper_params),
-                                          "params/celm/paper.yaml")
-        return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
-                                              "--chapter celm --table 'Precision screen').", precision=2)
+        return precisions.page(self.name, rows, stored, self.paper_params)
 
     def table1_cifar10(self) -> Table:
         """Table 1's CIFAR-10 rows (this build's, and the stored paper-profile runs' where there are any):

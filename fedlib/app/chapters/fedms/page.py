@@ -25,10 +25,10 @@ from .protocol import (
     adversarial_config,
     cifar10_reading_configs,
     fig2_config,
-    precision_screen_configs,
     maverick_class_accuracy,
     maverick_reading_configs,
     participation,
+    precision_screen_configs,
     reward_series,
     run_config,
     table1_grid,
@@ -334,10 +334,7 @@ class FedMS(Chapter):
         ``ps_*``). No frame (a note) while no seed is paired."""
         rows = precision_screen_configs(self.paper_params)
         stored = stored_results(self.name, [c for _, c in rows]).results
-        frame, values = precisions.screen(rows, stored, precisions.in_force(self.paper_params),
-                                          "params/fedms/paper.yaml")
-        return Table.formatted(frame, values, "No seed has both precisions stored yet (python -m fedlib results "
-                                              "--chapter fedms --table 'Precision screen').", precision=2)
+        return precisions.page(self.name, rows, stored, self.paper_params)
 
     def headlines(self, rows1, t2_mav: float):
         """The page's headline claims for the book's front page."""
